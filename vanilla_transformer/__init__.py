@@ -1,0 +1,1 @@
+"""Training library for vanilla-transformer (never copied to the Hub)."""
