@@ -1,0 +1,135 @@
+"""Configuration of the Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+Hub-facing: this file is copied beside the weights of every saved model, so it imports nothing from the
+training library. The defaults are the paper's base model (Table 3); `VanillaTransformerConfig.from_preset`
+gives the named presets.
+"""
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+# Table 3 of the paper: "base" and "big" (both N=6). "small" is a CPU-sized model for quick experiments.
+PRESETS = {
+    "base": dict(d_model=512, encoder_ffn_dim=2048, decoder_ffn_dim=2048, encoder_attention_heads=8,
+                 decoder_attention_heads=8, encoder_layers=6, decoder_layers=6, dropout=0.1),
+    "big": dict(d_model=1024, encoder_ffn_dim=4096, decoder_ffn_dim=4096, encoder_attention_heads=16,
+                decoder_attention_heads=16, encoder_layers=6, decoder_layers=6, dropout=0.3),
+    "small": dict(d_model=256, encoder_ffn_dim=1024, decoder_ffn_dim=1024, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.1),
+}  # fmt: skip
+
+ACTIVATION_FUNCTIONS = ("relu", "gelu", "gelu_new", "silu", "swish", "tanh")
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+
+
+@strict
+class VanillaTransformerConfig(PreTrainedConfig):
+    r"""
+    The post-LN encoder-decoder of the paper. Attribute names follow BART/Marian.
+
+    vocab_size: size of the ONE vocabulary shared by source and target (the paper: 37000 BPE tokens for EN-DE).
+    d_model: width of every sub-layer output (d_model in the paper); d_k = d_v = d_model / heads.
+    encoder_layers / decoder_layers: N, the number of stacked layers.
+    encoder_attention_heads / decoder_attention_heads: h, the number of heads.
+    encoder_ffn_dim / decoder_ffn_dim: d_ff, the inner size of the position-wise feed-forward network.
+    activation_function: the FFN non-linearity; the paper uses ReLU (section 3.3).
+    dropout: P_drop, applied to every sub-layer output and to the sum of embeddings and positions (5.4).
+    attention_dropout / activation_dropout: dropout on attention weights / inside the FFN (0 in the paper).
+    max_position_embeddings: rows of the position table. Sinusoidal tables grow past it on demand;
+        learned positions (Table 3, row E) cannot.
+    position_embedding_type: "sinusoidal" (section 3.5) or "learned".
+    scale_embedding: multiply input embeddings by sqrt(d_model) (section 3.4).
+    tie_word_embeddings: use the shared embedding matrix as the pre-softmax projection (section 3.4).
+    layer_norm_eps: epsilon of every LayerNorm.
+    init_std: standard deviation of the embedding initialisation; None means d_model ** -0.5, so that the
+        scaled embeddings start with unit variance. Linear layers use Xavier-uniform initialisation.
+    label_smoothing: epsilon_ls of the training loss (section 5.4 uses 0.1; 0 gives plain cross-entropy).
+
+    Example:
+        >>> config = VanillaTransformerConfig.from_preset("big", vocab_size=37000)
+    """
+
+    model_type = "vanilla_transformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "num_attention_heads": "encoder_attention_heads",
+        "hidden_size": "d_model",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    vocab_size: int = 37000
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    activation_function: str = "relu"
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    max_position_embeddings: int = 1024
+    position_embedding_type: str = "sinusoidal"
+    scale_embedding: bool = True
+    tie_word_embeddings: bool = True
+    layer_norm_eps: float = 1e-5
+    init_std: float | None = None
+    label_smoothing: float | int = 0.0
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 1
+    forced_eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        self._check_values()
+        super().__post_init__(**kwargs)
+
+    def _check_values(self):
+        """Raise a ValueError naming the field for values the model cannot be built with."""
+        positive = ["vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                    "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"]  # fmt: skip
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"`{name}` must be a positive integer, got {getattr(self, name)}.")
+        for name in ("encoder_attention_heads", "decoder_attention_heads"):
+            if self.d_model % getattr(self, name) != 0:
+                raise ValueError(
+                    f"`d_model` ({self.d_model}) must be divisible by `{name}` ({getattr(self, name)}), "
+                    "since d_k = d_v = d_model / heads."
+                )
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)}.")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"`label_smoothing` must be in [0, 1), got {self.label_smoothing}.")
+        if self.activation_function not in ACTIVATION_FUNCTIONS:
+            raise ValueError(
+                f"`activation_function` must be one of {ACTIVATION_FUNCTIONS}, got {self.activation_function!r}."
+            )
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(
+                f"`position_embedding_type` must be one of {POSITION_EMBEDDING_TYPES}, "
+                f"got {self.position_embedding_type!r}."
+            )
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"`layer_norm_eps` must be positive, got {self.layer_norm_eps}.")
+        if self.init_std is not None and self.init_std <= 0:
+            raise ValueError(f"`init_std` must be positive or None, got {self.init_std}.")
+        for name in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"`{name}` ({value}) must be a token id in [0, vocab_size={self.vocab_size}).")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":
+        """The paper's "base" or "big" model (Table 3), or the CPU-sized "small"; `overrides` win."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+__all__ = ["VanillaTransformerConfig", "PRESETS"]

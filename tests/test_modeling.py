@@ -1,0 +1,404 @@
+"""The model against the paper (sections 3.1-3.5) and transformers' contracts."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from modeling_vanilla_transformer import (
+    VanillaTransformerDecoderLayer,
+    VanillaTransformerEncoderLayer,
+    VanillaTransformerForConditionalGeneration,
+    VanillaTransformerModel,
+    shift_tokens_right,
+    sinusoidal_position_table,
+)
+
+from .conftest import TINY
+
+
+def model_with_attention(attn_implementation: str, **overrides) -> VanillaTransformerForConditionalGeneration:
+    """A fresh tiny model; its own config, since `_from_config` writes the implementation into the config."""
+    torch.manual_seed(0)
+    config = VanillaTransformerConfig(**{**TINY, **overrides})
+    return VanillaTransformerForConditionalGeneration._from_config(
+        config, attn_implementation=attn_implementation
+    ).eval()
+
+
+def random_ids(config, shape, seed=0):
+    return torch.randint(4, config.vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+
+
+# --- configuration -------------------------------------------------------------------------------------------
+
+
+def test_defaults_are_the_paper_base_model():
+    config = VanillaTransformerConfig()
+    assert (config.d_model, config.encoder_layers, config.decoder_layers) == (512, 6, 6)
+    assert (config.encoder_ffn_dim, config.encoder_attention_heads, config.dropout) == (2048, 8, 0.1)
+    assert config.activation_function == "relu" and config.position_embedding_type == "sinusoidal"
+    assert config.scale_embedding and config.tie_word_embeddings
+
+
+def test_base_preset_has_about_the_paper_parameter_count():
+    config = VanillaTransformerConfig.from_preset("base", vocab_size=37000)
+    with torch.device("meta"):
+        model = VanillaTransformerForConditionalGeneration(config)
+    count = sum(p.numel() for p in model.parameters())  # parameters() counts the shared matrix once
+    assert 62_000_000 < count < 64_000_000, count  # the paper reports 65M; the difference is the vocabulary
+    embedding = 37000 * 512
+    assert count == embedding + 6 * (4 * 512 * 513 + 2 * 512 * 2048 + 2048 + 512 + 4 * 512) + 6 * (
+        8 * 512 * 513 + 2 * 512 * 2048 + 2048 + 512 + 6 * 512
+    )
+
+
+def test_big_preset_matches_table_3():
+    config = VanillaTransformerConfig.from_preset("big")
+    assert (config.d_model, config.encoder_ffn_dim, config.encoder_attention_heads, config.dropout) == (
+        1024,
+        4096,
+        16,
+        0.3,
+    )
+    assert set(PRESETS) >= {"base", "big", "small"}
+    with pytest.raises(ValueError, match="Unknown preset"):
+        VanillaTransformerConfig.from_preset("huge")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("encoder_attention_heads", 5),
+        ("decoder_attention_heads", 3),
+        ("dropout", -0.1),
+        ("attention_dropout", 1.0),
+        ("activation_function", "sigmoidish"),
+        ("position_embedding_type", "rotary"),
+        ("d_model", 0),
+        ("vocab_size", -1),
+        ("label_smoothing", 1.5),
+        ("pad_token_id", 1000),
+    ],
+)
+def test_invalid_config_values_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        VanillaTransformerConfig(**{**TINY, field: value})
+
+
+def test_config_round_trip(tmp_path, tiny_config):
+    tiny_config.save_pretrained(tmp_path)
+    loaded = VanillaTransformerConfig.from_pretrained(tmp_path)
+    assert loaded.to_dict() == tiny_config.to_dict()
+
+
+# --- positions (3.5) -----------------------------------------------------------------------------------------
+
+
+def test_sinusoidal_table_is_the_paper_formula_interleaved():
+    dim = 10
+    table = sinusoidal_position_table(50, dim)
+    for pos in (0, 1, 7, 49):
+        for i in range(dim // 2):
+            angle = pos / 10000 ** (2 * i / dim)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_sinusoidal_positions_extrapolate_past_max_position_embeddings(tiny_model, tiny_config):
+    long_source = random_ids(tiny_config, (1, tiny_config.max_position_embeddings * 2 + 3))
+    long_target = random_ids(tiny_config, (1, tiny_config.max_position_embeddings + 5), seed=1)
+    logits = tiny_model(input_ids=long_source, decoder_input_ids=long_target).logits
+    assert logits.shape == (1, long_target.shape[1], tiny_config.vocab_size)
+    table = tiny_model.model.encoder.embed_positions.table
+    assert torch.allclose(table, sinusoidal_position_table(table.shape[0], tiny_config.d_model))
+
+
+def test_learned_positions_work_and_refuse_overlong_inputs(tiny_config, tmp_path):
+    config = VanillaTransformerConfig(**{**TINY, "position_embedding_type": "learned"})
+    model = VanillaTransformerForConditionalGeneration(config).eval()
+    source = random_ids(config, (2, 5))
+    logits = model(input_ids=source, decoder_input_ids=source).logits
+    model.save_pretrained(tmp_path)
+    reloaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert torch.equal(reloaded(input_ids=source, decoder_input_ids=source).logits, logits)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(input_ids=random_ids(config, (1, config.max_position_embeddings + 1)), decoder_input_ids=source)
+
+
+# --- layers against torch's reference implementation ---------------------------------------------------------
+
+
+def copy_attention(ours, theirs, fused_qkv: bool):
+    d_model = theirs.embed_dim
+    if fused_qkv:
+        ours.qkv_proj.weight.copy_(theirs.in_proj_weight)
+        ours.qkv_proj.bias.copy_(theirs.in_proj_bias)
+    else:
+        ours.q_proj.weight.copy_(theirs.in_proj_weight[:d_model])
+        ours.q_proj.bias.copy_(theirs.in_proj_bias[:d_model])
+        ours.kv_proj.weight.copy_(theirs.in_proj_weight[d_model:])
+        ours.kv_proj.bias.copy_(theirs.in_proj_bias[d_model:])
+    ours.out_proj.load_state_dict(theirs.out_proj.state_dict())
+
+
+def copy_feed_forward_and_norms(ours, theirs, norm_names):
+    ours.feed_forward.fc1.load_state_dict(theirs.linear1.state_dict())
+    ours.feed_forward.fc2.load_state_dict(theirs.linear2.state_dict())
+    for our_norm, their_norm in norm_names:
+        getattr(ours, our_norm).load_state_dict(getattr(theirs, their_norm).state_dict())
+
+
+@torch.no_grad()
+def test_encoder_layer_matches_torch_transformer_encoder_layer(tiny_config):
+    ours = VanillaTransformerEncoderLayer(tiny_config, layer_idx=0).eval()
+    theirs = nn.TransformerEncoderLayer(
+        tiny_config.d_model, tiny_config.encoder_attention_heads, tiny_config.encoder_ffn_dim,
+        dropout=0.1, activation="relu", batch_first=True, norm_first=False,
+    ).eval()  # fmt: skip
+    copy_attention(ours.self_attn, theirs.self_attn, fused_qkv=True)
+    copy_feed_forward_and_norms(ours, theirs, [("self_attn_layer_norm", "norm1"), ("final_layer_norm", "norm2")])
+    hidden = torch.randn(3, 7, tiny_config.d_model)
+    expected = theirs(hidden)
+    assert torch.allclose(ours(hidden, attention_mask=None), expected, atol=1e-5)
+
+
+@torch.no_grad()
+def test_decoder_layer_matches_torch_transformer_decoder_layer(tiny_config):
+    config = VanillaTransformerConfig(**{**TINY, "_attn_implementation": "eager"})
+    ours = VanillaTransformerDecoderLayer(config, layer_idx=0).eval()
+    theirs = nn.TransformerDecoderLayer(
+        config.d_model, config.decoder_attention_heads, config.decoder_ffn_dim,
+        dropout=0.1, activation="relu", batch_first=True, norm_first=False,
+    ).eval()  # fmt: skip
+    copy_attention(ours.self_attn, theirs.self_attn, fused_qkv=True)
+    copy_attention(ours.encoder_attn, theirs.multihead_attn, fused_qkv=False)
+    copy_feed_forward_and_norms(
+        ours,
+        theirs,
+        [("self_attn_layer_norm", "norm1"), ("encoder_attn_layer_norm", "norm2"), ("final_layer_norm", "norm3")],
+    )
+    target, memory = torch.randn(3, 6, config.d_model), torch.randn(3, 8, config.d_model)
+    causal = nn.Transformer.generate_square_subsequent_mask(6)  # 0 on and below the diagonal, -inf above
+    expected = theirs(target, memory, tgt_mask=causal, tgt_is_causal=True)
+    ours_out = ours(target, causal[None, None], memory, encoder_attention_mask=None)
+    assert torch.allclose(ours_out, expected, atol=1e-5)
+
+
+# --- masks: no future leakage, padding invariance, no NaN ----------------------------------------------------
+
+
+@torch.no_grad()
+def test_changing_a_future_target_token_never_changes_earlier_logits(tiny_model, tiny_config, source_batch):
+    input_ids, attention_mask = source_batch
+    target = random_ids(tiny_config, (2, 8), seed=3)
+    logits = tiny_model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=target).logits
+    for position in (3, 7):
+        changed = target.clone()
+        changed[:, position] = (changed[:, position] + 1 - 4) % (tiny_config.vocab_size - 4) + 4
+        changed_logits = tiny_model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=changed)
+        assert torch.allclose(changed_logits.logits[:, :position], logits[:, :position], atol=1e-6)
+        assert not torch.allclose(changed_logits.logits[:, position:], logits[:, position:], atol=1e-4)
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+@torch.no_grad()
+def test_source_padding_never_changes_the_logits(tiny_config, attn_implementation):
+    model = model_with_attention(attn_implementation)
+    source = random_ids(tiny_config, (1, 6))
+    target = random_ids(tiny_config, (1, 5), seed=1)
+    alone = model(input_ids=source, decoder_input_ids=target).logits
+    padded = torch.cat([source, torch.full((1, 4), tiny_config.pad_token_id)], dim=1)
+    mask = torch.cat([torch.ones(1, 6, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    assert torch.allclose(
+        model(input_ids=padded, attention_mask=mask, decoder_input_ids=target).logits, alone, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+@torch.no_grad()
+def test_a_fully_padded_row_gives_no_nan(tiny_config, attn_implementation):
+    model = model_with_attention(attn_implementation)
+    source = random_ids(tiny_config, (2, 5))
+    mask = torch.ones_like(source)
+    mask[1] = 0
+    logits = model(input_ids=source, attention_mask=mask, decoder_input_ids=source[:, :3]).logits
+    assert torch.isfinite(logits).all()
+
+
+@torch.no_grad()
+def test_eager_and_sdpa_agree(tiny_config, source_batch):
+    input_ids, attention_mask = source_batch
+    eager, sdpa = model_with_attention("eager"), model_with_attention("sdpa")
+    sdpa.load_state_dict(eager.state_dict())
+    assert eager.config._attn_implementation == "eager" and sdpa.config._attn_implementation == "sdpa"
+    target = random_ids(tiny_config, (2, 6), seed=2)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=target)
+    assert torch.allclose(eager(**inputs).logits, sdpa(**inputs).logits, atol=1e-5)
+
+
+# --- embeddings (3.4) ------------------------------------------------------------------------------------------
+
+
+def test_one_embedding_matrix_scaled_on_the_input_side_only(tiny_model, tiny_config):
+    shared = tiny_model.model.shared.weight
+    assert tiny_model.lm_head.weight is shared
+    assert tiny_model.model.encoder.embed_tokens.weight is shared
+    assert tiny_model.model.decoder.embed_tokens.weight is shared
+    # the encoder's first layer input is sqrt(d_model) * E[x] + PE (dropout is off in eval mode)
+    source = random_ids(tiny_config, (1, 4))
+    captured = {}
+    tiny_model.model.encoder.layers[0].register_forward_pre_hook(lambda m, args: captured.update(x=args[0]))
+    tiny_model(input_ids=source, decoder_input_ids=source)
+    expected = shared[source] * math.sqrt(tiny_config.d_model) + sinusoidal_position_table(4, tiny_config.d_model)
+    assert torch.allclose(captured["x"], expected, atol=1e-5)
+    # and the pre-softmax projection is the unscaled matrix
+    hidden = torch.randn(1, 1, tiny_config.d_model)
+    assert torch.allclose(tiny_model.lm_head(hidden), hidden @ shared.T, atol=1e-6)
+
+
+def test_untied_output_projection_keeps_the_source_target_sharing(tmp_path):
+    config = VanillaTransformerConfig(**{**TINY, "tie_word_embeddings": False})
+    model = VanillaTransformerForConditionalGeneration(config).eval()
+    assert model.lm_head.weight is not model.model.shared.weight
+    assert model.model.encoder.embed_tokens is model.model.decoder.embed_tokens is model.model.shared
+    model.save_pretrained(tmp_path)
+    reloaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path)
+    assert torch.equal(reloaded.lm_head.weight, model.lm_head.weight)
+    assert reloaded.model.encoder.embed_tokens is reloaded.model.shared
+
+
+def test_resize_token_embeddings_keeps_the_tie(tiny_model):
+    old_size = tiny_model.config.vocab_size
+    tiny_model.resize_token_embeddings(old_size + 7)
+    assert tiny_model.config.vocab_size == old_size + 7
+    shared = tiny_model.model.shared.weight
+    assert shared.shape[0] == old_size + 7
+    assert tiny_model.lm_head.weight is shared
+    assert tiny_model.model.encoder.embed_tokens.weight is shared
+    assert tiny_model.model.decoder.embed_tokens.weight is shared
+    new_token = torch.tensor([[old_size + 3, 2]])
+    assert tiny_model(input_ids=new_token, decoder_input_ids=new_token).logits.shape[-1] == old_size + 7
+
+
+# --- loss ----------------------------------------------------------------------------------------------------
+
+
+def test_labels_give_the_label_smoothed_loss_over_non_padding_targets(tiny_config, source_batch):
+    config = VanillaTransformerConfig(**{**TINY, "label_smoothing": 0.1})
+    model = VanillaTransformerForConditionalGeneration(config).eval()
+    input_ids, attention_mask = source_batch
+    labels = random_ids(config, (2, 5), seed=4)
+    labels[1, 3:] = -100
+    output = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    decoder_input_ids = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
+    assert decoder_input_ids[0, 0] == config.decoder_start_token_id
+    assert torch.equal(decoder_input_ids[:, 1:4], labels[:, :3].clamp(min=0))
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+    log_probs = logits.log_softmax(-1)[labels != -100]  # (real targets, V)
+    targets = labels[labels != -100]
+    epsilon, vocab = 0.1, config.vocab_size
+    smoothed = -(1 - epsilon) * log_probs.gather(1, targets[:, None]).squeeze(1) - epsilon / vocab * log_probs.sum(-1)
+    assert torch.allclose(output.loss, smoothed.mean(), atol=1e-5)
+
+
+def test_model_overfits_one_batch(tiny_config, source_batch):
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig(**{**TINY, "dropout": 0.0}))
+    input_ids, attention_mask = source_batch
+    labels = random_ids(tiny_config, (2, 6), seed=5)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98), eps=1e-9)
+    first = None
+    for _ in range(60):
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        first = first if first is not None else loss.item()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.1 * first
+    model.eval()
+    generated = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=6, do_sample=False)
+    assert torch.equal(generated[:, 1:7], labels)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_config, source_batch):
+    config = VanillaTransformerConfig(**{**TINY, "dropout": 0.0})
+    input_ids, attention_mask = source_batch
+    labels = random_ids(config, (2, 5), seed=6)
+    gradients = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = VanillaTransformerForConditionalGeneration(config).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+            assert model.model.encoder.gradient_checkpointing
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+        gradients.append(model.model.decoder.layers[0].self_attn.qkv_proj.weight.grad.clone())
+    assert torch.allclose(gradients[0], gradients[1], atol=1e-6)
+
+
+# --- outputs -------------------------------------------------------------------------------------------------
+
+
+def test_attentions_and_hidden_states_are_returned(tiny_config, source_batch):
+    model = model_with_attention("eager")
+    input_ids, attention_mask = source_batch
+    target = random_ids(tiny_config, (2, 4))
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        decoder_input_ids=target,
+        output_attentions=True,
+        output_hidden_states=True,
+    )
+    heads, layers = tiny_config.encoder_attention_heads, tiny_config.encoder_layers
+    assert len(out.encoder_attentions) == layers and out.encoder_attentions[0].shape == (2, heads, 9, 9)
+    assert len(out.decoder_attentions) == layers and out.decoder_attentions[0].shape == (2, heads, 4, 4)
+    assert len(out.cross_attentions) == layers and out.cross_attentions[0].shape == (2, heads, 4, 9)
+    assert len(out.encoder_hidden_states) == layers + 1 and len(out.decoder_hidden_states) == layers + 1
+    # attention weights are probabilities; padded source positions get none; the decoder never looks ahead
+    assert torch.allclose(out.cross_attentions[0].sum(-1), torch.ones(2, heads, 4), atol=1e-5)
+    assert out.cross_attentions[0][1, :, :, 6:].abs().max() < 1e-6
+    assert torch.triu(out.decoder_attentions[0], diagonal=1).abs().max() < 1e-6
+    assert torch.equal(out.encoder_hidden_states[-1], out.encoder_last_hidden_state)
+
+
+def test_base_model_returns_seq2seq_model_output(tiny_config, source_batch):
+    model = VanillaTransformerModel(tiny_config).eval()
+    input_ids, attention_mask = source_batch
+    out = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :3])
+    assert out.last_hidden_state.shape == (2, 3, tiny_config.d_model)
+    assert out.encoder_last_hidden_state.shape == (2, 9, tiny_config.d_model)
+
+
+# --- bad input gets a clear error ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda b: {**b, "input_ids": b["input_ids"] + 1000}, "outside the vocabulary"),
+        (lambda b: {**b, "input_ids": -b["input_ids"]}, "outside the vocabulary"),
+        (lambda b: {**b, "input_ids": b["input_ids"].float()}, "integer token ids"),
+        (lambda b: {**b, "input_ids": b["input_ids"][:, :0], "attention_mask": None}, "empty"),
+        (lambda b: {**b, "attention_mask": b["attention_mask"][:, :-1]}, "attention_mask` has shape"),
+        (lambda b: {**b, "decoder_input_ids": b["decoder_input_ids"] + 1000}, "decoder_input_ids` holds ids"),
+        (lambda b: {**b, "decoder_input_ids": b["decoder_input_ids"][:, :0]}, "empty"),
+        (lambda b: {**b, "decoder_attention_mask": torch.ones(2, 9)}, "decoder_attention_mask` has shape"),
+        (lambda b: {**b, "input_ids": b["input_ids"][0]}, r"shape \(batch, length\)"),
+    ],
+)
+def test_bad_inputs_get_clear_errors(tiny_model, source_batch, change, message):
+    input_ids, attention_mask = source_batch
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :4])
+    with pytest.raises(ValueError, match=message):
+        tiny_model(**change(batch))
+
+
+def test_bad_labels_get_a_clear_error(tiny_model, source_batch):
+    input_ids, attention_mask = source_batch
+    labels = torch.full((2, 3), 999)
+    with pytest.raises(ValueError, match="labels"):
+        tiny_model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
