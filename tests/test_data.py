@@ -1,0 +1,243 @@
+import gzip
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+
+from vanilla_transformer.data import (
+    ADJECTIVES,
+    INTRANSITIVE_VERBS,
+    NOUNS,
+    TRANSITIVE_VERBS,
+    DataError,
+    DataReport,
+    _Clause,
+    _NounPhrase,
+    filter_pairs,
+    load_hub_dataset,
+    read_jsonl,
+    read_parallel_text,
+    read_tsv,
+    split_pairs,
+    synthetic_translation_pairs,
+)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_bytes(text.encode("utf-8"))
+    return path
+
+
+# Parallel text
+
+
+def test_read_parallel_text_strips_and_drops_empty_pairs(tmp_path):
+    source = write(tmp_path / "train.en", "Hello world.\n  \nGood morning!  \r\nOnly source\n")
+    target = write(tmp_path / "train.de", "Hallo Welt.\nLeer\nGuten Morgen!\n\n")
+
+    pairs, report = read_parallel_text(source, target)
+
+    assert pairs == [("Hello world.", "Hallo Welt."), ("Good morning!", "Guten Morgen!")]
+    assert (report.kept, report.empty_dropped, report.too_long_dropped) == (2, 2, 0)
+    assert "train.en" in report.summary() and "kept 2" in report.summary()
+
+
+def test_read_parallel_text_reads_gzip(tmp_path):
+    source, target = tmp_path / "a.en.gz", tmp_path / "a.de.gz"
+    source.write_bytes(gzip.compress("Straße\nÜbung\n".encode()))
+    target.write_bytes(gzip.compress(b"street\nexercise\n"))
+
+    pairs, _ = read_parallel_text(source, target)
+
+    assert pairs == [("Straße", "street"), ("Übung", "exercise")]
+
+
+def test_only_newline_ends_a_line(tmp_path):
+    source = write(tmp_path / "s.txt", "one\u2028still one\x0cand one\nTwo\n")
+    target = write(tmp_path / "t.txt", "eins\nzwei\n")
+
+    pairs, _ = read_parallel_text(source, target)
+
+    assert pairs == [("one\u2028still one\x0cand one", "eins"), ("Two", "zwei")]
+
+
+def test_different_line_counts_name_both_files_and_counts(tmp_path):
+    source = write(tmp_path / "s.txt", "a\nb\nc\nd\n")
+    target = write(tmp_path / "t.txt", "a\nb\n")
+
+    with pytest.raises(DataError, match=r"s\.txt has 4 lines but .*t\.txt has 2"):
+        read_parallel_text(source, target)
+    with pytest.raises(DataError, match=r"t\.txt has 2 lines but .*s\.txt has 4"):
+        read_parallel_text(target, source)
+
+
+def test_missing_file_is_named(tmp_path):
+    source = write(tmp_path / "s.txt", "a\n")
+    with pytest.raises(DataError, match=r"missing\.txt: file not found"):
+        read_parallel_text(source, tmp_path / "missing.txt")
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    source = write(tmp_path / "s.txt", "a\nb\nc\n")
+    target = tmp_path / "t.txt"
+    target.write_bytes(b"a\nb\n\xff\xfe broken\n")
+    with pytest.raises(DataError, match=r"t\.txt:3: invalid UTF-8"):
+        read_parallel_text(source, target)
+
+
+def test_no_pairs_at_all_is_an_error(tmp_path):
+    source = write(tmp_path / "s.txt", "\n\n")
+    target = write(tmp_path / "t.txt", "x\n\n")
+    with pytest.raises(DataError, match="no translation pairs"):
+        read_parallel_text(source, target)
+
+
+# TSV and JSON lines
+
+
+def test_read_tsv_with_chosen_columns(tmp_path):
+    path = write(tmp_path / "data.tsv", "id1\tHallo\tHello\n\nid2\tJa\t \nid3\tNein\tNo\textra\n")
+
+    pairs, report = read_tsv(path, source_column=2, target_column=1)
+
+    assert pairs == [("Hello", "Hallo"), ("No", "Nein")]
+    assert report.empty_dropped == 2
+
+
+def test_read_tsv_too_few_columns_names_line(tmp_path):
+    path = write(tmp_path / "data.tsv", "a\tb\nonly one column\n")
+    with pytest.raises(DataError, match=r"data\.tsv:2: found 1 tab-separated columns, need at least 2"):
+        read_tsv(path)
+
+
+def test_read_jsonl_accepts_both_layouts(tmp_path):
+    lines = [
+        {"translation": {"en": "Hello", "de": "Hallo"}},
+        {"en": "Yes", "de": "Ja"},
+        {"en": "", "de": "Leer"},
+    ]
+    path = write(tmp_path / "data.jsonl", "\n".join(json.dumps(line, ensure_ascii=False) for line in lines) + "\n\n")
+
+    pairs, report = read_jsonl(path, source_lang="en", target_lang="de")
+
+    assert pairs == [("Hello", "Hallo"), ("Yes", "Ja")]
+    assert report.empty_dropped == 2
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"en": "Hello", "de": ', r"data\.jsonl:2: invalid JSON"),
+        ('{"en": "Hello", "fr": "Bonjour"}', r"data\.jsonl:2: no 'de' key"),
+        ('{"translation": {"de": "Hallo"}}', r"data\.jsonl:2: no 'en' key"),
+        ('["Hello", "Hallo"]', r"data\.jsonl:2: expected a JSON object"),
+        ('{"en": "Hello", "de": 3}', r"data\.jsonl:2: 'de' is not a string"),
+    ],
+)
+def test_read_jsonl_errors_name_line(tmp_path, line, message):
+    path = write(tmp_path / "data.jsonl", '{"en": "a", "de": "b"}\n' + line + "\n")
+    with pytest.raises(DataError, match=message):
+        read_jsonl(path, source_lang="en", target_lang="de")
+
+
+# Hub
+
+
+def test_load_hub_dataset_failure_suggests_local_files(monkeypatch):
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(DataError, match=r"could not load the dataset wmt14/de-en \[train\].*no network.*local files"):
+        load_hub_dataset("wmt14", "de-en", "train", source_lang="en", target_lang="de")
+
+
+def test_load_hub_dataset_reads_translation_column(monkeypatch):
+    rows = {"translation": [{"de": "Hallo", "en": "Hello"}, {"de": "", "en": "Empty"}, {"de": "Ja", "en": "Yes"}]}
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: datasets.Dataset.from_dict(rows))
+
+    pairs, report = load_hub_dataset("wmt14", "de-en", "train", source_lang="en", target_lang="de")
+
+    assert pairs == [("Hello", "Hallo"), ("Yes", "Ja")]
+    assert (report.kept, report.empty_dropped) == (2, 1)
+
+
+# Filtering and splitting
+
+
+def test_filter_pairs_counts_dropped_pairs():
+    pairs = [("short", "kurz"), ("x" * 11, "ok"), ("ok", "y" * 11), ("a", "abcdefgh"), ("same", "size")]
+    report = DataReport(sources=["file"], kept=len(pairs))
+
+    kept, report = filter_pairs(pairs, max_characters=10, max_length_ratio=3.0, report=report)
+
+    assert kept == [("short", "kurz"), ("same", "size")]
+    assert (report.kept, report.too_long_dropped, report.ratio_dropped) == (2, 2, 1)
+    assert "2 too long" in report.summary()
+
+
+def test_split_pairs_is_deterministic_and_complete():
+    pairs = [(str(i), str(i)) for i in range(20)]
+
+    train, valid, test = split_pairs(pairs, valid_size=3, test_size=2, seed=1)
+
+    assert (len(train), len(valid), len(test)) == (15, 3, 2)
+    assert sorted(train + valid + test) == sorted(pairs)
+    assert split_pairs(pairs, valid_size=3, test_size=2, seed=1) == (train, valid, test)
+    assert split_pairs(pairs, valid_size=3, test_size=2, seed=2) != (train, valid, test)
+    with pytest.raises(ValueError):
+        split_pairs(pairs, valid_size=15, test_size=5)
+
+
+# Synthetic task
+
+
+def test_synthetic_pairs_are_deterministic_per_seed():
+    first = synthetic_translation_pairs(200, seed=0)
+    assert synthetic_translation_pairs(200, seed=0) == first
+    assert synthetic_translation_pairs(200, seed=1) != first
+    assert len(first) == 200
+    assert all(isinstance(source, str) and isinstance(target, str) for source, target in first)
+
+
+def test_synthetic_sentence_lengths_vary_between_3_and_20_words():
+    lengths = {len(source.split()) for source, _ in synthetic_translation_pairs(2000)}
+    assert min(lengths) == 3
+    assert max(lengths) == 20
+    assert len(lengths) == 18
+
+
+def test_synthetic_target_is_not_a_copy():
+    pairs = synthetic_translation_pairs(500)
+    source_words = {word for source, _ in pairs for word in source.split()}
+    target_words = {word for _, target in pairs for word in target.split()}
+    assert not source_words & target_words
+    # A transitive clause ends with its object in the source but with the verb in the target.
+    target_verb_endings = ("et", "en")
+    verb_final = [target.split()[-1].endswith(target_verb_endings) for _, target in pairs]
+    assert all(verb_final)
+    source_last_is_verb = [source.split()[-1].removesuffix("s") in TRANSITIVE_VERBS for source, _ in pairs]
+    assert sum(source_last_is_verb) < len(pairs) / 2
+
+
+def test_synthetic_grammar_reorders_and_agrees():
+    clause = _Clause(
+        subject=_NounPhrase("dog", adjectives=("red",)),
+        verb="see",
+        object=_NounPhrase("cat", definite=False, adjectives=("small",)),
+        place=("in", _NounPhrase("house", adjectives=("old",))),
+    )
+    assert " ".join(clause.source()) == "the red dog sees a small cat in the old house"
+    assert " ".join(clause.target()) == "ter hunt roder aine katse kline ine tas haus altes sihet"
+
+    plural = _Clause(subject=_NounPhrase("child", plural=True, number="three", adjectives=("happy",)), verb="sleep")
+    assert " ".join(plural.source()) == "the three happy children sleep"
+    assert " ".join(plural.target()) == "tei dri kinter frohen slafen"
+
+
+def test_synthetic_lexicon_is_consistent():
+    assert 100 <= len(NOUNS) + len(ADJECTIVES) + len(TRANSITIVE_VERBS) + len(INTRANSITIVE_VERBS) + 40 <= 200
+    english = [noun[0] for noun in NOUNS]
+    assert len(set(english)) == len(english)
+    assert {noun[4] for noun in NOUNS} == {"m", "f", "n"}

@@ -1,0 +1,501 @@
+"""Train the Transformer of "Attention Is All You Need" with Accelerate, following the paper's section 5.
+
+    python train_accelerate.py                                   # the embedded synthetic task, offline, CPU
+    python train_accelerate.py --data_dir ../shared/data/multi30k --source_lang en --target_lang de \
+        --validation_split val --test_split test_2016_flickr --preset small --max_minutes 25
+    accelerate launch --multi_gpu --num_processes 8 train_accelerate.py --dataset_name wmt14 \
+        --dataset_config de-en --source_lang en --target_lang de --preset base --max_tokens 25000
+
+Reads top to bottom: arguments, data, tokenizer, model, optimizer, loop, evaluation, saving.
+"""
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
+from vanilla_transformer import checkpoints, data
+from vanilla_transformer.batching import TokenBatchSampler, TranslationCollator, padding_statistics
+from vanilla_transformer.metrics import load_bleu_metric
+from vanilla_transformer.tokenization import train_shared_tokenizer
+from vanilla_transformer.training import (
+    DataPosition,
+    count_target_tokens,
+    evaluation_loader,
+    make_optimizer_and_schedule,
+    optimizer_step_batches,
+    summed_loss,
+    translate_for_evaluation,
+    validation_loss,
+)
+
+TRAINER_STATE = "trainer_state.json"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_argument_group("data (default: the embedded synthetic task)")
+    group.add_argument("--dataset_name", help="a Hub dataset with a `translation` column, e.g. wmt14 (online)")
+    group.add_argument("--dataset_config", help="e.g. de-en")
+    group.add_argument("--data_dir", help="folder of line-aligned files {split}.{lang}[.gz], e.g. Multi30k")
+    group.add_argument("--train_file", help="a .tsv or .jsonl file of pairs (with --validation_file/--test_file)")
+    group.add_argument("--validation_file")
+    group.add_argument("--test_file")
+    group.add_argument("--train_split", default="train")
+    group.add_argument("--validation_split", default="validation")
+    group.add_argument("--test_split", default="test")
+    group.add_argument("--source_lang", default="en")
+    group.add_argument("--target_lang", default="de")
+    group.add_argument("--synthetic_pairs", type=int, default=30000, help="size of the embedded task")
+    group.add_argument("--max_source_tokens", type=int, default=256, help="drop longer training pairs")
+    group.add_argument("--tokenizer_name_or_path", help="an existing tokenizer; default: train one")
+    group.add_argument("--vocab_size", type=int, default=8000, help="shared BPE vocabulary (paper: 37000)")
+
+    group = parser.add_argument_group("model")
+    group.add_argument("--preset", choices=sorted(PRESETS), default="small", help="Table 3 base/big, or small")
+    group.add_argument("--d_model", type=int)
+    group.add_argument("--layers", type=int, help="encoder and decoder layers (N)")
+    group.add_argument("--heads", type=int)
+    group.add_argument("--ffn_dim", type=int)
+    group.add_argument("--dropout", type=float, help="P_drop; default: the preset's")
+    group.add_argument("--position_embedding_type", choices=["sinusoidal", "learned"], default="sinusoidal")
+
+    group = parser.add_argument_group("optimisation (paper section 5)")
+    group.add_argument("--max_tokens", type=int, default=4096, help="source and target tokens per batch per process")
+    group.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    group.add_argument("--warmup_steps", type=int, default=4000)
+    group.add_argument("--learning_rate_scale", type=float, default=1.0, help="factor on equation (3)")
+    group.add_argument("--label_smoothing", type=float, default=0.1)
+    group.add_argument("--max_grad_norm", type=float, default=0.0, help="clip gradients; 0 = off (the paper)")
+    group.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default=None)
+    group.add_argument("--max_steps", type=int, default=None)
+    group.add_argument("--max_epochs", type=int, default=None)
+    group.add_argument("--max_minutes", type=float, default=None, help="wall-clock budget of the training loop")
+    group.add_argument("--seed", type=int, default=42)
+
+    group = parser.add_argument_group("evaluation")
+    group.add_argument("--eval_steps", type=int, default=500, help="validation loss and BLEU every N steps")
+    group.add_argument("--eval_max_sentences", type=int, default=500, help="validation sentences for BLEU in training")
+    group.add_argument("--eval_batch_size", type=int, default=64)
+    group.add_argument("--num_beams", type=int, default=4, help="final decoding (paper: 4)")
+    group.add_argument("--length_penalty", type=float, default=0.6, help="final decoding (paper: 0.6)")
+    group.add_argument("--evaluate_only", action="store_true", help="translate and score with a saved model")
+    group.add_argument("--model_name_or_path", help="saved model folder for --evaluate_only")
+
+    group = parser.add_argument_group("checkpoints, logging, sharing")
+    group.add_argument("--output_dir", default="outputs/vanilla-transformer")
+    group.add_argument("--save_steps", type=int, default=500)
+    group.add_argument("--save_total_limit", type=int, default=5, help="keep the last K checkpoints")
+    group.add_argument("--average_last", type=int, default=5, help="average the last K checkpoints (paper: 5/20)")
+    group.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or `latest`")
+    group.add_argument("--logging_steps", type=int, default=50)
+    group.add_argument("--report_to", default="none", help="an accelerate tracker, e.g. tensorboard")
+    group.add_argument("--push_to_hub", action="store_true")
+    group.add_argument("--hub_model_id")
+    group.add_argument("--hub_private", action="store_true")
+    args = parser.parse_args(argv)
+    if args.max_steps is None and args.max_epochs is None and args.max_minutes is None and not args.evaluate_only:
+        args.max_steps = 1200 if is_synthetic(args) else 100_000
+    if args.evaluate_only and not args.model_name_or_path:
+        parser.error("--evaluate_only needs --model_name_or_path")
+    if args.push_to_hub and not args.hub_model_id:
+        parser.error("--push_to_hub needs --hub_model_id")
+    if args.average_last > args.save_total_limit > 0:
+        parser.error("--average_last cannot exceed --save_total_limit: the checkpoints to average must be kept")
+    return args
+
+
+def is_synthetic(args) -> bool:
+    return not (args.dataset_name or args.data_dir or args.train_file)
+
+
+# --- data ------------------------------------------------------------------------------------------------------
+
+
+def load_splits(args, need_train: bool = True) -> dict[str, list[tuple[str, str]]]:
+    """Sentence pairs for train/validation/test from the chosen source; reports what was dropped and why."""
+    if is_synthetic(args):
+        pairs = data.synthetic_translation_pairs(args.synthetic_pairs + 1000, seed=args.seed)
+        train, validation, test = data.split_pairs(pairs, valid_size=500, test_size=500, seed=args.seed)
+        return {"train": train, "validation": validation, "test": test}
+
+    names = {"train": args.train_split, "validation": args.validation_split, "test": args.test_split}
+    files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
+    splits = {}
+    for split, name in names.items():
+        if split == "train" and not need_train:
+            continue
+        if args.dataset_name:
+            pairs, report = data.load_hub_dataset(
+                args.dataset_name, args.dataset_config, name, args.source_lang, args.target_lang
+            )
+        elif args.data_dir:
+            source = find_split_file(args.data_dir, name, args.source_lang, required=split == "train")
+            target = find_split_file(args.data_dir, name, args.target_lang, required=split == "train")
+            if source is None or target is None:
+                continue
+            pairs, report = data.read_parallel_text(source, target)
+        elif files[split]:
+            path = files[split]
+            pairs, report = (
+                data.read_jsonl(path, args.source_lang, args.target_lang)
+                if path.endswith((".jsonl", ".jsonl.gz"))
+                else data.read_tsv(path)
+            )
+        else:
+            continue
+        print(f"[data] {split}: {report.summary()}")
+        splits[split] = pairs
+    return splits
+
+
+def find_split_file(data_dir: str, split: str, lang: str, required: bool) -> Path | None:
+    for candidate in (Path(data_dir) / f"{split}.{lang}", Path(data_dir) / f"{split}.{lang}.gz"):
+        if candidate.is_file():
+            return candidate
+    if required:
+        raise data.DataError(f"No file {split}.{lang} or {split}.{lang}.gz in {data_dir}.")
+    return None
+
+
+def encode_pairs(tokenizer, pairs, max_source_tokens: int | None = None) -> list[dict]:
+    """Token ids for each pair (`tokens </s>` on both sides); over-long training pairs are dropped and counted."""
+    sources = tokenizer([source for source, _ in pairs])["input_ids"]
+    targets = tokenizer([target for _, target in pairs])["input_ids"]
+    examples = [{"input_ids": s, "labels": t} for s, t in zip(sources, targets, strict=True)]
+    if max_source_tokens:
+        kept = [e for e in examples if max(len(e["input_ids"]), len(e["labels"])) <= max_source_tokens]
+        if len(kept) < len(examples):
+            print(f"[data] dropped {len(examples) - len(kept)} pairs longer than {max_source_tokens} tokens")
+        examples = kept
+    return examples
+
+
+def load_or_train_tokenizer(args, accelerator, train_pairs):
+    """The main process trains the shared BPE vocabulary (5.1) and saves it; the others load it."""
+    if args.tokenizer_name_or_path:
+        return AutoTokenizer.from_pretrained(args.tokenizer_name_or_path)
+    tokenizer_dir = Path(args.output_dir) / "tokenizer"
+    with accelerator.main_process_first():
+        if not (tokenizer_dir / "tokenizer.json").is_file():
+            texts = (text for pair in train_pairs for text in pair)
+            train_shared_tokenizer(texts, vocab_size=args.vocab_size).save_pretrained(tokenizer_dir)
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+# --- model -----------------------------------------------------------------------------------------------------
+
+
+def build_config(args, tokenizer) -> VanillaTransformerConfig:
+    overrides = {
+        "d_model": args.d_model,
+        "encoder_layers": args.layers,
+        "decoder_layers": args.layers,
+        "encoder_attention_heads": args.heads,
+        "decoder_attention_heads": args.heads,
+        "encoder_ffn_dim": args.ffn_dim,
+        "decoder_ffn_dim": args.ffn_dim,
+        "dropout": args.dropout,
+    }
+    return VanillaTransformerConfig.from_preset(
+        args.preset,
+        **{name: value for name, value in overrides.items() if value is not None},
+        vocab_size=len(tokenizer),
+        position_embedding_type=args.position_embedding_type,
+        label_smoothing=args.label_smoothing,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+    )
+
+
+# --- checkpoints -----------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(accelerator, args, step: int, position: DataPosition, elapsed_seconds: float) -> None:
+    """accelerator.save_state into a staging folder, renamed into place once complete; keeps the last K."""
+    root = Path(args.output_dir) / "checkpoints"
+    staging = checkpoints.staging_dir(root, step)
+    accelerator.save_state(str(staging))
+    if accelerator.is_main_process:
+        state = {"step": step, "epoch": position.epoch, "batches_done_in_epoch": position.batches_done_in_epoch,
+                 "elapsed_seconds": elapsed_seconds}  # fmt: skip
+        (staging / TRAINER_STATE).write_text(json.dumps(state, indent=2))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        checkpoints.finalize_checkpoint(staging, checkpoints.checkpoint_dir(root, step))
+        checkpoints.prune_checkpoints(root, args.save_total_limit)
+    accelerator.wait_for_everyone()
+
+
+def resume(accelerator, args) -> tuple[int, DataPosition, float]:
+    """Restore model, optimizer, schedule and RNG states; return (step, data position, elapsed seconds)."""
+    root = Path(args.output_dir) / "checkpoints"
+    path = checkpoints.latest_checkpoint(root) if args.resume_from_checkpoint == "latest" else None
+    path = path or Path(args.resume_from_checkpoint)
+    if args.resume_from_checkpoint == "latest" and not checkpoints.is_complete_checkpoint(path):
+        accelerator.print(f"[resume] no checkpoint in {root}; starting from scratch")
+        return 0, DataPosition(), 0.0
+    if not checkpoints.is_complete_checkpoint(path):
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (a step_* folder with model.safetensors).")
+    accelerator.load_state(str(path))
+    state = json.loads((path / TRAINER_STATE).read_text())
+    accelerator.print(f"[resume] from {path} at step {state['step']}")
+    return state["step"], DataPosition(state["epoch"], state["batches_done_in_epoch"]), state["elapsed_seconds"]
+
+
+def load_averaged_weights(model, args, accelerator) -> int:
+    """Section 6.1: average the last K checkpoints into the final model; returns how many were averaged."""
+    paths = checkpoints.list_checkpoints(Path(args.output_dir) / "checkpoints")[-args.average_last :]
+    if len(paths) < 2:
+        return len(paths)
+    averaged = checkpoints.average_checkpoints(paths)
+    missing, unexpected = model.load_state_dict(averaged, strict=False)
+    tied = set(model.get_expanded_tied_weights_keys(all_submodels=True)) | {
+        name for name, _ in model.named_buffers() if name.endswith("embed_positions.table")
+    }
+    if unexpected or not set(missing) <= tied:
+        raise RuntimeError(f"Averaged checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
+    accelerator.print(f"[average] averaged {len(paths)} checkpoints: {[p.name for p in paths]}")
+    return len(paths)
+
+
+# --- evaluation ------------------------------------------------------------------------------------------------
+
+
+def prepared_loader(accelerator, tokenizer, pairs, batch_size: int):
+    """An evaluation loader sharded over processes by Accelerate."""
+    collator = TranslationCollator(tokenizer.pad_token_id)
+    return accelerator.prepare(evaluation_loader(encode_pairs(tokenizer, pairs), collator, batch_size))
+
+
+def evaluate_split(accelerator, model, tokenizer, pairs, loader, metric, generation_kwargs, write_to=None) -> dict:
+    """Translate `pairs` (sharded over processes), score BLEU and chrF on detokenized text, write hypotheses."""
+    hypotheses = translate_for_evaluation(accelerator, model, loader, tokenizer, generation_kwargs)
+    scores = metric.compute(predictions=hypotheses, references=[[target] for _, target in pairs])
+    if accelerator.is_main_process and write_to:
+        Path(write_to).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    return {"bleu": scores["bleu"], "chrf": scores["chrf"], "signature": scores["bleu_signature"], "hypotheses": hypotheses}
+
+
+def evaluate_only(args, accelerator) -> None:
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=True)
+    model = accelerator.prepare(model)
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    metric = load_bleu_metric()
+    generation_kwargs = {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "do_sample": False}
+    for split, pairs in load_splits(args, need_train=False).items():
+        loader = prepared_loader(accelerator, tokenizer, pairs, args.eval_batch_size)
+        hypotheses_file = Path(args.output_dir) / f"{split}.hyp.txt"
+        result = evaluate_split(accelerator, model, tokenizer, pairs, loader, metric, generation_kwargs, hypotheses_file)
+        accelerator.print(f"[{split}] BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  {result['signature']}")
+
+
+# --- main ------------------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    accelerator = Accelerator(
+        mixed_precision=args.mixed_precision,
+        log_with=None if args.report_to == "none" else args.report_to,
+        project_dir=args.output_dir,
+    )
+    if args.evaluate_only:
+        return evaluate_only(args, accelerator)
+    set_seed(args.seed)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    # data and tokenizer
+    splits = load_splits(args)
+    tokenizer = load_or_train_tokenizer(args, accelerator, splits["train"])
+    train_examples = encode_pairs(tokenizer, splits["train"], args.max_source_tokens)
+    validation_pairs = splits.get("validation", [])[: args.eval_max_sentences]
+    sampler = TokenBatchSampler(
+        [len(e["input_ids"]) for e in train_examples],
+        [len(e["labels"]) for e in train_examples],
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        num_replicas=accelerator.num_processes,
+        rank=accelerator.process_index,
+    )
+    collator = TranslationCollator(tokenizer.pad_token_id)
+    stats = padding_statistics(sampler.all_batches(), sampler.source_lengths, sampler.target_lengths)
+    accelerator.print(
+        f"[data] {len(train_examples)} training pairs, {len(sampler)} batches per process per epoch, "
+        f"padding waste {stats['padding_fraction']:.1%}"
+    )
+
+    # model, optimizer (5.3), schedule (equation 3)
+    config = build_config(args, tokenizer)
+    model = VanillaTransformerForConditionalGeneration(config)
+    accelerator.print(f"[model] {args.preset}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    optimizer, schedule = make_optimizer_and_schedule(model, config.d_model, args.warmup_steps, args.learning_rate_scale)
+    # The schedule is not prepared: accelerate would step it once per process, and equation (3) counts steps.
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(schedule)
+    validation_loader = prepared_loader(accelerator, tokenizer, validation_pairs, args.eval_batch_size)
+    metric = load_bleu_metric()
+
+    step, position, elapsed_before = 0, DataPosition(), 0.0
+    if args.resume_from_checkpoint:
+        step, position, elapsed_before = resume(accelerator, args)
+    if accelerator.is_main_process and args.report_to != "none":
+        hyperparameters = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
+        accelerator.init_trackers("vanilla_transformer", config=hyperparameters)
+
+    # SIGTERM/SIGINT: finish the current step, save a checkpoint, exit. All processes stop at the same step.
+    stop_signal = {"number": 0}
+
+    def request_stop(number, frame):
+        stop_signal["number"] = number
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+    # the loop
+    log_file = output_dir / "train_log.jsonl"
+    progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")
+    start_time = time.time() - elapsed_before
+    window_tokens, window_start, last_saved_step = 0, time.time(), step
+    device = accelerator.device
+    stop_reason = "max_epochs"
+    for step_batches, position_after_step in optimizer_step_batches(
+        sampler, collator, train_examples, args.gradient_accumulation_steps, position, args.max_epochs
+    ):
+        if args.max_steps is not None and step >= args.max_steps:
+            stop_reason = "max_steps"
+            break
+        # One collective per step: the step's global target-token count, and whether any process must stop.
+        out_of_time = args.max_minutes is not None and time.time() - start_time > args.max_minutes * 60
+        local = [sum(count_target_tokens(b) for b in step_batches), float(stop_signal["number"] or out_of_time)]
+        global_tokens, stop_votes = accelerator.reduce(torch.tensor(local, dtype=torch.float64, device=device)).tolist()
+        if stop_votes:
+            stop_reason = "signal" if stop_signal["number"] else "max_minutes"
+            break
+
+        model.train()
+        step_loss = torch.zeros((), device=device)
+        for index, batch in enumerate(step_batches):
+            batch = {name: tensor.to(device) for name, tensor in batch.items()}
+            is_last = index == len(step_batches) - 1
+            with contextlib.nullcontext() if is_last else accelerator.no_sync(model):
+                decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
+                logits = model(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=decoder_input_ids
+                ).logits
+                loss = summed_loss(logits, batch["labels"], args.label_smoothing)
+                # DDP averages gradients over processes; this makes the step's gradient the sum over all its
+                # target tokens divided by their global count, whatever the number of processes.
+                accelerator.backward(loss * accelerator.num_processes / global_tokens)
+                step_loss += loss.detach()
+        if args.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        step, position = step + 1, position_after_step
+        progress.update(1)
+        window_tokens += global_tokens
+
+        if step % args.logging_steps == 0:
+            loss_per_token = (accelerator.reduce(step_loss, "sum") / global_tokens).item()
+            tokens_per_second = window_tokens / (time.time() - window_start)
+            record = {"step": step, "loss": loss_per_token, "lr": schedule.get_last_lr()[0],
+                      "target_tokens_per_second": tokens_per_second, "epoch": position.epoch}  # fmt: skip
+            progress.set_postfix(loss=f"{loss_per_token:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{tokens_per_second:.0f}")
+            accelerator.log({"train/" + k: v for k, v in record.items() if k != "step"}, step=step)
+            if accelerator.is_main_process:
+                with log_file.open("a") as log:
+                    log.write(json.dumps(record) + "\n")
+            window_tokens, window_start = 0, time.time()
+        if step % args.eval_steps == 0 and validation_pairs:
+            losses = validation_loss(accelerator, model, validation_loader)
+            bleu = evaluate_split(accelerator, model, tokenizer, validation_pairs, validation_loader, metric, {"num_beams": 1})
+            progress.write(f"[eval] step {step}: nll {losses['nll']:.3f}  greedy BLEU {bleu['bleu']:.2f}")
+            accelerator.log({"eval/nll": losses["nll"], "eval/bleu_greedy": bleu["bleu"]}, step=step)
+        if step % args.save_steps == 0:
+            save_checkpoint(accelerator, args, step, position, time.time() - start_time)
+            last_saved_step = step
+    progress.close()
+    training_seconds = time.time() - start_time
+
+    if step != last_saved_step:
+        save_checkpoint(accelerator, args, step, position, training_seconds)
+    if stop_reason == "signal":
+        accelerator.print(f"[stop] signal {stop_signal['number']} at step {step}: checkpoint saved; "
+                          "continue with --resume_from_checkpoint latest")  # fmt: skip
+        accelerator.end_training()
+        return
+
+    # final model: averaged checkpoints (6.1), the paper's decoding (beam 4, length penalty 0.6, input + 50)
+    averaged = load_averaged_weights(accelerator.unwrap_model(model), args, accelerator)  # in place
+    generation_kwargs = {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "do_sample": False}
+    results = {}
+    for split in ("validation", "test"):
+        if splits.get(split):
+            loader = prepared_loader(accelerator, tokenizer, splits[split], args.eval_batch_size)
+            hypotheses_file = output_dir / f"{split}.hyp.txt"
+            result = evaluate_split(
+                accelerator, model, tokenizer, splits[split], loader, metric, generation_kwargs, hypotheses_file
+            )
+            results[split] = {k: result[k] for k in ("bleu", "chrf", "signature")}
+            accelerator.print(f"[{split}] BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  {result['signature']}")
+    accelerator.log({f"final/{split}_bleu": r["bleu"] for split, r in results.items()}, step=step)
+
+    if accelerator.is_main_process:
+        summary = {"steps": step, "stop_reason": stop_reason, "training_minutes": training_seconds / 60,
+                   "checkpoints_averaged": averaged, "results": results, "preset": args.preset,
+                   "parameters": sum(p.numel() for p in accelerator.unwrap_model(model).parameters())}  # fmt: skip
+        (output_dir / "results.json").write_text(json.dumps(summary, indent=2))
+        save_final_model(accelerator.unwrap_model(model), tokenizer, args, summary)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+
+
+def save_final_model(model, tokenizer, args, summary: dict) -> None:
+    """The output folder becomes a Hub-ready model repo (weights, config, code, tokenizer, card)."""
+    from vanilla_transformer.hub import push_folder_to_hub, save_model_folder
+
+    card_values = {
+        "source_lang": args.source_lang,
+        "target_lang": args.target_lang,
+        "dataset": args.dataset_name or args.data_dir or args.train_file or "synthetic (embedded)",
+        "preset": args.preset,
+        "steps": summary["steps"],
+        "training_minutes": round(summary["training_minutes"], 1),
+        "checkpoints_averaged": summary["checkpoints_averaged"],
+        "max_tokens": args.max_tokens,
+        "warmup_steps": args.warmup_steps,
+        "learning_rate_scale": args.learning_rate_scale,
+        "label_smoothing": args.label_smoothing,
+    }
+    for split, result in summary["results"].items():
+        card_values[f"{split}_bleu"] = round(result["bleu"], 2)
+        card_values[f"{split}_chrf"] = round(result["chrf"], 2)
+        card_values["bleu_signature"] = result["signature"]
+    folder = save_model_folder(model, tokenizer, args.output_dir, card_values=card_values)
+    print(f"[save] model folder: {folder}")
+    if args.push_to_hub:
+        push_folder_to_hub(folder, args.hub_model_id, private=args.hub_private)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (data.DataError, FileNotFoundError) as error:
+        sys.exit(f"error: {error}")

@@ -1,0 +1,172 @@
+"""Token-based batching as in the paper (section 5.1): a batch holds as many sentence pairs of similar length as fit in
+a token budget, instead of a fixed number of sentences.
+"""
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+
+class TokenBatchSampler:
+    """Yield lists of example indices whose padded source and padded target both fit in `max_tokens`.
+
+    A batch of n examples is padded to its longest source and its longest target, so it is kept when
+    `n * max(source lengths) <= max_tokens` and `n * max(target lengths) <= max_tokens`. Lengths are in tokens,
+    including `</s>`.
+
+    Examples are sorted by (source length, target length) so that batches need little padding. Examples of equal
+    lengths are shuffled each epoch, so batches differ between epochs while their number stays the same, and the
+    batch order is shuffled too; everything is determined by `(seed, epoch)`: call `set_epoch` before each epoch.
+
+    With `num_replicas > 1`, every rank builds the same list of batches and takes every `num_replicas`-th one.
+    If the count does not divide evenly, batches from the start are repeated so that all ranks get the same number
+    of batches (a rank with fewer steps would make the others wait forever in distributed training).
+
+    Use it as `DataLoader(dataset, batch_sampler=sampler, collate_fn=...)`.
+    """
+
+    def __init__(
+        self,
+        source_lengths: Sequence[int],
+        target_lengths: Sequence[int],
+        max_tokens: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ):
+        self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
+        self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
+        if self.source_lengths.ndim != 1 or self.source_lengths.shape != self.target_lengths.shape:
+            raise ValueError(
+                f"source_lengths and target_lengths must be flat and of equal size, got {len(source_lengths)} and "
+                f"{len(target_lengths)}."
+            )
+        if len(self.source_lengths) == 0:
+            raise ValueError("There are no examples to batch.")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank}.")
+        self.max_tokens = max_tokens
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self._check_lengths()
+        self._batch_ends = self._cut_batches()
+
+    def _check_lengths(self) -> None:
+        longest = np.maximum(self.source_lengths, self.target_lengths)
+        if longest.min() < 1:
+            index = int(longest.argmin())
+            raise ValueError(f"Example {index} has no tokens; lengths must include </s> and be at least 1.")
+        too_long = np.flatnonzero(longest > self.max_tokens)
+        if len(too_long):
+            index = int(too_long[0])
+            raise ValueError(
+                f"Example {index} has {self.source_lengths[index]} source and {self.target_lengths[index]} target "
+                f"tokens, more than max_tokens={self.max_tokens} ({len(too_long)} examples are too long in all). "
+                "Increase max_tokens or filter out long examples first."
+            )
+
+    def _sorted_order(self, rng: np.random.Generator | None) -> np.ndarray:
+        """Example indices sorted by (source length, target length); ties in random order when `rng` is given."""
+        order = rng.permutation(len(self.source_lengths)) if rng is not None else np.arange(len(self.source_lengths))
+        by_length = np.lexsort((self.target_lengths[order], self.source_lengths[order]))  # stable: keeps tie order
+        return order[by_length]
+
+    def _cut_batches(self) -> list[int]:
+        """End positions of the batches in the sorted order.
+
+        Shuffling ties never changes the sequence of lengths in sorted order, so these positions hold for every
+        epoch.
+        """
+        order = self._sorted_order(rng=None)
+        batch_ends = []
+        size = longest_source = longest_target = 0
+        for position, (source_length, target_length) in enumerate(
+            zip(self.source_lengths[order].tolist(), self.target_lengths[order].tolist(), strict=True)
+        ):
+            new_source = max(longest_source, source_length)
+            new_target = max(longest_target, target_length)
+            if size and (size + 1) * max(new_source, new_target) > self.max_tokens:
+                batch_ends.append(position)
+                size, new_source, new_target = 0, source_length, target_length
+            size += 1
+            longest_source, longest_target = new_source, new_target
+        batch_ends.append(len(order))
+        return batch_ends
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose batches the next iteration yields."""
+        self.epoch = epoch
+
+    def all_batches(self) -> list[list[int]]:
+        """All batches of the current epoch for all ranks, in order, with repeats so that the count divides evenly."""
+        rng = np.random.default_rng([self.seed, self.epoch]) if self.shuffle else None
+        order = self._sorted_order(rng).tolist()
+        starts = [0, *self._batch_ends[:-1]]
+        batches = [order[start:end] for start, end in zip(starts, self._batch_ends, strict=True)]
+        if rng is not None:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        missing = -len(batches) % self.num_replicas
+        return batches + [batches[i % len(batches)] for i in range(missing)]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self.all_batches()[self.rank :: self.num_replicas]
+
+    def __len__(self) -> int:
+        return -(-len(self._batch_ends) // self.num_replicas)
+
+
+def padding_statistics(
+    batches: Sequence[Sequence[int]], source_lengths: Sequence[int], target_lengths: Sequence[int]
+) -> dict[str, float]:
+    """Count real and padded tokens (source and target together) over `batches` and the fraction wasted on padding."""
+    real_tokens = padded_tokens = 0
+    for batch in batches:
+        sources = [source_lengths[index] for index in batch]
+        targets = [target_lengths[index] for index in batch]
+        real_tokens += sum(sources) + sum(targets)
+        padded_tokens += len(batch) * (max(sources) + max(targets))
+    return {
+        "batches": len(batches),
+        "real_tokens": real_tokens,
+        "padded_tokens": padded_tokens,
+        "padding_fraction": 1 - real_tokens / padded_tokens if padded_tokens else 0.0,
+    }
+
+
+class TranslationCollator:
+    """Pad a list of `{"input_ids": [...], "labels": [...]}` examples into a batch of tensors.
+
+    Returns `input_ids` padded with `pad_token_id`, `attention_mask` (1 for real tokens, 0 for padding) and `labels`
+    padded with -100 (ignored by the loss). The model builds `decoder_input_ids` by shifting `labels` right.
+    Examples without `labels` (for translation only) give a batch without `labels`.
+    """
+
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None, label_pad_id: int = -100):
+        self.pad_token_id = pad_token_id
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.label_pad_id = label_pad_id
+
+    def _padded_length(self, sequences: list[Sequence[int]]) -> int:
+        length = max(len(sequence) for sequence in sequences)
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        return length
+
+    def _pad(self, sequences: list[Sequence[int]], value: int) -> torch.Tensor:
+        padded = torch.full((len(sequences), self._padded_length(sequences)), value, dtype=torch.long)
+        for row, sequence in enumerate(sequences):
+            padded[row, : len(sequence)] = torch.as_tensor(sequence, dtype=torch.long)
+        return padded
+
+    def __call__(self, examples: list[dict[str, Sequence[int]]]) -> dict[str, torch.Tensor]:
+        input_ids = [example["input_ids"] for example in examples]
+        attention_mask = [[1] * len(sequence) for sequence in input_ids]
+        batch = {"input_ids": self._pad(input_ids, self.pad_token_id), "attention_mask": self._pad(attention_mask, 0)}
+        if "labels" in examples[0]:
+            batch["labels"] = self._pad([example["labels"] for example in examples], self.label_pad_id)
+        return batch

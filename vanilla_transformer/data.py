@@ -1,0 +1,410 @@
+"""Translation pairs: read from local files or the Hub, filter, split, or generate the built-in synthetic task.
+
+Every reader returns a plain `list[tuple[str, str]]` of (source, target) sentences and a `DataReport` that counts
+what was kept and dropped. Problems with the data raise `DataError`, whose message names the file and line.
+"""
+
+import gzip
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import zip_longest
+from pathlib import Path
+from typing import IO
+
+Pair = tuple[str, str]
+
+
+class DataError(ValueError):
+    """A data file or dataset cannot be used; the message says which and where."""
+
+
+@dataclass
+class DataReport:
+    """What reading and filtering did to the data."""
+
+    sources: list[str] = field(default_factory=list)
+    kept: int = 0
+    empty_dropped: int = 0
+    too_long_dropped: int = 0
+    ratio_dropped: int = 0
+
+    def summary(self) -> str:
+        names = ", ".join(self.sources) or "pairs"
+        dropped = f"dropped {self.empty_dropped} with an empty side, {self.too_long_dropped} too long"
+        if self.ratio_dropped:
+            dropped += f", {self.ratio_dropped} with a bad length ratio"
+        return f"{names}: kept {self.kept} pairs; {dropped}"
+
+
+# Reading local files
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _read_lines(path: Path) -> Iterator[str]:
+    """Yield the lines of a UTF-8 (optionally gzipped) file without their line ending.
+
+    Lines are split on "\\n" only: characters such as U+2028 or form feed inside a sentence do not start a new line
+    (as they would with `str.splitlines`), so line-aligned files stay aligned.
+    """
+    with _open_binary(path) as file:
+        for line_number, raw_line in enumerate(file, start=1):
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(
+                    f"{path}:{line_number}: invalid UTF-8 ({error.reason} at byte {error.start})"
+                ) from None
+            if line_number == 1:
+                line = line.removeprefix("\ufeff")
+            yield line.rstrip("\r\n")
+
+
+def _keep_non_empty(pairs: Iterator[Pair], report: DataReport) -> list[Pair]:
+    kept = []
+    for source, target in pairs:
+        if source and target:
+            kept.append((source, target))
+        else:
+            report.empty_dropped += 1
+    report.kept = len(kept)
+    if not kept:
+        raise DataError(f"{', '.join(report.sources)}: no translation pairs found")
+    return kept
+
+
+def read_parallel_text(source_path: str | Path, target_path: str | Path) -> tuple[list[Pair], DataReport]:
+    """Read two line-aligned UTF-8 text files (`.gz` files are decompressed); line i of each file is one pair.
+
+    Pairs where either side is empty are dropped and counted.
+    """
+    source_path, target_path = Path(source_path), Path(target_path)
+    report = DataReport(sources=[str(source_path), str(target_path)])
+
+    def aligned_pairs() -> Iterator[Pair]:
+        source_lines, target_lines = _read_lines(source_path), _read_lines(target_path)
+        for line_count, (source, target) in enumerate(zip_longest(source_lines, target_lines), start=1):
+            if source is None or target is None:
+                source_count = line_count - 1 + sum(1 for _ in source_lines) + (source is not None)
+                target_count = line_count - 1 + sum(1 for _ in target_lines) + (target is not None)
+                raise DataError(
+                    f"{source_path} has {source_count} lines but {target_path} has {target_count}: "
+                    "the files must be line-aligned"
+                )
+            yield source.strip(), target.strip()
+
+    return _keep_non_empty(aligned_pairs(), report), report
+
+
+def read_tsv(path: str | Path, source_column: int = 0, target_column: int = 1) -> tuple[list[Pair], DataReport]:
+    """Read a tab-separated UTF-8 file (optionally `.gz`) with the source and target sentences in the given columns.
+
+    Blank lines and pairs where either side is empty are dropped and counted.
+    """
+    path = Path(path)
+    report = DataReport(sources=[str(path)])
+    needed_columns = max(source_column, target_column) + 1
+
+    def pairs() -> Iterator[Pair]:
+        for line_number, line in enumerate(_read_lines(path), start=1):
+            if not line.strip():
+                yield "", ""
+                continue
+            columns = line.split("\t")
+            if len(columns) < needed_columns:
+                raise DataError(
+                    f"{path}:{line_number}: found {len(columns)} tab-separated columns, need at least {needed_columns}"
+                )
+            yield columns[source_column].strip(), columns[target_column].strip()
+
+    return _keep_non_empty(pairs(), report), report
+
+
+def read_jsonl(path: str | Path, source_lang: str, target_lang: str) -> tuple[list[Pair], DataReport]:
+    """Read a JSON-lines file (optionally `.gz`); each line is `{"translation": {"en": ..., "de": ...}}` or
+    `{"en": ..., "de": ...}` (with `source_lang`/`target_lang` as keys).
+
+    Blank lines and pairs where either side is empty are dropped and counted.
+    """
+    path = Path(path)
+    report = DataReport(sources=[str(path)])
+
+    def pairs() -> Iterator[Pair]:
+        for line_number, line in enumerate(_read_lines(path), start=1):
+            if not line.strip():
+                yield "", ""
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
+            if isinstance(record, dict) and isinstance(record.get("translation"), dict):
+                record = record["translation"]
+            if not isinstance(record, dict):
+                raise DataError(f"{path}:{line_number}: expected a JSON object, got {type(record).__name__}")
+            sentences = []
+            for lang in (source_lang, target_lang):
+                if lang not in record:
+                    raise DataError(f"{path}:{line_number}: no {lang!r} key (found {sorted(record)})")
+                if not isinstance(record[lang], str):
+                    raise DataError(f"{path}:{line_number}: {lang!r} is not a string")
+                sentences.append(record[lang].strip())
+            yield sentences[0], sentences[1]
+
+    return _keep_non_empty(pairs(), report), report
+
+
+def load_hub_dataset(
+    name: str, config: str | None, split: str, source_lang: str, target_lang: str
+) -> tuple[list[Pair], DataReport]:
+    """Load a split of a Hugging Face Hub translation dataset with a `translation` column, such as `wmt14` `de-en`.
+
+    Needs network access (or a filled `datasets` cache).
+    """
+    import datasets
+
+    label = f"{name}" + (f"/{config}" if config else "") + f" [{split}]"
+    report = DataReport(sources=[label])
+    try:
+        dataset = datasets.load_dataset(name, config, split=split)
+    except Exception as error:
+        raise DataError(
+            f"could not load the dataset {label} ({type(error).__name__}: {error}). "
+            "Without network access, use local files instead (parallel text, TSV or JSON lines)."
+        ) from error
+
+    if "translation" not in dataset.column_names:
+        raise DataError(f"{label}: no 'translation' column (columns: {dataset.column_names})")
+
+    def pairs() -> Iterator[Pair]:
+        for batch in dataset.iter(batch_size=10_000):
+            for translation in batch["translation"]:
+                if source_lang not in translation or target_lang not in translation:
+                    raise DataError(
+                        f"{label}: translation has no {source_lang!r}/{target_lang!r} (has {sorted(translation)})"
+                    )
+                yield (translation[source_lang] or "").strip(), (translation[target_lang] or "").strip()
+
+    return _keep_non_empty(pairs(), report), report
+
+
+# Filtering and splitting
+
+
+def filter_pairs(
+    pairs: list[Pair],
+    max_characters: int,
+    max_length_ratio: float | None = None,
+    report: DataReport | None = None,
+) -> tuple[list[Pair], DataReport]:
+    """Drop pairs with a side longer than `max_characters` characters and, if `max_length_ratio` is given, pairs whose
+    longer side has more than `max_length_ratio` times the characters of the shorter side.
+
+    Counts go into `report` (updated in place) or a new report. Token-based limits belong after tokenization.
+    """
+    report = report if report is not None else DataReport()
+    kept = []
+    for source, target in pairs:
+        if max(len(source), len(target)) > max_characters:
+            report.too_long_dropped += 1
+        elif max_length_ratio is not None and max(len(source), len(target)) > max_length_ratio * max(
+            1, min(len(source), len(target))
+        ):
+            report.ratio_dropped += 1
+        else:
+            kept.append((source, target))
+    report.kept = len(kept)
+    return kept, report
+
+
+def split_pairs(
+    pairs: list[Pair], valid_size: int, test_size: int = 0, seed: int = 0
+) -> tuple[list[Pair], list[Pair], list[Pair]]:
+    """Shuffle (deterministically given `seed`) and split into train, validation and test pairs."""
+    if valid_size < 0 or test_size < 0 or valid_size + test_size >= len(pairs):
+        raise ValueError(
+            f"Cannot take {valid_size} validation and {test_size} test pairs from {len(pairs)} pairs "
+            "and keep training pairs."
+        )
+    shuffled = list(pairs)
+    random.Random(seed).shuffle(shuffled)
+    valid = shuffled[:valid_size]
+    test = shuffled[valid_size : valid_size + test_size]
+    train = shuffled[valid_size + test_size :]
+    return train, valid, test
+
+
+# The built-in synthetic task
+#
+# An English-like source language and an invented German-like target language. The target differs in two ways that a
+# model must learn with attention rather than by copying word for word:
+# - word order: adjectives follow their noun and the verb goes to the end of its clause (subject object place verb);
+# - agreement: articles and adjective endings depend on the noun's gender and number, and the verb ending on the
+#   subject's number, which in the target is far from the verb.
+
+# English singular, English plural, target singular, target plural, target gender (masculine, feminine, neuter)
+NOUNS = [
+    ("dog", "dogs", "hunt", "hunte", "m"),
+    ("cat", "cats", "katse", "katsen", "f"),
+    ("horse", "horses", "perd", "perde", "n"),
+    ("bird", "birds", "fogel", "fogels", "m"),
+    ("frog", "frogs", "frosk", "froske", "m"),
+    ("cow", "cows", "kuo", "kuoen", "f"),
+    ("mouse", "mice", "mauso", "mausen", "f"),
+    ("child", "children", "kint", "kinter", "n"),
+    ("woman", "women", "frowe", "frowen", "f"),
+    ("man", "men", "mann", "manner", "m"),
+    ("teacher", "teachers", "lerar", "lerare", "m"),
+    ("farmer", "farmers", "buar", "buaren", "m"),
+    ("king", "kings", "kunig", "kunige", "m"),
+    ("queen", "queens", "kunigin", "kuniginnen", "f"),
+    ("doctor", "doctors", "arst", "arste", "m"),
+    ("friend", "friends", "frunt", "frunte", "m"),
+    ("house", "houses", "haus", "hauser", "n"),
+    ("city", "cities", "stat", "stete", "f"),
+    ("garden", "gardens", "gardo", "gardos", "m"),
+    ("forest", "forests", "wolt", "welder", "m"),
+    ("river", "rivers", "flus", "flusse", "m"),
+    ("school", "schools", "skola", "skolen", "f"),
+    ("market", "markets", "markat", "markate", "m"),
+    ("station", "stations", "stazion", "stazionen", "f"),
+    ("village", "villages", "dorp", "dorpe", "n"),
+    ("bridge", "bridges", "brugge", "bruggen", "f"),
+    ("mountain", "mountains", "berk", "berke", "m"),
+    ("church", "churches", "kirka", "kirken", "f"),
+    ("table", "tables", "tisk", "tiske", "m"),
+    ("book", "books", "buk", "buker", "n"),
+    ("apple", "apples", "apfal", "apfel", "m"),
+    ("letter", "letters", "brif", "brife", "m"),
+    ("car", "cars", "wagan", "wagans", "m"),
+    ("boat", "boats", "bot", "bote", "n"),
+    ("ball", "balls", "bal", "balle", "m"),
+    ("flower", "flowers", "blum", "blumen", "f"),
+    ("tree", "trees", "baum", "baume", "m"),
+    ("key", "keys", "slussel", "slussels", "m"),
+    ("bread", "breads", "brot", "brote", "n"),
+    ("window", "windows", "fenstar", "fenstars", "n"),
+]
+# English adjective -> target stem; the target adds an ending for gender and number.
+ADJECTIVES = {
+    "red": "rod", "blue": "blaw", "green": "grun", "yellow": "gel", "black": "swart", "white": "wit", "brown": "brun",
+    "grey": "gra", "old": "alt", "young": "jung", "big": "grot", "small": "klin", "new": "noi", "happy": "froh",
+    "tired": "mud", "quiet": "stil", "fast": "snel", "beautiful": "skon", "cold": "kalt", "warm": "warm",
+}  # fmt: skip
+ADJECTIVE_ENDINGS = {"m": "er", "f": "e", "n": "es", "plural": "en"}
+DEFINITE_ARTICLES = {"m": "ter", "f": "tie", "n": "tas", "plural": "tei"}
+INDEFINITE_ARTICLES = {"m": "ain", "f": "aine", "n": "ains"}  # plural nouns have no indefinite article
+# English verb (base form) -> target stem; the target adds "et" for a singular subject and "en" for a plural one.
+TRANSITIVE_VERBS = {
+    "see": "sih", "like": "mag", "find": "fint", "buy": "kof", "paint": "mal", "pull": "drag", "help": "helf",
+    "visit": "bisuk", "follow": "folg", "read": "les", "build": "bau", "open": "opan",
+}  # fmt: skip
+INTRANSITIVE_VERBS = {"sleep": "slaf", "run": "lop", "sing": "sing", "wait": "wart", "laugh": "lach", "dance": "tans"}
+VERB_ENDINGS = {"singular": "et", "plural": "en"}
+NUMBERS = {
+    "two": "tvo", "three": "dri", "four": "fir", "five": "fimf", "six": "seks", "seven": "siben", "eight": "aht",
+    "nine": "nin", "ten": "tsen", "eleven": "elf", "twelve": "tvolf",
+}  # fmt: skip
+PREPOSITIONS = {"in": "ine", "near": "naha", "behind": "hintar", "with": "mitte", "under": "untar", "on": "oba"}
+CONJUNCTIONS = {"and": "unt", "but": "abar", "because": "wil", "while": "wehrent"}
+
+_NOUNS_BY_ENGLISH = {noun[0]: noun for noun in NOUNS}
+
+
+@dataclass
+class _NounPhrase:
+    noun: str  # English singular, a key of `_NOUNS_BY_ENGLISH`
+    plural: bool = False
+    definite: bool = True
+    number: str | None = None  # English number word, plural only
+    adjectives: tuple[str, ...] = ()
+
+    def source(self) -> list[str]:
+        _, english_plural, *_ = _NOUNS_BY_ENGLISH[self.noun]
+        article = ["the"] if self.definite else ([] if self.plural else ["a"])
+        number = [self.number] if self.number else []
+        return article + number + list(self.adjectives) + [english_plural if self.plural else self.noun]
+
+    def target(self) -> list[str]:
+        _, _, singular, plural, gender = _NOUNS_BY_ENGLISH[self.noun]
+        form = "plural" if self.plural else gender
+        if self.definite:
+            article = [DEFINITE_ARTICLES[form]]
+        else:
+            article = [] if self.plural else [INDEFINITE_ARTICLES[form]]
+        number = [NUMBERS[self.number]] if self.number else []
+        adjectives = [ADJECTIVES[adjective] + ADJECTIVE_ENDINGS[form] for adjective in self.adjectives]
+        return article + number + [plural if self.plural else singular] + adjectives
+
+
+@dataclass
+class _Clause:
+    subject: _NounPhrase
+    verb: str  # English base form
+    object: _NounPhrase | None = None  # only for transitive verbs
+    place: tuple[str, _NounPhrase] | None = None  # (English preposition, noun phrase)
+
+    def source(self) -> list[str]:
+        verb = self.verb if self.subject.plural else self.verb + "s"
+        words = self.subject.source() + [verb]
+        if self.object:
+            words += self.object.source()
+        if self.place:
+            words += [self.place[0]] + self.place[1].source()
+        return words
+
+    def target(self) -> list[str]:
+        words = self.subject.target()
+        if self.object:
+            words += self.object.target()
+        if self.place:
+            words += [PREPOSITIONS[self.place[0]]] + self.place[1].target()
+        stem = TRANSITIVE_VERBS.get(self.verb) or INTRANSITIVE_VERBS[self.verb]
+        return words + [stem + VERB_ENDINGS["plural" if self.subject.plural else "singular"]]
+
+
+def _random_noun_phrase(rng: random.Random) -> _NounPhrase:
+    plural = rng.random() < 0.4
+    definite = rng.random() < 0.6
+    number = rng.choice(list(NUMBERS)) if plural and rng.random() < 0.5 else None
+    adjective_count = rng.choices([0, 1, 2], weights=[5, 4, 1])[0]
+    adjectives = tuple(rng.sample(list(ADJECTIVES), adjective_count))
+    return _NounPhrase(rng.choice(NOUNS)[0], plural, definite, number, adjectives)
+
+
+def _random_clause(rng: random.Random) -> _Clause:
+    transitive = rng.random() < 0.65
+    verb = rng.choice(list(TRANSITIVE_VERBS if transitive else INTRANSITIVE_VERBS))
+    noun_object = _random_noun_phrase(rng) if transitive else None
+    place = (rng.choice(list(PREPOSITIONS)), _random_noun_phrase(rng)) if rng.random() < 0.4 else None
+    return _Clause(_random_noun_phrase(rng), verb, noun_object, place)
+
+
+def _random_sentence(rng: random.Random, min_words: int = 3, max_words: int = 20) -> Pair:
+    while True:
+        clauses = [_random_clause(rng)]
+        conjunctions = []
+        if rng.random() < 0.3:
+            conjunctions.append(rng.choice(list(CONJUNCTIONS)))
+            clauses.append(_random_clause(rng))
+        source, target = clauses[0].source(), clauses[0].target()
+        for conjunction, clause in zip(conjunctions, clauses[1:], strict=True):
+            source += [conjunction] + clause.source()
+            target += [CONJUNCTIONS[conjunction]] + clause.target()
+        if min_words <= len(source) <= max_words:
+            return " ".join(source), " ".join(target)
+
+
+def synthetic_translation_pairs(num_pairs: int, seed: int = 0) -> list[Pair]:
+    """Generate `num_pairs` (source, target) sentence pairs of the built-in synthetic task (3 to 20 words each).
+
+    The same seed always gives the same pairs, so training runs offline and reproducibly without any data.
+    """
+    rng = random.Random(seed)
+    return [_random_sentence(rng) for _ in range(num_pairs)]

@@ -1,0 +1,155 @@
+"""The training recipe's pieces (paper section 5) used by `train_accelerate.py`: the learning-rate schedule,
+the token-normalised loss, the stream of optimizer steps, and evaluation with BLEU under Accelerate."""
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from .batching import TokenBatchSampler, TranslationCollator
+
+# --- 5.3: Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 and the inverse square root schedule ---------------
+
+
+def inverse_sqrt_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """Equation (3): lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), for step >= 1."""
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def make_optimizer_and_schedule(model: torch.nn.Module, d_model: int, warmup_steps: int, scale: float):
+    """Adam (5.3) and a LambdaLR whose k-th optimizer step (counting from 1) uses equation (3)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda done: inverse_sqrt_learning_rate(done + 1, d_model, warmup_steps, scale)
+    )
+    return optimizer, schedule
+
+
+# --- 5.4: label-smoothed loss, normalised by the target tokens of the whole optimizer step ---------------------
+
+
+def summed_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """Sum over non-padding targets (labels == -100 are padding) of the label-smoothed cross-entropy."""
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]),
+        labels.reshape(-1),
+        ignore_index=-100,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )
+
+
+def count_target_tokens(batch: dict) -> int:
+    return int((batch["labels"] != -100).sum())
+
+
+# --- the stream of batches: epochs of token-based batches, grouped into optimizer steps ---------------------
+
+
+@dataclass
+class DataPosition:
+    """Where the stream of batches stands: exactly enough to continue the same data order after a resume."""
+
+    epoch: int = 0
+    batches_done_in_epoch: int = 0
+
+
+def optimizer_step_batches(
+    sampler: TokenBatchSampler,
+    collator: TranslationCollator,
+    examples: Sequence[dict],
+    accumulation_steps: int,
+    start: DataPosition,
+    max_epochs: int | None,
+) -> Iterator[tuple[list[dict], DataPosition]]:
+    """Yield, per optimizer step, `accumulation_steps` collated batches and the data position after them.
+
+    Epoch after epoch from `start`; every rank runs the same number of steps (the sampler gives each rank the
+    same number of batches; a step never spans two epochs). Saving the position of the last trained step and
+    passing it back as `start` continues with the very next batch.
+    """
+    epoch, first_batch = start.epoch, start.batches_done_in_epoch
+    while max_epochs is None or epoch < max_epochs:
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        usable = len(batches) - len(batches) % accumulation_steps
+        if usable == 0:
+            raise ValueError(
+                f"An epoch has {len(batches)} batches per process, fewer than --gradient_accumulation_steps "
+                f"({accumulation_steps}): lower --max_tokens or the accumulation, or add data."
+            )
+        for begin in range(first_batch, usable, accumulation_steps):
+            step_batches = [collator([examples[i] for i in batch]) for batch in batches[begin : begin + accumulation_steps]]
+            done = begin + accumulation_steps
+            yield step_batches, DataPosition(epoch + 1, 0) if done == usable else DataPosition(epoch, done)
+        epoch, first_batch = epoch + 1, 0
+
+
+# --- evaluation ---------------------------------------------------------------------------------------------
+
+
+def paper_max_new_tokens(attention_mask: torch.Tensor) -> int:
+    """Section 6.1: the maximum output length is the input length + 50."""
+    return int(attention_mask.sum(dim=1).max()) + 50
+
+
+@torch.no_grad()
+def validation_loss(accelerator, model, loader) -> dict[str, float]:
+    """Per-token negative log-likelihood (no smoothing) and perplexity over the whole validation set.
+
+    Per-sentence sums go through `gather_for_metrics`, so the examples that pad the last batch count once.
+    """
+    model.eval()
+    total_loss, total_tokens = 0.0, 0
+    for batch in loader:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).logits
+        token_losses = F.cross_entropy(logits.float().transpose(1, 2), batch["labels"], ignore_index=-100, reduction="none")
+        sentence_losses, sentence_tokens = accelerator.gather_for_metrics(
+            (token_losses.sum(dim=1), (batch["labels"] != -100).sum(dim=1))
+        )
+        total_loss += sentence_losses.double().sum().item()
+        total_tokens += int(sentence_tokens.sum())
+    nll = total_loss / max(total_tokens, 1)
+    return {"nll": nll, "perplexity": math.exp(min(nll, 50.0))}
+
+
+@torch.no_grad()
+def translate_for_evaluation(accelerator, model, loader, tokenizer, generation_kwargs: dict) -> list[str]:
+    """Translate every example of a prepared evaluation loader; returns hypotheses in the dataset's order.
+
+    Generation goes through the unwrapped model (DDP has no generate). Generated tensors differ in length
+    between processes, so they are padded across processes before gathering, and `gather_for_metrics` drops
+    the duplicates that pad the last batch (accelerate issues #1326, #1674).
+    """
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.eval()
+    hypotheses: dict[int, str] = {}
+    for batch in loader:
+        max_new_tokens = generation_kwargs.get("max_new_tokens") or paper_max_new_tokens(batch["attention_mask"])
+        generated = unwrapped.generate(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            **{**generation_kwargs, "max_new_tokens": max_new_tokens},
+        )
+        generated = accelerator.pad_across_processes(generated, dim=1, pad_index=tokenizer.pad_token_id)
+        generated, indices = accelerator.gather_for_metrics((generated, batch["example_index"]))
+        for index, tokens in zip(indices.tolist(), generated, strict=True):
+            hypotheses[index] = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    return [hypotheses[i] for i in range(len(hypotheses))]
+
+
+def evaluation_loader(examples: Sequence[dict], collator: TranslationCollator, batch_size: int):
+    """A plain DataLoader (to be prepared by Accelerate) whose batches carry each example's index."""
+
+    def collate_with_index(items):
+        batch = collator([item for _, item in items])
+        batch["example_index"] = torch.tensor([index for index, _ in items])
+        return batch
+
+    # Sorting by length keeps padding low; indices restore the original order afterwards.
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
+    indexed = [(i, examples[i]) for i in order]
+    return torch.utils.data.DataLoader(indexed, batch_size=batch_size, shuffle=False, collate_fn=collate_with_index)
