@@ -10,7 +10,6 @@ Reads top to bottom: arguments, data, tokenizer, model, optimizer, loop, evaluat
 """
 
 import argparse
-import contextlib
 import json
 import signal
 import sys
@@ -18,13 +17,12 @@ import time
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer import checkpoints, data
 from vanilla_transformer.batching import TokenBatchSampler, TranslationCollator, padding_statistics
 from vanilla_transformer.metrics import load_bleu_metric
@@ -33,9 +31,10 @@ from vanilla_transformer.training import (
     DataPosition,
     count_target_tokens,
     evaluation_loader,
+    forward_backward,
+    make_accelerator,
     make_optimizer_and_schedule,
     optimizer_step_batches,
-    summed_loss,
     translate_for_evaluation,
     validation_loss,
 )
@@ -126,8 +125,9 @@ def is_synthetic(args) -> bool:
 def load_splits(args, need_train: bool = True) -> dict[str, list[tuple[str, str]]]:
     """Sentence pairs for train/validation/test from the chosen source; reports what was dropped and why."""
     if is_synthetic(args):
-        pairs = data.synthetic_translation_pairs(args.synthetic_pairs + 1000, seed=args.seed)
-        train, validation, test = data.split_pairs(pairs, valid_size=500, test_size=500, seed=args.seed)
+        held_out = min(500, args.synthetic_pairs // 10)  # validation and test pairs each
+        pairs = data.synthetic_translation_pairs(args.synthetic_pairs + 2 * held_out, seed=args.seed)
+        train, validation, test = data.split_pairs(pairs, valid_size=held_out, test_size=held_out, seed=args.seed)
         return {"train": train, "validation": validation, "test": test}
 
     names = {"train": args.train_split, "validation": args.validation_split, "test": args.test_split}
@@ -287,7 +287,12 @@ def evaluate_split(accelerator, model, tokenizer, pairs, loader, metric, generat
     scores = metric.compute(predictions=hypotheses, references=[[target] for _, target in pairs])
     if accelerator.is_main_process and write_to:
         Path(write_to).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    return {"bleu": scores["bleu"], "chrf": scores["chrf"], "signature": scores["bleu_signature"], "hypotheses": hypotheses}
+    return {
+        "bleu": scores["bleu"],
+        "chrf": scores["chrf"],
+        "signature": scores["bleu_signature"],
+        "hypotheses": hypotheses,
+    }
 
 
 def evaluate_only(args, accelerator) -> None:
@@ -300,7 +305,9 @@ def evaluate_only(args, accelerator) -> None:
     for split, pairs in load_splits(args, need_train=False).items():
         loader = prepared_loader(accelerator, tokenizer, pairs, args.eval_batch_size)
         hypotheses_file = Path(args.output_dir) / f"{split}.hyp.txt"
-        result = evaluate_split(accelerator, model, tokenizer, pairs, loader, metric, generation_kwargs, hypotheses_file)
+        result = evaluate_split(
+            accelerator, model, tokenizer, pairs, loader, metric, generation_kwargs, hypotheses_file
+        )
         accelerator.print(f"[{split}] BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  {result['signature']}")
 
 
@@ -309,7 +316,7 @@ def evaluate_only(args, accelerator) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    accelerator = Accelerator(
+    accelerator = make_accelerator(
         mixed_precision=args.mixed_precision,
         log_with=None if args.report_to == "none" else args.report_to,
         project_dir=args.output_dir,
@@ -344,7 +351,9 @@ def main(argv=None) -> None:
     config = build_config(args, tokenizer)
     model = VanillaTransformerForConditionalGeneration(config)
     accelerator.print(f"[model] {args.preset}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
-    optimizer, schedule = make_optimizer_and_schedule(model, config.d_model, args.warmup_steps, args.learning_rate_scale)
+    optimizer, schedule = make_optimizer_and_schedule(
+        model, config.d_model, args.warmup_steps, args.learning_rate_scale
+    )
     # The schedule is not prepared: accelerate would step it once per process, and equation (3) counts steps.
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(schedule)
@@ -383,26 +392,15 @@ def main(argv=None) -> None:
         # One collective per step: the step's global target-token count, and whether any process must stop.
         out_of_time = args.max_minutes is not None and time.time() - start_time > args.max_minutes * 60
         local = [sum(count_target_tokens(b) for b in step_batches), float(stop_signal["number"] or out_of_time)]
-        global_tokens, stop_votes = accelerator.reduce(torch.tensor(local, dtype=torch.float64, device=device)).tolist()
+        global_tokens, stop_votes = accelerator.reduce(
+            torch.tensor(local, dtype=torch.float64, device=device)
+        ).tolist()
         if stop_votes:
             stop_reason = "signal" if stop_signal["number"] else "max_minutes"
             break
 
         model.train()
-        step_loss = torch.zeros((), device=device)
-        for index, batch in enumerate(step_batches):
-            batch = {name: tensor.to(device) for name, tensor in batch.items()}
-            is_last = index == len(step_batches) - 1
-            with contextlib.nullcontext() if is_last else accelerator.no_sync(model):
-                decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
-                logits = model(
-                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=decoder_input_ids
-                ).logits
-                loss = summed_loss(logits, batch["labels"], args.label_smoothing)
-                # DDP averages gradients over processes; this makes the step's gradient the sum over all its
-                # target tokens divided by their global count, whatever the number of processes.
-                accelerator.backward(loss * accelerator.num_processes / global_tokens)
-                step_loss += loss.detach()
+        step_loss = forward_backward(accelerator, model, step_batches, global_tokens, args.label_smoothing)
         if args.max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizer.step()
@@ -417,7 +415,9 @@ def main(argv=None) -> None:
             tokens_per_second = window_tokens / (time.time() - window_start)
             record = {"step": step, "loss": loss_per_token, "lr": schedule.get_last_lr()[0],
                       "target_tokens_per_second": tokens_per_second, "epoch": position.epoch}  # fmt: skip
-            progress.set_postfix(loss=f"{loss_per_token:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{tokens_per_second:.0f}")
+            progress.set_postfix(
+                loss=f"{loss_per_token:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{tokens_per_second:.0f}"
+            )
             accelerator.log({"train/" + k: v for k, v in record.items() if k != "step"}, step=step)
             if accelerator.is_main_process:
                 with log_file.open("a") as log:
@@ -425,7 +425,9 @@ def main(argv=None) -> None:
             window_tokens, window_start = 0, time.time()
         if step % args.eval_steps == 0 and validation_pairs:
             losses = validation_loss(accelerator, model, validation_loader)
-            bleu = evaluate_split(accelerator, model, tokenizer, validation_pairs, validation_loader, metric, {"num_beams": 1})
+            bleu = evaluate_split(
+                accelerator, model, tokenizer, validation_pairs, validation_loader, metric, {"num_beams": 1}
+            )
             progress.write(f"[eval] step {step}: nll {losses['nll']:.3f}  greedy BLEU {bleu['bleu']:.2f}")
             accelerator.log({"eval/nll": losses["nll"], "eval/bleu_greedy": bleu["bleu"]}, step=step)
         if step % args.save_steps == 0:
@@ -458,7 +460,7 @@ def main(argv=None) -> None:
     accelerator.log({f"final/{split}_bleu": r["bleu"] for split, r in results.items()}, step=step)
 
     if accelerator.is_main_process:
-        summary = {"steps": step, "stop_reason": stop_reason, "training_minutes": training_seconds / 60,
+        summary = {"steps": step, "processes": accelerator.num_processes, "stop_reason": stop_reason, "training_minutes": training_seconds / 60,
                    "checkpoints_averaged": averaged, "results": results, "preset": args.preset,
                    "parameters": sum(p.numel() for p in accelerator.unwrap_model(model).parameters())}  # fmt: skip
         (output_dir / "results.json").write_text(json.dumps(summary, indent=2))

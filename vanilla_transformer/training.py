@@ -1,14 +1,39 @@
 """The training recipe's pieces (paper section 5) used by `train_accelerate.py`: the learning-rate schedule,
 the token-normalised loss, the stream of optimizer steps, and evaluation with BLEU under Accelerate."""
 
+import contextlib
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
+from modeling_vanilla_transformer import shift_tokens_right
+
 from .batching import TokenBatchSampler, TranslationCollator
+
+
+def make_accelerator(**kwargs):
+    """An Accelerator that really is distributed when launched as several processes.
+
+    On a machine without an accelerator device, `accelerate launch --multi_gpu --num_processes N` (or torchrun)
+    starts N processes; without `cpu=True` each would build a single-process Accelerator and train alone.
+    """
+    from accelerate import Accelerator
+
+    has_device = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    has_device = has_device or torch.backends.mps.is_available()
+    accelerator = Accelerator(cpu=not has_device, **kwargs)
+    launched_as = int(os.environ.get("WORLD_SIZE", "1"))
+    if accelerator.num_processes != launched_as:
+        raise RuntimeError(
+            f"Launched as {launched_as} processes but Accelerate set up {accelerator.num_processes}; "
+            "check the launch command and the accelerate config."
+        )
+    return accelerator
+
 
 # --- 5.3: Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 and the inverse square root schedule ---------------
 
@@ -44,6 +69,31 @@ def summed_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: flo
 
 def count_target_tokens(batch: dict) -> int:
     return int((batch["labels"] != -100).sum())
+
+
+def forward_backward(accelerator, model, step_batches: list[dict], global_tokens: float, label_smoothing: float):
+    """Gradients of one optimizer step: the sum of the label-smoothed loss over every target token of the step,
+    on all processes, divided by their global count. Returns this process's summed loss (detached).
+
+    DDP averages gradients over processes, hence the factor num_processes; gradients are only synchronised on
+    the last micro-batch (accumulation without needless all-reduces).
+    """
+    config = accelerator.unwrap_model(model).config
+    step_loss = torch.zeros((), device=accelerator.device)
+    for index, batch in enumerate(step_batches):
+        batch = {name: tensor.to(accelerator.device) for name, tensor in batch.items()}
+        is_last = index == len(step_batches) - 1
+        with contextlib.nullcontext() if is_last else accelerator.no_sync(model):
+            decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
+            logits = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                decoder_input_ids=decoder_input_ids,
+            ).logits
+            loss = summed_loss(logits, batch["labels"], label_smoothing)
+            accelerator.backward(loss * accelerator.num_processes / global_tokens)
+            step_loss += loss.detach()
+    return step_loss
 
 
 # --- the stream of batches: epochs of token-based batches, grouped into optimizer steps ---------------------
@@ -82,7 +132,9 @@ def optimizer_step_batches(
                 f"({accumulation_steps}): lower --max_tokens or the accumulation, or add data."
             )
         for begin in range(first_batch, usable, accumulation_steps):
-            step_batches = [collator([examples[i] for i in batch]) for batch in batches[begin : begin + accumulation_steps]]
+            step_batches = [
+                collator([examples[i] for i in batch]) for batch in batches[begin : begin + accumulation_steps]
+            ]
             done = begin + accumulation_steps
             yield step_batches, DataPosition(epoch + 1, 0) if done == usable else DataPosition(epoch, done)
         epoch, first_batch = epoch + 1, 0
@@ -105,8 +157,12 @@ def validation_loss(accelerator, model, loader) -> dict[str, float]:
     model.eval()
     total_loss, total_tokens = 0.0, 0
     for batch in loader:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).logits
-        token_losses = F.cross_entropy(logits.float().transpose(1, 2), batch["labels"], ignore_index=-100, reduction="none")
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+        ).logits
+        token_losses = F.cross_entropy(
+            logits.float().transpose(1, 2), batch["labels"], ignore_index=-100, reduction="none"
+        )
         sentence_losses, sentence_tokens = accelerator.gather_for_metrics(
             (token_losses.sum(dim=1), (batch["labels"] != -100).sum(dim=1))
         )

@@ -1,0 +1,182 @@
+"""train_accelerate.py end to end: multi-process runs, gradient equivalence, exact resume, signals, bad data."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vanilla_transformer.batching import TokenBatchSampler, TranslationCollator
+from vanilla_transformer.training import (
+    DataPosition,
+    inverse_sqrt_learning_rate,
+    make_optimizer_and_schedule,
+    optimizer_step_batches,
+)
+
+from .test_hub import run_without_the_project
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_RUN = [
+    "--synthetic_pairs", "400", "--d_model", "32", "--ffn_dim", "64", "--layers", "1", "--heads", "2",
+    "--vocab_size", "300", "--max_tokens", "600", "--warmup_steps", "10", "--eval_steps", "1000",
+    "--logging_steps", "1", "--eval_batch_size", "16", "--num_beams", "2",
+]  # fmt: skip
+
+
+def train(output_dir, *arguments, processes: int = 1, timeout: int = 300, check: bool = True):
+    """Run the training script in a subprocess (through `accelerate launch` for several processes)."""
+    if processes > 1:
+        # `--cpu` would run ONE process whatever --num_processes says (accelerate 1.x); without GPUs,
+        # `--multi_gpu` starts torchrun and Accelerate falls back to CPU processes with the gloo backend.
+        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+                    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+                    str(29500 + os.getpid() % 1000)]  # fmt: skip
+    else:
+        launcher = [sys.executable]
+    command = [*launcher, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN, *arguments]
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=environment)
+    if check:
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result
+
+
+def logged_losses(output_dir) -> dict[int, float]:
+    lines = (Path(output_dir) / "train_log.jsonl").read_text().splitlines()
+    return {record["step"]: record["loss"] for record in map(json.loads, lines)}
+
+
+# --- the recipe's pieces ---------------------------------------------------------------------------------------
+
+
+def test_schedule_follows_equation_3():
+    model = torch.nn.Linear(2, 2)
+    optimizer, schedule = make_optimizer_and_schedule(model, d_model=512, warmup_steps=4000, scale=2.0)
+    assert optimizer.defaults["betas"] == (0.9, 0.98) and optimizer.defaults["eps"] == 1e-9
+    rates = []
+    for step in range(1, 10001):
+        rates.append(optimizer.param_groups[0]["lr"])  # the rate used by optimizer step number `step`
+        expected = 2.0 * 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+        assert rates[-1] == pytest.approx(expected, rel=1e-9)
+        optimizer.step()
+        schedule.step()
+    assert max(range(len(rates)), key=rates.__getitem__) + 1 == 4000  # peak at the end of warm-up
+    assert inverse_sqrt_learning_rate(16000, 512, 4000) == pytest.approx(512**-0.5 * 16000**-0.5)
+
+
+def test_step_stream_resumes_at_the_next_batch_and_ranks_run_equal_steps():
+    lengths = [3, 5, 4, 9, 2, 7, 6, 8, 5, 3, 4, 6, 7]
+    examples = [{"input_ids": list(range(n)), "labels": list(range(n))} for n in lengths]
+    collator = TranslationCollator(pad_token_id=0)
+
+    def steps(start, num_replicas=1, rank=0, epochs=2):
+        sampler = TokenBatchSampler(lengths, lengths, max_tokens=12, seed=3, num_replicas=num_replicas, rank=rank)
+        return list(optimizer_step_batches(sampler, collator, examples, 2, start, max_epochs=epochs))
+
+    straight = steps(DataPosition())
+    position_after_three = straight[2][1]
+    resumed = steps(position_after_three)
+    assert len(resumed) == len(straight) - 3
+    for (batches_a, _), (batches_b, _) in zip(straight[3:], resumed, strict=True):
+        assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(batches_a, batches_b, strict=True))
+    assert len(steps(DataPosition(), 2, 0)) == len(steps(DataPosition(), 2, 1)) > 0
+
+
+# --- end to end ------------------------------------------------------------------------------------------------
+
+
+def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
+    output_dir = tmp_path / "run"
+    train(output_dir, "--max_steps", "4", "--save_steps", "2", "--average_last", "2", processes=2)
+    results = json.loads((output_dir / "results.json").read_text())
+    assert results["processes"] == 2
+    assert results["steps"] == 4 and results["checkpoints_averaged"] == 2
+    assert {"validation", "test"} <= set(results["results"])
+    assert "tok:13a" in results["results"]["test"]["signature"]
+    hypotheses = (output_dir / "test.hyp.txt").read_text().split("\n")[:-1]
+    assert len(hypotheses) == 40  # one per test sentence: no duplicates from the padded last batch
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "README.md"):
+        assert (output_dir / name).is_file(), name
+    stdout = run_without_the_project(
+        f"""
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        model = AutoModelForSeq2SeqLM.from_pretrained("{output_dir}", trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained("{output_dir}", trust_remote_code=True)
+        batch = tokenizer(["the red dog sees a cat", "a bird"], return_tensors="pt", padding=True)
+        out = model.generate(**batch, max_new_tokens=8)
+        print(tokenizer.batch_decode(out, skip_special_tokens=True))
+        """,
+        cwd=tmp_path,
+    )
+    assert stdout.strip().startswith("[")
+
+
+def test_one_step_on_two_processes_equals_one_step_on_one_process(tmp_path):
+    """The same global batch, two batches accumulated on one process or one on each of two: same gradients."""
+    script = str(ROOT / "tests" / "distributed_gradients.py")
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        [sys.executable, script, str(tmp_path / "one.safetensors"), "1"], check=True, cwd=ROOT, env=environment
+    )
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+              "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(29600 + os.getpid() % 1000)]  # fmt: skip
+    subprocess.run([*launch, script, str(tmp_path / "two.safetensors"), "2"], check=True, cwd=ROOT, env=environment)
+    one, two = load_file(tmp_path / "one.safetensors"), load_file(tmp_path / "two.safetensors")
+    assert one.keys() == two.keys() and len(one) > 10
+    assert torch.allclose(one["loss"], two["loss"], rtol=1e-6)
+    for name in one:
+        assert torch.allclose(one[name], two[name], rtol=1e-4, atol=1e-7), name
+    assert one["model.decoder.layers.0.feed_forward.fc1.weight"].abs().sum() > 0
+
+
+def test_resume_continues_exactly(tmp_path):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    common = ["--save_steps", "3", "--average_last", "1"]
+    train(straight, "--max_steps", "6", *common)
+    train(interrupted, "--max_steps", "3", *common)
+    train(interrupted, "--max_steps", "6", *common, "--resume_from_checkpoint", "latest")
+    expected, resumed = logged_losses(straight), logged_losses(interrupted)
+    assert sorted(resumed) == list(range(1, 7))
+    for step in range(1, 7):
+        assert resumed[step] == pytest.approx(expected[step], rel=1e-5), step
+
+
+def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path):
+    output_dir = tmp_path / "run"
+    command = [sys.executable, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN,
+               "--max_steps", "100000", "--save_steps", "100000"]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = output_dir / "train_log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not log.is_file() or len(log.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output[-3000:]
+    steps = sorted(logged_losses(output_dir))
+    saved = sorted((output_dir / "checkpoints").glob("step_*"))
+    assert [path.name for path in saved] == [f"step_{steps[-1]:06d}"]
+    assert "resume_from_checkpoint" in output
+    assert not (output_dir / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    "make_data, message",
+    [
+        (lambda d: ((d / "train.en").write_text("a\nb\n"), (d / "train.de").write_text("x\n")), "line"),
+        (lambda d: (d / "train.en").write_text("a\n"), "train.de"),
+        (lambda d: ((d / "train.en").write_bytes(b"ok\n\xff\xfe\n"), (d / "train.de").write_text("x\ny\n")), "UTF-8"),
+    ],
+)
+def test_bad_data_gets_a_clear_error_without_a_traceback(tmp_path, make_data, message):
+    make_data(tmp_path)
+    result = train(tmp_path / "out", "--data_dir", str(tmp_path), "--max_steps", "1", check=False)
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
