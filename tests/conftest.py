@@ -19,6 +19,15 @@ TINY = dict(
 )
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """Tiny models run fastest on one thread: on a shared 2-core CPU, several threads mostly wait for each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def tiny_config() -> VanillaTransformerConfig:
     return VanillaTransformerConfig(**TINY)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Quality benchmark (issue 3): Multi30k EN->DE on this machine's CPU for a fixed wall-clock budget, then sacreBLEU
+# (cased, detokenized, 13a) on val and test_2016_flickr with the paper's decoding (beam 4, length penalty 0.6,
+# max length = input + 50) after averaging the last checkpoints. Results: OUTPUT_DIR/results.json.
+#   bash benchmarks/train_multi30k.sh [DATA_DIR] [OUTPUT_DIR] [MINUTES] [extra train_accelerate.py flags...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA_DIR=${1:-../shared/data/multi30k}
+OUTPUT_DIR=${2:-outputs/multi30k-en-de}
+MINUTES=${3:-25}
+shift $(( $# < 3 ? $# : 3 ))
+[ -f "$DATA_DIR/train.en.gz" ] || { echo "no Multi30k files in $DATA_DIR (train.en.gz, ...)" >&2; exit 1; }
+python train_accelerate.py \
+    --data_dir "$DATA_DIR" --source_lang en --target_lang de \
+    --train_split train --validation_split val --test_split test_2016_flickr \
+    --preset small --vocab_size 8000 \
+    --max_tokens 2048 --warmup_steps 800 --learning_rate_scale 1.0 --label_smoothing 0.1 \
+    --max_minutes "$MINUTES" --eval_steps 1000000 --save_steps 200 --save_total_limit 5 --average_last 5 \
+    --logging_steps 50 --eval_batch_size 64 \
+    --output_dir "$OUTPUT_DIR" "$@"

@@ -1,0 +1,94 @@
+"""The translation pipeline of the vanilla Transformer.
+
+Hub-facing: this file is copied beside the weights of every saved model and runs as remote code, so it imports only
+torch and transformers. transformers 5 removed its built-in "translation" pipeline; a saved folder names this class
+under `custom_pipelines` in config.json, so that
+
+    translator = pipeline("translation", model=folder, trust_remote_code=True)   # or pipeline(model=folder, ...)
+    translator("A sentence.")                      # [{"translation_text": "..."}]
+    translator(["One.", "Two."], batch_size=2)     # [{"translation_text": "..."}, {"translation_text": "..."}]
+
+Generation arguments (`num_beams`, `max_new_tokens`, `length_penalty`, ...) pass through to `model.generate`; those
+not given come from the model's generation_config.json (the paper: beam 4, length penalty 0.6). The paper's maximum
+output length, input length + 50 (section 6.1), depends on the input, so the pipeline applies it: when neither
+`max_new_tokens` nor `max_length` is set, a batch may generate (its longest source, in tokens) + 50 new tokens.
+"""
+
+import torch
+from transformers import AutoModelForSeq2SeqLM, Pipeline
+from transformers.pipelines import PIPELINE_REGISTRY
+
+EXTRA_OUTPUT_TOKENS = 50  # section 6.1: "maximum output length to input length + 50"
+
+
+def _check_text(text, position: int | None = None) -> None:
+    where = "" if position is None else f" at position {position}"
+    if not isinstance(text, str):
+        raise TypeError(f"The translation pipeline takes strings; got {type(text).__name__}{where}.")
+    if not text.strip():
+        raise ValueError(f"Cannot translate an empty string{where}: every input needs at least one word.")
+
+
+class VanillaTransformerTranslationPipeline(Pipeline):
+    """Translate sentences with a sequence-to-sequence model; returns `[{"translation_text": ...}]` per input."""
+
+    _load_tokenizer = True
+    _load_processor = False
+    _load_image_processor = False
+    _load_video_processor = False
+    _load_feature_extractor = False
+    _pipeline_calls_generate = True
+
+    def __call__(self, inputs: str | list[str], **kwargs) -> list[dict[str, str]] | list[list[dict[str, str]]]:
+        """Translate one string or a list of strings.
+
+        A string gives a list of `{"translation_text": ...}` (one per returned sequence, so one by default). A list
+        gives one such dict per input, or one list of dicts per input when `num_return_sequences` > 1. Other
+        iterables (generators, datasets) are streamed: each item gives a list of dicts. `batch_size` and the
+        generation arguments of `model.generate` are accepted.
+        """
+        if isinstance(inputs, str):
+            _check_text(inputs)
+            return super().__call__(inputs, **kwargs)
+        if isinstance(inputs, (list, tuple)):
+            if not inputs:
+                raise ValueError("The translation pipeline got an empty list: there is nothing to translate.")
+            for position, text in enumerate(inputs):
+                _check_text(text, position)
+            results = super().__call__(list(inputs), **kwargs)
+            if all(len(translations) == 1 for translations in results):
+                return [translations[0] for translations in results]
+            return results
+        return super().__call__(inputs, **kwargs)
+
+    def _sanitize_parameters(self, **generate_kwargs):
+        return {}, generate_kwargs, {}
+
+    def preprocess(self, text: str) -> dict[str, torch.Tensor]:
+        _check_text(text)
+        encoding = self.tokenizer(text, return_tensors="pt")
+        return {"input_ids": encoding["input_ids"], "attention_mask": encoding["attention_mask"]}
+
+    def _forward(self, model_inputs: dict[str, torch.Tensor], **generate_kwargs) -> dict[str, torch.Tensor]:
+        input_ids, attention_mask = model_inputs["input_ids"], model_inputs["attention_mask"]
+        prepared = self._prepare_generate_kwargs(generate_kwargs)
+        set_params = self._get_set_generation_params(prepared)
+        if "max_new_tokens" not in set_params and "max_length" not in set_params:
+            longest_source = int(attention_mask.sum(dim=1).max())
+            prepared = self._prepare_generate_kwargs(
+                generate_kwargs, max_new_tokens=longest_source + EXTRA_OUTPUT_TOKENS
+            )
+        output_ids = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **prepared)
+        # (batch * sequences per input, length) -> (batch, sequences per input, length), unbatched per input
+        return {"output_ids": output_ids.reshape(input_ids.shape[0], -1, output_ids.shape[-1])}
+
+    def postprocess(self, model_outputs: dict[str, torch.Tensor]) -> list[dict[str, str]]:
+        return [
+            {"translation_text": self.tokenizer.decode(ids, skip_special_tokens=True)}
+            for ids in model_outputs["output_ids"][0]
+        ]
+
+
+PIPELINE_REGISTRY.register_pipeline(
+    "translation", pipeline_class=VanillaTransformerTranslationPipeline, pt_model=AutoModelForSeq2SeqLM
+)

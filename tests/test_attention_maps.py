@@ -1,0 +1,81 @@
+"""Attention maps: valid PNG files with one heat map per layer (rows) and head (columns), tokens on the axes."""
+
+import matplotlib.image
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from tests.test_hub_folder import ENGLISH, GERMAN, save_tiny_model_folder
+from vanilla_transformer import attention_maps
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+LAYERS, HEADS = 3, 2  # different numbers, so a transposed grid would show
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_tiny_model_folder(
+        tmp_path_factory.mktemp("attention") / "model", encoder_layers=LAYERS, decoder_layers=LAYERS,
+        encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(folder):
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, attn_implementation="eager").eval()
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
+def test_attentions_have_one_map_per_layer_and_head_over_the_tokens(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    attentions = attention_maps.compute_attentions(model, tokenizer, ENGLISH[0], GERMAN[0])
+    source, target = attentions["source"], attentions["target"]
+    assert source[-1] == "</s>" and target[0] == "<s>" and target[-1] == "</s>"
+    assert "".join(source[:-1]).replace("▁", " ") == ENGLISH[0]  # readable pieces, word starts marked
+    shapes = {"encoder_attentions": (len(source), len(source)), "decoder_attentions": (len(target), len(target)),
+              "cross_attentions": (len(target), len(source))}  # fmt: skip
+    for kind, (queries, keys) in shapes.items():
+        weights = attentions[kind]
+        assert weights.shape == (LAYERS, HEADS, queries, keys), kind
+        assert torch.allclose(weights.sum(dim=-1), torch.ones(LAYERS, HEADS, queries))
+    decoder = attentions["decoder_attentions"]
+    assert torch.all(decoder.triu(diagonal=1) == 0)  # the decoder sees no future positions (3.2.3)
+
+
+def test_the_grid_is_layers_by_heads_with_tokens_on_the_axes(model_and_tokenizer):
+    attentions = attention_maps.compute_attentions(*model_and_tokenizer, ENGLISH[0], GERMAN[0])
+    figure = attention_maps.plot_attention_grid(
+        attentions["cross_attentions"], attentions["target"], attentions["source"], "Encoder-decoder attention"
+    )
+    grid = [ax for ax in figure.axes if ax.get_subplotspec() is not None]  # the colour bar has no grid cell
+    assert len(grid) == LAYERS * HEADS
+    assert {ax.get_subplotspec().get_geometry()[:2] for ax in grid} == {(LAYERS, HEADS)}
+    assert grid[HEADS].get_title() == "layer 2, head 1"
+    bottom_left = grid[(LAYERS - 1) * HEADS]  # the axes are shared: the outer heat maps carry the labels
+    assert [label.get_text() for label in bottom_left.get_xticklabels()] == attentions["source"]
+    assert [label.get_text() for label in bottom_left.get_yticklabels()] == attentions["target"]
+
+
+def test_command_writes_three_valid_pngs_of_the_figure_size(folder, tmp_path, capsys):
+    output_dir = tmp_path / "maps"
+    argv = [str(folder), "--source", ENGLISH[10], "--output_dir", str(output_dir), "--num_beams", "1",
+            "--max_new_tokens", "4", "--dpi", "50"]  # fmt: skip
+    assert attention_maps.main(argv) == 0
+    paths = [output_dir / file_name for file_name, *_ in attention_maps.ATTENTION_KINDS.values()]
+    assert capsys.readouterr().out.split() == [str(path) for path in paths]
+    for path in paths:
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        height, width, _ = matplotlib.image.imread(path).shape
+        assert height > 100 and width > 100
+
+    # the decoder map of the model's own translation: <s> and at most 4 new tokens per side
+    source_tokens = len(AutoTokenizer.from_pretrained(folder)(ENGLISH[10])["input_ids"])
+    encoder_height, encoder_width, _ = matplotlib.image.imread(paths[0]).shape
+    decoder_height, decoder_width, _ = matplotlib.image.imread(paths[1]).shape
+    assert source_tokens > 5 and decoder_width < encoder_width and decoder_height < encoder_height
+
+
+def test_command_rejects_a_folder_that_is_not_a_model(tmp_path, capsys):
+    assert attention_maps.main([str(tmp_path), "--source", "a sentence", "--output_dir", str(tmp_path / "maps")]) == 1
+    assert "is not a model folder" in capsys.readouterr().err
+    assert not (tmp_path / "maps").exists()

@@ -1,0 +1,186 @@
+"""The Hub-ready folder: every file and config entry, the problems check_model_folder finds, the upload (no network).
+
+Also home of the tiny trained tokenizer and saved model folder that the pipeline, card, CLI and attention tests use.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from configuration_vanilla_transformer import VanillaTransformerConfig
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer import hub, push_to_hub
+from vanilla_transformer.tokenization import train_shared_tokenizer
+
+ENGLISH = [
+    "the house is small", "the cat sleeps on the warm mat", "a dog runs through the green park",
+    "my sister reads a long book", "we eat bread and cheese", "the children play in the garden",
+    "the old man walks to the station", "she drinks coffee every morning", "the train is late again",
+    "two birds sing in the tree", "he opens the window", "the river flows into the sea",
+    "they build a new bridge", "the teacher writes on the board", "a woman sells flowers at the market",
+]  # fmt: skip
+GERMAN = [
+    "das haus ist klein", "die katze schläft auf der warmen matte", "ein hund läuft durch den grünen park",
+    "meine schwester liest ein langes buch", "wir essen brot und käse", "die kinder spielen im garten",
+    "der alte mann geht zum bahnhof", "sie trinkt jeden morgen kaffee", "der zug hat wieder verspätung",
+    "zwei vögel singen im baum", "er öffnet das fenster", "der fluss fließt ins meer",
+    "sie bauen eine neue brücke", "der lehrer schreibt an die tafel", "eine frau verkauft blumen auf dem markt",
+]  # fmt: skip
+CARD_VALUES = {"source_lang": "en", "target_lang": "de", "dataset": "wmt14", "test_bleu": 27.3, "test_chrf": 55.1}
+
+
+def train_tiny_tokenizer():
+    return train_shared_tokenizer(ENGLISH + GERMAN, vocab_size=300)
+
+
+def tiny_model(vocab_size: int, **overrides) -> VanillaTransformerForConditionalGeneration:
+    torch.manual_seed(0)
+    sizes = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                 encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)  # fmt: skip
+    return VanillaTransformerForConditionalGeneration(
+        VanillaTransformerConfig(vocab_size=vocab_size, **{**sizes, **overrides})
+    ).eval()
+
+
+def save_tiny_model_folder(folder: Path, card_values: dict | None = None, **model_overrides) -> Path:
+    """A complete saved folder (save_model_folder) of a random tiny model with a tokenizer trained on 30 sentences."""
+    tokenizer = train_tiny_tokenizer()
+    return hub.save_model_folder(tiny_model(len(tokenizer), **model_overrides), tokenizer, folder, card_values)
+
+
+@pytest.fixture
+def model_folder(tmp_path) -> Path:
+    return save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
+
+
+def test_saved_folder_has_every_file_and_config_entry(model_folder):
+    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json", "README.md", *hub.CODE_FILES):  # fmt: skip
+        assert (model_folder / name).is_file(), name
+    project_root = Path(hub.__file__).resolve().parent.parent
+    for name in hub.CODE_FILES:  # the Hub gets the project's current code
+        assert (model_folder / name).read_text() == (project_root / name).read_text()
+
+    config = json.loads((model_folder / "config.json").read_text())
+    assert config["auto_map"]["AutoConfig"] == "configuration_vanilla_transformer.VanillaTransformerConfig"
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"] == (
+        "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration"
+    )
+    assert config["custom_pipelines"] == {
+        "translation": {
+            "impl": "pipeline_vanilla_transformer.VanillaTransformerTranslationPipeline",
+            "pt": ["AutoModelForSeq2SeqLM"],
+        }
+    }
+    generation = json.loads((model_folder / "generation_config.json").read_text())
+    assert {key: generation.get(key) for key in ("num_beams", "length_penalty", "early_stopping")} == {
+        "num_beams": 4, "length_penalty": 0.6, "early_stopping": True
+    }  # fmt: skip
+    special_ids = ("decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id")
+    assert [generation[key] for key in special_ids] == [1, 1, 2, 0]
+    assert hub.check_model_folder(model_folder) == []
+
+
+def test_loading_from_the_saved_folder_gives_the_same_model(tmp_path):
+    tokenizer = train_tiny_tokenizer()
+    model = tiny_model(len(tokenizer))
+    folder = hub.save_model_folder(model, tokenizer, tmp_path / "model")
+    reloaded_tokenizer = AutoTokenizer.from_pretrained(folder)
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    inputs = reloaded_tokenizer(ENGLISH[:2], padding=True, return_tensors="pt")
+    assert inputs["input_ids"].tolist() == tokenizer(ENGLISH[:2], padding=True)["input_ids"]
+    decoder_input_ids = inputs["input_ids"][:, :4]
+    assert torch.equal(
+        reloaded(**inputs, decoder_input_ids=decoder_input_ids).logits,
+        model(**inputs, decoder_input_ids=decoder_input_ids).logits,
+    )
+    assert reloaded.generation_config.num_beams == 4 and reloaded.generation_config.length_penalty == 0.6
+
+
+def test_check_model_folder_names_missing_files_and_entries(model_folder, tmp_path):
+    (model_folder / "pipeline_vanilla_transformer.py").unlink()
+    (model_folder / "tokenizer.json").unlink()
+    config = json.loads((model_folder / "config.json").read_text())
+    del config["auto_map"]["AutoModelForSeq2SeqLM"]
+    (model_folder / "config.json").write_text(json.dumps(config))
+    problems = hub.check_model_folder(model_folder)
+    assert "missing pipeline_vanilla_transformer.py" in problems
+    assert "missing tokenizer.json" in problems
+    assert "config.json: auto_map has no AutoModelForSeq2SeqLM" in problems
+    assert any("refers to pipeline_vanilla_transformer" in problem for problem in problems)
+    assert hub.check_model_folder(tmp_path / "nowhere") == [f"{tmp_path / 'nowhere'} is not a folder"]
+
+
+def test_check_model_folder_finds_a_missing_pipeline_entry_and_weights(model_folder):
+    config = json.loads((model_folder / "config.json").read_text())
+    del config["custom_pipelines"]
+    (model_folder / "config.json").write_text(json.dumps(config))
+    (model_folder / "model.safetensors").unlink()
+    assert hub.check_model_folder(model_folder) == [
+        "missing the weights: no .safetensors file",
+        "config.json: custom_pipelines has no translation pipeline",
+    ]
+
+
+class RecordingHfApi:
+    """Stands in for huggingface_hub.HfApi: records the calls, touches no network."""
+
+    calls: list = []
+
+    def __init__(self, token=None):
+        self.calls.append(("init", {"token": token}))
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
+        return f"https://huggingface.co/{repo_id}"
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", kwargs))
+
+
+@pytest.fixture
+def recording_api(monkeypatch):
+    monkeypatch.setattr(RecordingHfApi, "calls", [])
+    monkeypatch.setattr(hub, "HfApi", RecordingHfApi)
+    return RecordingHfApi
+
+
+def test_push_folder_to_hub_creates_the_repo_and_uploads_the_model_files(model_folder, recording_api):
+    (model_folder / "checkpoints" / "step_000100").mkdir(parents=True)
+    (model_folder / "checkpoints" / "step_000100" / "model.safetensors").write_bytes(b"not uploaded")
+    url = hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de", token="hf_x", private=True)
+
+    assert url == "https://huggingface.co/someone/vanilla-en-de"
+    (_, init), (_, create), (_, upload) = recording_api.calls
+    assert init == {"token": "hf_x"}
+    assert create == {"repo_id": "someone/vanilla-en-de", "private": True, "exist_ok": True}
+    assert upload["repo_id"] == "someone/vanilla-en-de" and Path(upload["folder_path"]) == model_folder
+    assert sorted(upload["allow_patterns"]) == sorted(path.name for path in model_folder.iterdir() if path.is_file())
+    assert "model.safetensors" in upload["allow_patterns"] and "checkpoints" not in upload["allow_patterns"]
+    readme = (model_folder / "README.md").read_text()
+    assert hub.MODEL_ID_PLACEHOLDER not in readme and 'model="someone/vanilla-en-de"' in readme
+
+
+def test_push_refuses_an_incomplete_folder(model_folder, recording_api):
+    (model_folder / "generation_config.json").unlink()
+    with pytest.raises(ValueError, match="missing generation_config.json"):
+        hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+    assert recording_api.calls == []
+
+
+def test_push_command_checks_then_uploads(model_folder, tmp_path, recording_api, capsys):
+    incomplete = tmp_path / "incomplete"
+    shutil.copytree(model_folder, incomplete)
+    (incomplete / "README.md").unlink()
+    assert push_to_hub.main([str(incomplete), "--hub_model_id", "someone/x"]) == 1
+    assert "missing README.md" in capsys.readouterr().err
+    assert recording_api.calls == []
+
+    assert push_to_hub.main([str(model_folder), "--hub_model_id", "someone/x", "--private"]) == 0
+    assert [name for name, _ in recording_api.calls] == ["init", "create_repo", "upload_folder"]
+    assert recording_api.calls[1][1]["private"] is True
+    assert "https://huggingface.co/someone/x" in capsys.readouterr().out

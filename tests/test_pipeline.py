@@ -1,0 +1,118 @@
+"""The translation pipeline as a Hub user gets it: loaded from a saved folder in a process without the project.
+
+Translation quality of a random model means nothing, so the pipeline's output is compared with `model.generate`
+and decoding done here, for the same inputs, batches and generation arguments.
+"""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, VanillaTransformerTranslationPipeline
+from tests.test_hub import run_without_the_project
+from tests.test_hub_folder import CARD_VALUES, ENGLISH, save_tiny_model_folder
+
+ONE = ENGLISH[0]
+THREE = [ENGLISH[1], ENGLISH[3], ENGLISH[10]]  # different lengths: the first batch of two is padded
+
+PIPELINE_SCRIPT = """
+import json
+import torch
+from transformers import pipeline
+
+torch.set_num_threads(1)  # a tiny model on a shared CPU
+
+calls = []
+
+def record_generate(translator):
+    generate = translator.model.generate
+    def recording(**kwargs):
+        arguments = {key: kwargs.get(key) for key in ("num_beams", "max_new_tokens", "max_length")}
+        calls.append({"batch": list(kwargs["input_ids"].shape), **arguments})
+        return generate(**kwargs)
+    translator.model.generate = recording
+    return translator
+
+by_task = record_generate(pipeline("translation", model=FOLDER, trust_remote_code=True))
+by_model = record_generate(pipeline(model=FOLDER, trust_remote_code=True))
+results = {
+    "classes": [type(by_task).__name__, type(by_model).__name__, type(by_task).__module__],
+    "one": by_task(ONE),
+    "three": by_model(THREE, batch_size=2, num_beams=2, max_new_tokens=6),
+    "max_length": by_task(ONE, num_beams=1, max_length=5),
+}
+try:
+    by_task("   ")
+except ValueError as error:
+    results["empty"] = str(error)
+results["calls"] = calls
+print(json.dumps(results))
+"""
+
+
+def generate_and_decode(model, tokenizer, sentences: list[str], **generate_kwargs) -> list[str]:
+    inputs = tokenizer(sentences, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        output_ids = model.generate(**inputs, **generate_kwargs)
+    return tokenizer.batch_decode(output_ids, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_tiny_model_folder(tmp_path_factory.mktemp("pipeline") / "model", CARD_VALUES)
+
+
+def test_pipeline_from_a_folder_in_a_process_without_the_project(folder):
+    constants = f"FOLDER, ONE, THREE = {str(folder)!r}, {ONE!r}, {THREE!r}\n"
+    stdout = run_without_the_project(constants + PIPELINE_SCRIPT, cwd=folder.parent)
+    results = json.loads(stdout.strip().splitlines()[-1])
+
+    name, module = VanillaTransformerTranslationPipeline.__name__, "pipeline_vanilla_transformer"
+    assert results["classes"][:2] == [name, name]  # with and without the task name
+    assert results["classes"][2].startswith("transformers_modules.") and results["classes"][2].endswith(module)
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()  # beam 4, length penalty 0.6 from the folder
+    source_length = len(tokenizer(ONE)["input_ids"])
+    expected_one = generate_and_decode(model, tokenizer, [ONE], max_new_tokens=source_length + EXTRA_OUTPUT_TOKENS)
+    assert results["one"] == [{"translation_text": expected_one[0]}]
+
+    # batch_size=2 over three sentences: batches of 2 and 1, generation arguments passed through
+    expected_three = generate_and_decode(model, tokenizer, THREE[:2], num_beams=2, max_new_tokens=6)
+    expected_three += generate_and_decode(model, tokenizer, THREE[2:], num_beams=2, max_new_tokens=6)
+    assert results["three"] == [{"translation_text": text} for text in expected_three]
+
+    expected_short = generate_and_decode(model, tokenizer, [ONE], num_beams=1, max_length=5)
+    assert results["max_length"] == [{"translation_text": expected_short[0]}]
+
+    calls = results["calls"]
+    assert calls[0] == {"batch": [1, source_length], "num_beams": None, "max_new_tokens": source_length + 50,
+                        "max_length": None}  # fmt: skip
+    assert [call["batch"][0] for call in calls[1:3]] == [2, 1]
+    assert all(call["num_beams"] == 2 and call["max_new_tokens"] == 6 for call in calls[1:3])
+    assert calls[3]["max_length"] == 5 and calls[3]["max_new_tokens"] is None  # no default over the caller's limit
+    assert "empty string" in results["empty"]
+
+
+def test_pipeline_in_process_returns_one_list_per_input_for_several_sequences(folder):
+    translator = VanillaTransformerTranslationPipeline(
+        model=AutoModelForSeq2SeqLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder), device=-1
+    )
+    results = translator(THREE[:2], num_beams=2, num_return_sequences=2, max_new_tokens=3)
+    assert [len(translations) for translations in results] == [2, 2]
+    assert all(set(translation) == {"translation_text"} for translations in results for translation in translations)
+
+
+@pytest.mark.parametrize(
+    "inputs, error, message",
+    [("", ValueError, "empty string"), (["fine", " "], ValueError, "position 1"), ([], ValueError, "empty list"),
+     (["fine", 3], TypeError, "got int at position 1")],
+)  # fmt: skip
+def test_pipeline_rejects_empty_and_non_text_inputs(folder, inputs, error, message):
+    translator = VanillaTransformerTranslationPipeline(
+        model=AutoModelForSeq2SeqLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder), device=-1
+    )
+    with pytest.raises(error, match=message):
+        translator(inputs)

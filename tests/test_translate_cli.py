@@ -1,0 +1,104 @@
+"""The command-line translator: stdin to stdout, file to file, line alignment, and clear messages for bad input."""
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from tests.test_hub_folder import ENGLISH, save_tiny_model_folder
+from vanilla_transformer.translate import main, translate_sentences
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SOURCES = [ENGLISH[2], ENGLISH[0], ENGLISH[14], ENGLISH[10]]  # lengths differ: sorting must not reorder the output
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return save_tiny_model_folder(tmp_path_factory.mktemp("translate") / "model")
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(folder):
+    return AutoModelForSeq2SeqLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+
+def test_batched_translation_keeps_the_input_order(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    batched = translate_sentences(model, tokenizer, SOURCES, batch_size=3, num_beams=1, max_new_tokens=6)
+    one_by_one = [translate_sentences(model, tokenizer, [source], 1, 1, 6)[0] for source in SOURCES]
+    assert batched == one_by_one
+    assert len(set(batched)) > 1  # different inputs give different outputs, so a reordering would show
+    with_empty_lines = translate_sentences(model, tokenizer, ["", SOURCES[0], "  "], num_beams=1, max_new_tokens=6)
+    assert with_empty_lines == ["", one_by_one[0], ""]
+
+
+def test_stdin_to_stdout_in_a_fresh_process(folder, model_and_tokenizer):
+    result = subprocess.run(
+        [sys.executable, "-m", "vanilla_transformer.translate", str(folder), "--num_beams", "2", "--device", "cpu"],
+        input="".join(source + "\n" for source in SOURCES[:2]),
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected = translate_sentences(*model_and_tokenizer, SOURCES[:2], num_beams=2)  # max length: input + 50
+    assert result.stdout == "".join(line + "\n" for line in expected)
+    assert "translated 2 sentence(s)" in result.stderr
+
+
+def test_file_to_file_with_an_empty_line_keeps_the_alignment(folder, model_and_tokenizer, tmp_path, capsys):
+    source_file, output_file = tmp_path / "source.en", tmp_path / "out" / "hypotheses.de"
+    output_file.parent.mkdir()
+    source_file.write_text(f"{SOURCES[0]}\n\n{SOURCES[1]}\r\n   \n{SOURCES[2]}\n", encoding="utf-8")
+    argv = [str(folder), "--input", str(source_file), "--output", str(output_file), "--batch_size", "2",
+            "--num_beams", "1", "--max_new_tokens", "5"]  # fmt: skip
+    assert main(argv) == 0
+    expected = translate_sentences(*model_and_tokenizer, SOURCES[:3], num_beams=1, max_new_tokens=5)
+    assert output_file.read_text(encoding="utf-8").split("\n") == [expected[0], "", expected[1], "", expected[2], ""]
+    assert "warning: line(s) 2, 4 are empty" in capsys.readouterr().err
+
+
+def test_an_over_long_line_is_named_and_nothing_is_written(folder, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{SOURCES[1]}\n{SOURCES[0]} {SOURCES[2]}\n"))
+    assert main([str(folder), "--max_source_tokens", "20"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "error: line(s) 2 have more than 20 source tokens" in captured.err
+    assert "--max_source_tokens" in captured.err
+
+
+def write_bad_config(folder: Path) -> None:
+    folder.mkdir()
+    (folder / "config.json").write_text("{not json")
+
+
+@pytest.mark.parametrize(
+    "make_folder, message",
+    [
+        (lambda folder: None, "is not a folder"),
+        (lambda folder: folder.mkdir(), "is not a model folder: it has no config.json"),
+        (write_bad_config, "cannot load a model and tokenizer from"),
+    ],
+)
+def test_a_folder_that_is_not_a_model_gets_a_clear_message(tmp_path, capsys, monkeypatch, make_folder, message):
+    folder = tmp_path / "not_a_model"
+    make_folder(folder)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a sentence\n"))
+    assert main([str(folder)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ") and message in captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_an_empty_input_and_a_bad_device_are_errors(folder, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert main([str(folder), "--device", "cpu"]) == 1
+    assert "is empty: there is nothing to translate" in capsys.readouterr().err
+    assert main([str(folder), "--device", "no-such-device"]) == 1
+    assert "is not a device" in capsys.readouterr().err

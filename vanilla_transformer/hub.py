@@ -1,0 +1,220 @@
+"""The Hub-ready model folder: write it, check it, upload it.
+
+`save_model_folder` writes everything a Hub user needs to run the model with `trust_remote_code=True`:
+
+    config.json               the configuration, with `auto_map` (the model classes) and `custom_pipelines`
+    model.safetensors         the weights (one entry for the shared embedding matrix)
+    configuration_vanilla_transformer.py, modeling_vanilla_transformer.py, pipeline_vanilla_transformer.py
+    tokenizer.json, tokenizer_config.json
+    generation_config.json    the paper's decoding: beam 4, length penalty 0.6 (section 6.1)
+    README.md                 the model card, rendered from model_card.md
+
+The paper's maximum output length, input length + 50, depends on each input, so it is not in generation_config.json:
+the translation pipeline and `vanilla_transformer.translate` apply it when no length is given.
+"""
+
+import json
+from pathlib import Path
+from string import Template
+from typing import Any
+
+import yaml
+from huggingface_hub import HfApi
+from huggingface_hub.repocard_data import EvalResult, eval_results_to_model_index
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
+
+MODEL_CARD_TEMPLATE = Path(__file__).resolve().parent.parent / "model_card.md"
+MODEL_ID_PLACEHOLDER = "your-username/vanilla-transformer"  # README.md code uses it until the folder is pushed
+NOT_MEASURED = "not measured"
+NOT_RECORDED = "not recorded"
+PAPER_DECODING = dict(num_beams=4, length_penalty=0.6, early_stopping=True)  # section 6.1
+EXAMPLE_SOURCES = {"en": "The house is small.", "de": "Das Haus ist klein.", "fr": "La maison est petite."}
+
+CODE_FILES = (
+    "configuration_vanilla_transformer.py",
+    "modeling_vanilla_transformer.py",
+    "pipeline_vanilla_transformer.py",
+)
+REQUIRED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "README.md",
+    *CODE_FILES,
+)
+REQUIRED_AUTO_MAP = ("AutoConfig", "AutoModelForSeq2SeqLM")
+
+
+def save_model_folder(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    output_dir: str | Path,
+    card_values: dict[str, Any] | None = None,
+) -> Path:
+    """Write the complete Hub-ready folder (see the module docstring) into `output_dir`; return its path.
+
+    `card_values` fill the model card: source_lang, target_lang, dataset, dataset_config, preset, steps, training_minutes,
+    max_tokens, warmup_steps, learning_rate_scale, label_smoothing, checkpoints_averaged, {validation,test}_{bleu,chrf},
+    bleu_signature, model_name, model_id, example_source. Missing metrics read "not measured", other missing values
+    "not recorded"; the architecture comes from the model's config. The model's config gains `custom_pipelines`.
+    """
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    # Pipeline.save_pretrained writes `custom_pipelines` into config.json and copies the pipeline's file, then saves
+    # the model (safetensors, config with auto_map, the two model files) and the tokenizer.
+    translator = VanillaTransformerTranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
+    translator.save_pretrained(output_dir)
+    paper_generation_config(model.config).save_pretrained(output_dir)
+    (output_dir / "README.md").write_text(render_model_card(model, card_values or {}), encoding="utf-8")
+    return output_dir
+
+
+def paper_generation_config(config) -> GenerationConfig:
+    """Beam search with beam 4 and length penalty 0.6 (section 6.1), with the model's special token ids."""
+    return GenerationConfig(
+        **PAPER_DECODING,
+        decoder_start_token_id=config.decoder_start_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+
+
+def render_model_card(model: PreTrainedModel, card_values: dict[str, Any]) -> str:
+    """README.md: model_card.md with its `$name` placeholders filled from the model's config and `card_values`."""
+    if not MODEL_CARD_TEMPLATE.is_file():
+        raise FileNotFoundError(f"The model card template is missing: {MODEL_CARD_TEMPLATE}")
+    config = model.config
+    values = {
+        "model_id": MODEL_ID_PLACEHOLDER,
+        "preset": NOT_RECORDED,
+        "d_model": config.d_model,
+        "encoder_layers": config.encoder_layers,
+        "decoder_layers": config.decoder_layers,
+        "attention_heads": config.encoder_attention_heads,
+        "ffn_dim": config.encoder_ffn_dim,
+        "dropout": config.dropout,
+        "position_embedding_type": config.position_embedding_type,
+        "vocab_size": config.vocab_size,
+        "parameters": f"{model.num_parameters():,}",
+        "label_smoothing": config.label_smoothing,
+        **{key: value for key, value in card_values.items() if value is not None},
+    }
+    for name in ("source_lang", "target_lang", "dataset", "steps", "training_minutes", "max_tokens", "warmup_steps",
+                 "learning_rate_scale", "checkpoints_averaged"):  # fmt: skip
+        values.setdefault(name, NOT_RECORDED)
+    for name in ("validation_bleu", "validation_chrf", "test_bleu", "test_chrf", "bleu_signature"):
+        values.setdefault(name, NOT_MEASURED)
+    languages = [str(values[name]) for name in ("source_lang", "target_lang") if values[name] != NOT_RECORDED]
+    values.setdefault("model_name", "-".join(["vanilla-transformer", *languages]))
+    values.setdefault("example_source", EXAMPLE_SOURCES.get(values["source_lang"], EXAMPLE_SOURCES["en"]))
+    values["example_literal"] = json.dumps(str(values["example_source"]), ensure_ascii=False)
+
+    # The YAML front matter gets YAML values (JSON flow lists are YAML); the body gets plain text.
+    datasets = [str(values["dataset"])] if values["dataset"] != NOT_RECORDED else []
+    front_values = {
+        "language": json.dumps(languages, ensure_ascii=False),
+        "datasets": json.dumps(datasets, ensure_ascii=False),
+        "model_index": _model_index_yaml(values),
+    }
+    _, front_template, body_template = MODEL_CARD_TEMPLATE.read_text(encoding="utf-8").split("---\n", 2)
+    front = Template(front_template).substitute(front_values)
+    if not isinstance(yaml.safe_load(front), dict):
+        raise ValueError(f"The model card's YAML front matter did not render to a mapping:\n{front}")
+    body = Template(body_template).substitute({key: str(value) for key, value in values.items()})
+    return f"---\n{front}---\n{body}"
+
+
+def _model_index_yaml(values: dict[str, Any]) -> str:
+    """The `model-index` block of the Hub's model card spec, with the measured BLEU and chrF; "" if none."""
+    task_name = f"Translation {values['source_lang']}-{values['target_lang']}"
+    dataset = str(values["dataset"])
+    results = [
+        EvalResult(
+            task_type="translation",
+            task_name=task_name,
+            dataset_type=dataset,
+            dataset_name=dataset,
+            dataset_config=values.get("dataset_config"),
+            dataset_split=split,
+            metric_type=metric,
+            metric_name=display_name,
+            metric_value=float(values[f"{split}_{metric}"]),
+        )
+        for split in ("validation", "test")
+        for metric, display_name in (("bleu", "BLEU"), ("chrf", "chrF"))
+        if values[f"{split}_{metric}"] != NOT_MEASURED
+    ]
+    if not results:
+        return ""
+    model_index = eval_results_to_model_index(str(values["model_name"]), results)
+    return yaml.safe_dump({"model-index": model_index}, sort_keys=False, allow_unicode=True).rstrip("\n")
+
+
+def check_model_folder(folder: str | Path) -> list[str]:
+    """The problems that keep `folder` from working on the Hub (missing files or config entries); [] if none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return [f"{folder} is not a folder"]
+    problems = [f"missing {name}" for name in REQUIRED_FILES if not (folder / name).is_file()]
+    if not any(folder.glob("*.safetensors")):
+        problems.append("missing the weights: no .safetensors file")
+    if (folder / "config.json").is_file():
+        problems += _config_problems(folder)
+    readme = folder / "README.md"
+    if readme.is_file() and not readme.read_text(encoding="utf-8").startswith("---\n"):
+        problems.append("README.md has no YAML metadata (front matter between --- lines)")
+    return problems
+
+
+def _config_problems(folder: Path) -> list[str]:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        return [f"config.json is not valid JSON: {error}"]
+    problems = []
+    auto_map = config.get("auto_map", {})
+    for auto_class in REQUIRED_AUTO_MAP:
+        if auto_class not in auto_map:
+            problems.append(f"config.json: auto_map has no {auto_class}")
+    impl = config.get("custom_pipelines", {}).get("translation", {}).get("impl")
+    if impl is None:
+        problems.append("config.json: custom_pipelines has no translation pipeline")
+    for reference in [*auto_map.values(), *([impl] if impl else [])]:
+        module_file = f"{reference.split('.')[0]}.py"
+        if not (folder / module_file).is_file():
+            problems.append(f"config.json refers to {reference}, but {module_file} is missing")
+    return problems
+
+
+def push_folder_to_hub(
+    folder: str | Path,
+    repo_id: str,
+    token: str | None = None,
+    private: bool = False,
+    commit_message: str = "Upload vanilla-transformer model",
+) -> str:
+    """Upload the model folder's top-level files to the Hub model repo `repo_id` (created if needed); return its URL.
+
+    Subfolders (checkpoints, the tokenizer copy, logs) stay local. The folder is checked first, and the model id
+    placeholder in README.md's code is replaced by `repo_id`.
+    """
+    folder = Path(folder)
+    problems = check_model_folder(folder)
+    if problems:
+        raise ValueError(f"{folder} is not ready for the Hub:\n- " + "\n- ".join(problems))
+    readme = folder / "README.md"
+    readme.write_text(readme.read_text(encoding="utf-8").replace(MODEL_ID_PLACEHOLDER, repo_id), encoding="utf-8")
+
+    api = HfApi(token=token)
+    repo_url = api.create_repo(repo_id, private=private, exist_ok=True)
+    api.upload_folder(
+        repo_id=repo_id,
+        folder_path=folder,
+        commit_message=commit_message,
+        allow_patterns=sorted(path.name for path in folder.iterdir() if path.is_file()),
+    )
+    return str(repo_url)
