@@ -8,7 +8,8 @@ gives the named presets.
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-# Table 3 of the paper: "base" and "big" (both N=6). "small" is a CPU-sized model for quick experiments.
+# Table 3 of the paper: "base" and "big" (both N=6). "small" is a CPU-sized model (Multi30k on a laptop) and
+# "tiny" the embedded synthetic task's model.
 PRESETS = {
     "base": dict(d_model=512, encoder_ffn_dim=2048, decoder_ffn_dim=2048, encoder_attention_heads=8,
                  decoder_attention_heads=8, encoder_layers=6, decoder_layers=6, dropout=0.1),
@@ -16,6 +17,8 @@ PRESETS = {
                 decoder_attention_heads=16, encoder_layers=6, decoder_layers=6, dropout=0.3),
     "small": dict(d_model=256, encoder_ffn_dim=1024, decoder_ffn_dim=1024, encoder_attention_heads=4,
                   decoder_attention_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.1),
+    "tiny": dict(d_model=128, encoder_ffn_dim=512, decoder_ffn_dim=512, encoder_attention_heads=4,
+                 decoder_attention_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.1),
 }  # fmt: skip
 
 ACTIVATION_FUNCTIONS = ("relu", "gelu", "gelu_new", "silu", "swish", "tanh")
@@ -126,7 +129,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":
-        """The paper's "base" or "big" model (Table 3), or the CPU-sized "small"; `overrides` win."""
+        """The paper's "base" or "big" model (Table 3), or the CPU-sized "small" and "tiny"; `overrides` win."""
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
         return cls(**{**PRESETS[name], **overrides})

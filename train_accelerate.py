@@ -11,6 +11,7 @@ Reads top to bottom: arguments, data, tokenizer, model, optimizer, loop, evaluat
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -40,6 +41,16 @@ from vanilla_transformer.training import (
 )
 
 TRAINER_STATE = "trainer_state.json"
+# Flags left unset take these values: the embedded task trains in a few minutes on a laptop CPU, real data follows
+# the paper (warm-up 4000) with the CPU-sized model unless --preset says otherwise.
+EMBEDDED_TASK_DEFAULTS = {"preset": "tiny", "max_steps": 400, "warmup_steps": 200, "save_steps": 80, "eval_steps": 200}
+REAL_DATA_DEFAULTS = {
+    "preset": "small",
+    "max_steps": 100_000,
+    "warmup_steps": 4000,
+    "save_steps": 1000,
+    "eval_steps": 1000,
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -62,7 +73,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--vocab_size", type=int, default=8000, help="shared BPE vocabulary (paper: 37000)")
 
     group = parser.add_argument_group("model")
-    group.add_argument("--preset", choices=sorted(PRESETS), default="small", help="Table 3 base/big, or small")
+    group.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="Table 3 base/big, or small/tiny (default: small; tiny for the embedded task)",
+    )
     group.add_argument("--d_model", type=int)
     group.add_argument("--layers", type=int, help="encoder and decoder layers (N)")
     group.add_argument("--heads", type=int)
@@ -73,18 +88,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     group = parser.add_argument_group("optimisation (paper section 5)")
     group.add_argument("--max_tokens", type=int, default=4096, help="source and target tokens per batch per process")
     group.add_argument("--gradient_accumulation_steps", type=int, default=1)
-    group.add_argument("--warmup_steps", type=int, default=4000)
+    group.add_argument("--warmup_steps", type=int, help="default: 4000 (the paper); 200 for the embedded task")
     group.add_argument("--learning_rate_scale", type=float, default=1.0, help="factor on equation (3)")
     group.add_argument("--label_smoothing", type=float, default=0.1)
     group.add_argument("--max_grad_norm", type=float, default=0.0, help="clip gradients; 0 = off (the paper)")
     group.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default=None)
-    group.add_argument("--max_steps", type=int, default=None)
+    group.add_argument(
+        "--max_steps", type=int, help="default: 100000 (400 for the embedded task) unless another limit is given"
+    )
     group.add_argument("--max_epochs", type=int, default=None)
     group.add_argument("--max_minutes", type=float, default=None, help="wall-clock budget of the training loop")
     group.add_argument("--seed", type=int, default=42)
 
     group = parser.add_argument_group("evaluation")
-    group.add_argument("--eval_steps", type=int, default=500, help="validation loss and BLEU every N steps")
+    group.add_argument(
+        "--eval_steps", type=int, help="validation loss and greedy BLEU every N steps (default 1000; 200)"
+    )
     group.add_argument("--eval_max_sentences", type=int, default=500, help="validation sentences for BLEU in training")
     group.add_argument("--eval_batch_size", type=int, default=64)
     group.add_argument("--num_beams", type=int, default=4, help="final decoding (paper: 4)")
@@ -94,7 +113,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     group = parser.add_argument_group("checkpoints, logging, sharing")
     group.add_argument("--output_dir", default="outputs/vanilla-transformer")
-    group.add_argument("--save_steps", type=int, default=500)
+    group.add_argument(
+        "--save_steps", type=int, help="checkpoint every N steps (default 1000; 80 for the embedded task)"
+    )
     group.add_argument("--save_total_limit", type=int, default=5, help="keep the last K checkpoints")
     group.add_argument("--average_last", type=int, default=5, help="average the last K checkpoints (paper: 5/20)")
     group.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or `latest`")
@@ -104,8 +125,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--hub_model_id")
     group.add_argument("--hub_private", action="store_true")
     args = parser.parse_args(argv)
-    if args.max_steps is None and args.max_epochs is None and args.max_minutes is None and not args.evaluate_only:
-        args.max_steps = 1200 if is_synthetic(args) else 100_000
+    other_limit = args.max_epochs is not None or args.max_minutes is not None
+    for name, value in (EMBEDDED_TASK_DEFAULTS if is_synthetic(args) else REAL_DATA_DEFAULTS).items():
+        if getattr(args, name) is None and not (name == "max_steps" and other_limit):
+            setattr(args, name, value)
     if args.evaluate_only and not args.model_name_or_path:
         parser.error("--evaluate_only needs --model_name_or_path")
     if args.push_to_hub and not args.hub_model_id:
@@ -155,7 +178,8 @@ def load_splits(args, need_train: bool = True) -> dict[str, list[tuple[str, str]
             )
         else:
             continue
-        print(f"[data] {split}: {report.summary()}")
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"[data] {split}: {report.summary()}")
         splits[split] = pairs
     return splits
 
@@ -428,7 +452,8 @@ def main(argv=None) -> None:
             bleu = evaluate_split(
                 accelerator, model, tokenizer, validation_pairs, validation_loader, metric, {"num_beams": 1}
             )
-            progress.write(f"[eval] step {step}: nll {losses['nll']:.3f}  greedy BLEU {bleu['bleu']:.2f}")
+            if accelerator.is_main_process:
+                progress.write(f"[eval] step {step}: nll {losses['nll']:.3f}  greedy BLEU {bleu['bleu']:.2f}")
             accelerator.log({"eval/nll": losses["nll"], "eval/bleu_greedy": bleu["bleu"]}, step=step)
         if step % args.save_steps == 0:
             save_checkpoint(accelerator, args, step, position, time.time() - start_time)

@@ -14,7 +14,7 @@ python train_accelerate.py \
     --data_dir "$DATA_DIR" --source_lang en --target_lang de \
     --train_split train --validation_split val --test_split test_2016_flickr \
     --preset small --vocab_size 8000 \
-    --max_tokens 2048 --warmup_steps 800 --learning_rate_scale 1.0 --label_smoothing 0.1 \
-    --max_minutes "$MINUTES" --eval_steps 1000000 --save_steps 200 --save_total_limit 5 --average_last 5 \
+    --max_tokens 2048 --warmup_steps 600 --learning_rate_scale 1.0 --label_smoothing 0.1 \
+    --max_minutes "$MINUTES" --eval_steps 1000000 --save_steps 60 --save_total_limit 5 --average_last 5 \
     --logging_steps 50 --eval_batch_size 64 \
     --output_dir "$OUTPUT_DIR" "$@"

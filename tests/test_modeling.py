@@ -63,7 +63,7 @@ def test_big_preset_matches_table_3():
         16,
         0.3,
     )
-    assert set(PRESETS) >= {"base", "big", "small"}
+    assert set(PRESETS) >= {"base", "big", "small", "tiny"}
     with pytest.raises(ValueError, match="Unknown preset"):
         VanillaTransformerConfig.from_preset("huge")
 

@@ -117,6 +117,10 @@ def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
     )
     assert stdout.strip().startswith("[")
 
+    # evaluation-only mode: the saved folder reproduces the hypotheses written at the end of training
+    train(tmp_path / "evaluation", "--evaluate_only", "--model_name_or_path", str(output_dir))
+    assert (tmp_path / "evaluation" / "test.hyp.txt").read_text() == (output_dir / "test.hyp.txt").read_text()
+
 
 def test_one_step_on_two_processes_equals_one_step_on_one_process(tmp_path):
     """The same global batch, two batches accumulated on one process or one on each of two: same gradients."""
