@@ -635,6 +635,21 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
+        """Beam search, after each step: row i of the cache continues beam `beam_idx[i]`.
+
+        Only the decoder's own keys and values move. Beams never change sentence and all beams of a sentence share
+        the encoder-decoder keys and values, so those already sit in the right rows; the default reorder copies them
+        every step. They are reordered anyway if some beam did change sentence (checked on one head of one layer).
+        """
+        past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        cross_attention_cache = past_key_values.cross_attention_cache
+        if cross_attention_cache.get_seq_length() > 0:
+            keys = cross_attention_cache.layers[0].keys[:, 0]  # (B * beams, S, K)
+            if not torch.equal(keys.index_select(0, beam_idx.to(keys.device)), keys):
+                cross_attention_cache.reorder_cache(beam_idx)
+        return past_key_values
+
 
 def _register_auto_classes() -> None:
     """Make the Auto classes know this model on import, and make `save_pretrained` write `auto_map`

@@ -1,0 +1,182 @@
+"""CTranslate2 export: the converted model decodes exactly the tokens of our `generate()` (float32)."""
+
+import json
+
+import pytest
+import torch
+
+from configuration_vanilla_transformer import VanillaTransformerConfig
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+
+from .conftest import TINY
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+from vanilla_transformer.export_ctranslate2 import convert_to_ctranslate2, main, vocabulary  # noqa: E402
+
+NEW_TOKENS = 12
+
+
+def train_to_reverse(steps: int = 150, **overrides) -> VanillaTransformerForConditionalGeneration:
+    """A tiny model trained briefly to reverse its source: its outputs depend on every position, unlike the
+    repeated token a random model emits, so a wrong position table or attention layout changes them."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model; more threads only add overhead on a busy machine
+    try:
+        torch.manual_seed(0)
+        config = VanillaTransformerConfig(**{**TINY, "dropout": 0.0, **overrides})
+        model = VanillaTransformerForConditionalGeneration(config)
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(steps):
+            source = torch.randint(4, config.vocab_size, (32, 8), generator=generator)
+            labels = torch.cat([source.flip(1), torch.full((32, 1), config.eos_token_id)], dim=1)
+            loss = model(input_ids=source, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def reversal_model() -> VanillaTransformerForConditionalGeneration:
+    return train_to_reverse()
+
+
+@pytest.fixture(scope="module")
+def converted(reversal_model, tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("export")
+    reversal_model.save_pretrained(folder / "model")
+    return convert_to_ctranslate2(folder / "model", folder / "ct2")
+
+
+@pytest.fixture(scope="module")
+def padded_sources(reversal_model):
+    """Six sources of 5 to 9 tokens ending with </s>, right-padded into one batch."""
+    config = reversal_model.config
+    input_ids = torch.randint(4, config.vocab_size, (6, 9), generator=torch.Generator().manual_seed(1))
+    attention_mask = torch.ones_like(input_ids)
+    lengths = [9, 5, 8, 6, 9, 7]
+    for row, length in enumerate(lengths):
+        input_ids[row, length - 1] = config.eos_token_id
+        input_ids[row, length:] = config.pad_token_id
+        attention_mask[row, length:] = 0
+    tokens = [[f"id_{index}" for index in input_ids[row, :length].tolist()] for row, length in enumerate(lengths)]
+    return input_ids, attention_mask, tokens
+
+
+def ctranslate2_ids(results) -> list[list[int]]:
+    return [[int(token.removeprefix("id_")) for token in result.hypotheses[0]] for result in results]
+
+
+def generate_and_translate(model, converted_dir, sources, num_beams: int) -> tuple[list, list]:
+    """(CTranslate2's token ids, generate()'s token ids), both forced to NEW_TOKENS tokens; also checks that
+    both score each output the same: the mean log-probability of its tokens.
+
+    CTranslate2 bans </s> before its softmax (min_decoding_length); renormalize_logits makes generate() score
+    beams the same way after its min_new_tokens ban."""
+    input_ids, attention_mask, tokens = sources
+    with torch.no_grad():
+        generated = model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            num_beams=num_beams,
+            do_sample=False,
+            min_new_tokens=NEW_TOKENS,
+            max_new_tokens=NEW_TOKENS,
+            renormalize_logits=True,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    if num_beams == 1:
+        transition_scores = model.compute_transition_scores(generated.sequences, generated.scores)
+        scores = transition_scores.sum(-1) / NEW_TOKENS
+    else:
+        scores = generated.sequences_scores  # length_penalty=1: also the mean
+    assert (generated.sequences[:, 0] == model.config.decoder_start_token_id).all()
+    translator = ctranslate2.Translator(str(converted_dir), compute_type="float32", intra_threads=1)
+    results = translator.translate_batch(
+        tokens,
+        beam_size=num_beams,
+        min_decoding_length=NEW_TOKENS,
+        max_decoding_length=NEW_TOKENS,
+        return_scores=True,
+    )
+    assert torch.allclose(torch.tensor([result.scores[0] for result in results]), scores, atol=1e-5)
+    return ctranslate2_ids(results), generated.sequences[:, 1:].tolist()
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_ctranslate2_decodes_the_same_tokens_as_generate(reversal_model, converted, padded_sources, num_beams):
+    translated, generated = generate_and_translate(reversal_model, converted, padded_sources, num_beams)
+    assert translated == generated
+    assert len({tuple(row) for row in generated}) == len(generated)  # the outputs are not trivial
+
+
+def test_other_architecture_options_convert_exactly(padded_sources, tmp_path):
+    """Learned positions, an untied output projection, GELU, unscaled embeddings, a larger LayerNorm epsilon."""
+    options = dict(position_embedding_type="learned", tie_word_embeddings=False, activation_function="gelu")
+    model = train_to_reverse(steps=100, scale_embedding=False, layer_norm_eps=1e-3, **options)
+    model.save_pretrained(tmp_path / "model")
+    convert_to_ctranslate2(tmp_path / "model", tmp_path / "ct2")
+    for num_beams in (1, 4):
+        translated, generated = generate_and_translate(model, tmp_path / "ct2", padded_sources, num_beams)
+        assert translated == generated
+
+
+def test_beam_search_finds_other_outputs_than_greedy(reversal_model, padded_sources):
+    """Guards the beam test above: it only proves something if beam search differs from greedy here."""
+    input_ids, attention_mask, _ = padded_sources
+    common = dict(attention_mask=attention_mask, min_new_tokens=NEW_TOKENS, max_new_tokens=NEW_TOKENS)
+    with torch.no_grad():
+        greedy = reversal_model.generate(input_ids, num_beams=1, **common)
+        beam = reversal_model.generate(input_ids, num_beams=4, renormalize_logits=True, **common)
+    assert not torch.equal(greedy, beam)
+
+
+def test_command_line_writes_an_int8_model_that_translates(reversal_model, converted, padded_sources, tmp_path):
+    model_dir = str(converted).replace("ct2", "model")
+    main([model_dir, str(tmp_path / "int8"), "--quantization", "int8"])
+    translator = ctranslate2.Translator(str(tmp_path / "int8"), compute_type="int8", intra_threads=1)
+    _, _, tokens = padded_sources
+    results = translator.translate_batch(tokens, beam_size=2, max_decoding_length=NEW_TOKENS)
+    assert all(1 <= len(result.hypotheses[0]) <= NEW_TOKENS for result in results)
+    with pytest.raises(RuntimeError, match="already exists"):
+        main([model_dir, str(tmp_path / "int8")])
+
+
+def tiny_tokenizer():
+    from vanilla_transformer.tokenization import MIN_VOCAB_SIZE, train_shared_tokenizer
+
+    return train_shared_tokenizer(["ein kleiner Satz", "a small sentence"] * 4, vocab_size=MIN_VOCAB_SIZE + 4)
+
+
+def test_vocabulary_comes_from_the_saved_tokenizer_else_placeholders(tmp_path):
+    assert vocabulary(tmp_path, 5) == ["id_0", "id_1", "id_2", "id_3", "id_4"]
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(tmp_path)
+    tokens = vocabulary(tmp_path, len(tokenizer) + 2)  # a model may have more rows than the tokenizer has tokens
+    assert tokens[:4] == ["<pad>", "<s>", "</s>", "<unk>"]
+    assert tokens[4:-2] == tokenizer.convert_ids_to_tokens(list(range(4, len(tokenizer))))
+    assert tokens[-2:] == [f"id_{len(tokenizer)}", f"id_{len(tokenizer) + 1}"]
+
+
+def test_a_tokenizer_in_the_model_folder_names_the_tokens(reversal_model, converted, padded_sources, tmp_path):
+    tokenizer = tiny_tokenizer()  # larger than the tiny model's vocabulary: its first 61 tokens are used
+    reversal_model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    convert_to_ctranslate2(tmp_path / "model", tmp_path / "ct2")
+    config = json.loads((tmp_path / "ct2" / "config.json").read_text())
+    assert (config["decoder_start_token"], config["eos_token"], config["unk_token"]) == ("<s>", "</s>", "<unk>")
+
+    _, _, placeholder_tokens = padded_sources
+    names = tokenizer.convert_ids_to_tokens(list(range(reversal_model.config.vocab_size)))
+    sources = [[names[int(token.removeprefix("id_"))] for token in source] for source in placeholder_tokens]
+    options = dict(beam_size=2, min_decoding_length=NEW_TOKENS, max_decoding_length=NEW_TOKENS)
+    named = ctranslate2.Translator(str(tmp_path / "ct2"), intra_threads=1).translate_batch(sources, **options)
+    placeholders = ctranslate2.Translator(converted, intra_threads=1).translate_batch(placeholder_tokens, **options)
+    assert [[names.index(token) for token in result.hypotheses[0]] for result in named] == ctranslate2_ids(
+        placeholders
+    )

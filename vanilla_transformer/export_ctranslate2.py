@@ -1,0 +1,184 @@
+"""Export a saved model to CTranslate2, a C++ inference engine for fast CPU (and GPU) decoding.
+
+The model maps one to one onto CTranslate2's `TransformerSpec`:
+
+- post-norm layers (`pre_norm=False`): LayerNorm(x + Sublayer(x)) after every sub-layer, no final LayerNorm;
+- self-attention as one fused Q,K,V projection (our `qkv_proj`: rows q, k, v), encoder-decoder attention as a
+  query projection plus one fused K,V projection (our `q_proj` and `kv_proj`), then the output projection;
+- one embedding matrix shared by the encoder, the decoder and the (bias-free) pre-softmax projection,
+  scaled by sqrt(d_model) on the input side;
+- the position table written out explicitly: ours interleaves sine and cosine (section 3.5 of the paper), and
+  CTranslate2's built-in sinusoidal table is a different one (it changes the outputs).
+
+The written table has `max_position_embeddings` rows, which bounds source and output lengths in CTranslate2
+(the PyTorch model grows its table on demand).
+
+Usage:
+    python -m vanilla_transformer.export_ctranslate2 MODEL_DIR OUTPUT_DIR [--quantization int8] [--force]
+
+    translator = ctranslate2.Translator(OUTPUT_DIR, compute_type="int8")
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer("A sentence.").input_ids)  # ends with </s>
+    best = translator.translate_batch([tokens], beam_size=4)[0].hypotheses[0]
+"""
+
+import argparse
+import math
+from pathlib import Path
+
+import torch
+from ctranslate2.converters import Converter
+from ctranslate2.specs import common_spec, transformer_spec
+from torch import nn
+
+from modeling_vanilla_transformer import (
+    VanillaTransformerAttention,
+    VanillaTransformerDecoderLayer,
+    VanillaTransformerEncoderLayer,
+    VanillaTransformerForConditionalGeneration,
+    VanillaTransformerLearnedPositionalEmbedding,
+)
+from vanilla_transformer.tokenization import UNK_TOKEN_ID
+
+ACTIVATIONS = {
+    "relu": common_spec.Activation.RELU,
+    "gelu": common_spec.Activation.GELU,
+    "gelu_new": common_spec.Activation.GELUTanh,
+    "silu": common_spec.Activation.SWISH,
+    "swish": common_spec.Activation.SWISH,
+    "tanh": common_spec.Activation.Tanh,
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def _weight(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().float().contiguous()
+
+
+def _set_linear(spec: common_spec.LinearSpec, linear: nn.Linear) -> None:
+    spec.weight = _weight(linear.weight)  # (out, in), the layout CTranslate2 expects
+    if linear.bias is not None:
+        spec.bias = _weight(linear.bias)
+
+
+def _set_layer_norm(spec: common_spec.LayerNormSpec, norm: nn.LayerNorm) -> None:
+    spec.gamma = _weight(norm.weight)
+    spec.beta = _weight(norm.bias)
+
+
+def _set_attention(spec, attention: VanillaTransformerAttention, norm: nn.LayerNorm) -> None:
+    if attention.is_cross_attention:  # linear = [query, fused key+value, output]
+        _set_linear(spec.linear[0], attention.q_proj)
+        _set_linear(spec.linear[1], attention.kv_proj)
+    else:  # linear = [fused query+key+value, output]
+        _set_linear(spec.linear[0], attention.qkv_proj)
+    _set_linear(spec.linear[-1], attention.out_proj)
+    _set_layer_norm(spec.layer_norm, norm)  # with pre_norm=False it runs after the residual sum
+
+
+def _set_feed_forward(spec, layer: VanillaTransformerEncoderLayer | VanillaTransformerDecoderLayer) -> None:
+    _set_linear(spec.linear_0, layer.feed_forward.fc1)
+    _set_linear(spec.linear_1, layer.feed_forward.fc2)
+    _set_layer_norm(spec.layer_norm, layer.final_layer_norm)
+
+
+def _set_embeddings_and_positions(spec, stack, embed_scale: float) -> None:
+    embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+    embeddings.weight = _weight(stack.embed_tokens.weight)
+    spec.scale_embeddings = embed_scale
+    positions = stack.embed_positions
+    if isinstance(positions, VanillaTransformerLearnedPositionalEmbedding):
+        table = positions.weight
+    else:  # the interleaved sinusoid table, at least max_position_embeddings rows
+        table = positions(0, stack.config.max_position_embeddings)
+    spec.position_encodings.encodings = _weight(table)
+
+
+def model_spec(model: VanillaTransformerForConditionalGeneration) -> transformer_spec.TransformerSpec:
+    """The CTranslate2 specification of `model`, weights filled in (float32), vocabulary not yet registered."""
+    config = model.config
+    activation = ACTIVATIONS[config.activation_function]
+    encoder_spec = transformer_spec.TransformerEncoderSpec(
+        config.encoder_layers, config.encoder_attention_heads, pre_norm=False, activation=activation
+    )
+    decoder_spec = transformer_spec.TransformerDecoderSpec(
+        config.decoder_layers, config.decoder_attention_heads, pre_norm=False, activation=activation
+    )
+    encoder, decoder = model.model.encoder, model.model.decoder
+    embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+
+    _set_embeddings_and_positions(encoder_spec, encoder, embed_scale)
+    for layer_spec, layer in zip(encoder_spec.layer, encoder.layers, strict=True):
+        _set_attention(layer_spec.self_attention, layer.self_attn, layer.self_attn_layer_norm)
+        _set_feed_forward(layer_spec.ffn, layer)
+
+    _set_embeddings_and_positions(decoder_spec, decoder, embed_scale)
+    for layer_spec, layer in zip(decoder_spec.layer, decoder.layers, strict=True):
+        _set_attention(layer_spec.self_attention, layer.self_attn, layer.self_attn_layer_norm)
+        _set_attention(layer_spec.attention, layer.encoder_attn, layer.encoder_attn_layer_norm)
+        _set_feed_forward(layer_spec.ffn, layer)
+    _set_linear(decoder_spec.projection, model.lm_head)  # tied: the same matrix as the embeddings, no bias
+
+    spec = transformer_spec.TransformerSpec(encoder_spec, decoder_spec)
+    spec.config.layer_norm_epsilon = config.layer_norm_eps
+    return spec
+
+
+def vocabulary(model_dir: str | Path, vocab_size: int) -> list[str]:
+    """Token strings by id from the tokenizer saved in `model_dir`; placeholders `id_<n>` where there are none."""
+    tokens = [f"id_{index}" for index in range(vocab_size)]
+    if any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        for index, token in enumerate(tokenizer.convert_ids_to_tokens(list(range(min(len(tokenizer), vocab_size))))):
+            if token is not None:
+                tokens[index] = token
+    if len(set(tokens)) != len(tokens):
+        raise ValueError("The vocabulary has duplicate token strings; CTranslate2 maps tokens by their string.")
+    return tokens
+
+
+class VanillaTransformerConverter(Converter):
+    """CTranslate2 converter for a folder written by `VanillaTransformerForConditionalGeneration.save_pretrained`."""
+
+    def __init__(self, model_dir: str | Path):
+        self.model_dir = str(model_dir)
+
+    def _load(self) -> transformer_spec.TransformerSpec:
+        model = VanillaTransformerForConditionalGeneration.from_pretrained(self.model_dir, dtype=torch.float32)
+        config = model.config
+        spec = model_spec(model.eval())
+        tokens = vocabulary(self.model_dir, config.vocab_size)
+        spec.register_source_vocabulary(tokens)
+        spec.register_target_vocabulary(tokens)
+        spec.config.bos_token = tokens[config.bos_token_id]
+        spec.config.eos_token = tokens[config.eos_token_id]
+        spec.config.decoder_start_token = tokens[config.decoder_start_token_id]
+        spec.config.unk_token = tokens[UNK_TOKEN_ID]  # `<unk>` with the project's tokenizer
+        return spec
+
+
+def convert_to_ctranslate2(
+    model_dir: str | Path, output_dir: str | Path, quantization: str | None = None, force: bool = False
+) -> str:
+    """Convert the model saved in `model_dir` to a CTranslate2 model in `output_dir`; returns `output_dir`.
+
+    quantization: weight type of the written model (e.g. "int8", "int8_float32", "float16"); None keeps float32.
+        CTranslate2 can also quantize when it loads: `Translator(output_dir, compute_type="int8")`.
+    force: replace `output_dir` if it exists.
+    """
+    return VanillaTransformerConverter(model_dir).convert(str(output_dir), quantization=quantization, force=force)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_dir", help="folder written by save_pretrained (a tokenizer in it is used if present)")
+    parser.add_argument("output_dir", help="folder to write the CTranslate2 model to")
+    parser.add_argument("--quantization", default=None, help="e.g. int8, int8_float32, float16 (default: float32)")
+    parser.add_argument("--force", action="store_true", help="replace output_dir if it exists")
+    args = parser.parse_args(argv)
+    print(convert_to_ctranslate2(args.model_dir, args.output_dir, args.quantization, args.force))
+
+
+if __name__ == "__main__":
+    main()
