@@ -3,26 +3,30 @@
 Both PyTorch models get the same shape (d_model, layers, heads, FFN size, vocabulary, ReLU, post-LN, tied and
 sqrt(d_model)-scaled embeddings, same dropout) and the same weights: ours are copied into Marian, including our
 position table, and the script checks that both give the same logits before timing anything. The CTranslate2
-rows run our model converted with `vanilla_transformer.export_ctranslate2` (float32, and int8 weights).
+columns run our model converted with `vanilla_transformer.export_ctranslate2` (float32, and int8 weights).
 
-Work, per preset:
-- train: one forward, backward and Adam step on identical padded batches (train mode, dropout on);
-  throughput counts non-padding target tokens.
-- greedy / beam4: generation from identical sources with `min_new_tokens == max_new_tokens` (CTranslate2:
-  `min_decoding_length == max_decoding_length`), so every engine produces the same number of tokens; throughput
-  counts batch x new tokens (beam search: returned tokens, not beam x tokens).
+Work, per preset (small: the recipe's CPU model, 8000 tokens; base: the paper's, 37000 tokens):
+- train: forward, backward and Adam step on one identical padded batch (train mode, dropout 0.1), 64 sentence
+  pairs shaped like the recipe's length-sorted token batches; throughput counts non-padding target tokens.
+- greedy / beam4: generation from identical sources (16-32 tokens) of exactly 32 new tokens per sentence: no end
+  token (`eos_token_id=None`; CTranslate2 `end_token=[]`), so every engine does the same work; throughput counts
+  batch x 32 (beam search: returned tokens, not beams x tokens).
 
-Every row runs its engines interleaved (A B A B ...) after one untimed warm-up each and reports the median.
+Every row runs its engines interleaved, in alternating order (A B, B A, A B, ...), after one untimed warm-up
+each, and reports the median.
+glibc's malloc thresholds are fixed first (see `fix_malloc_thresholds`; `--system-malloc` keeps them adaptive).
 
 Peak memory runs each engine in a fresh subprocess: after one untimed warm-up of the work, freed memory is
 returned to the OS (malloc_trim), the kernel's resident-set high-water mark is reset (/proc/self/clear_refs),
 the work runs once and the row reports VmHWM - VmRSS(before): the extra resident memory the work needed on top
-of the loaded model (and, for training, Adam's state). Linux only.
+of the loaded model (and, for training, Adam's state). "(loaded)" is the process's resident set before that:
+Python, torch and transformers (imported by every worker, CTranslate2's too) plus the model. Linux only.
 
 Usage:
-    python benchmarks/speed.py                      # small and base, all rows (several minutes on 2 cores)
-    python benchmarks/speed.py --quick              # fewer repetitions
+    python benchmarks/speed.py                      # small and base, every row (about 9 minutes on 2 cores)
+    python benchmarks/speed.py --quick              # 2 repetitions per row
     python benchmarks/speed.py --presets small --no-memory --no-ctranslate2
+    python benchmarks/speed.py --before --compile   # also: beam search before issue 5; torch.compile training
 """
 
 import argparse
@@ -52,6 +56,8 @@ from modeling_vanilla_transformer import VanillaTransformerForConditionalGenerat
 
 ENGINES = ("ours", "marian", "ct2_float32", "ct2_int8")
 TORCH_ENGINES = ("ours", "marian")
+# Optional extra engines: table column and the work they run.
+EXTRA_ENGINES = {"ours_compiled": ("ours+compile tok/s", ("train",)), "ours_before": ("ours before tok/s", ("beam4",))}
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ class Workload:
 
 WORKLOADS = {
     "small": Workload(vocab_size=8000, repetitions=5, train_steps=2),  # the recipe's CPU preset and vocabulary
-    "base": Workload(vocab_size=37000, repetitions=3),  # the paper's base model and vocabulary size
+    "base": Workload(vocab_size=37000, repetitions=5),  # the paper's base model and vocabulary size
 }
 GENERATION_ROWS = [("greedy", 1, 1), ("greedy", 32, 1), ("beam4", 1, 4), ("beam4", 32, 4)]
 
@@ -89,10 +95,19 @@ def rows_for(workload: Workload) -> list[Row]:
 # --- models --------------------------------------------------------------------------------------------------
 
 
-def build_ours(preset: str, vocab_size: int) -> VanillaTransformerForConditionalGeneration:
+def build_ours(preset: str, vocab_size: int, model_class=VanillaTransformerForConditionalGeneration):
     torch.manual_seed(0)
     config = VanillaTransformerConfig.from_preset(preset, vocab_size=vocab_size)
-    return VanillaTransformerForConditionalGeneration(config)
+    return model_class(config)
+
+
+class OursBefore(VanillaTransformerForConditionalGeneration):
+    """Our model before issue 5: beam search reorders the whole cache every step, as `generate` does by default,
+    including the encoder-decoder keys and values that every beam of a sentence shares."""
+
+    def _reorder_cache(self, past_key_values, beam_idx):
+        past_key_values.reorder_cache(beam_idx)
+        return past_key_values
 
 
 def marian_config(config: VanillaTransformerConfig) -> MarianConfig:
@@ -264,7 +279,8 @@ def tokens_per_run(workload: Workload, row: Row, batch) -> int:
 class Engines:
     """The engines of one preset; `run(engine, row, batch)` gives the callable that does the row's work once.
 
-    ours_compiled (with --compile) is our model under `torch.compile`, for the training row only.
+    Extra engines: ours_compiled (--compile) is our model under `torch.compile`, for the training row;
+    ours_before (--before) is `OursBefore`, for the beam rows.
     """
 
     def __init__(self, preset: str, workload: Workload, names: list[str], threads: int, check: bool = True):
@@ -272,7 +288,7 @@ class Engines:
         self.threads = threads
         self.models = {}
         self.translators = {}
-        if "ours" in names or "marian" in names:
+        if "ours" in names or check:
             ours = build_ours(preset, workload.vocab_size)
             if "ours" in names:
                 self.models["ours"] = ours
@@ -280,10 +296,16 @@ class Engines:
                 self.models["marian"] = build_marian(ours)
                 if check:
                     check_same_function(ours, self.models["marian"], workload.vocab_size)
+        elif "marian" in names:  # alone, for its memory: its own random weights, nothing else in the process
+            torch.manual_seed(0)
+            config = VanillaTransformerConfig.from_preset(preset, vocab_size=workload.vocab_size)
+            self.models["marian"] = MarianMTModel(marian_config(config))
         if "ours_compiled" in names:
             compiled = build_ours(preset, workload.vocab_size)
             compiled.forward = torch.compile(compiled.forward)
             self.models["ours_compiled"] = compiled
+        if "ours_before" in names:
+            self.models["ours_before"] = build_ours(preset, workload.vocab_size, OursBefore)
 
     def add_ctranslate2(self, names: list[str], ct2_dir: Path) -> None:
         """Load `ct2_float32` / `ct2_int8` from the models `export_ctranslate2` wrote into `ct2_dir`."""
@@ -296,9 +318,8 @@ class Engines:
             )
 
     def names(self, row: Row) -> list[str]:
-        if row.work == "train":
-            return list(self.models)
-        return [name for name in self.models if name != "ours_compiled"] + list(self.translators)
+        models = [name for name in self.models if name not in EXTRA_ENGINES or row.work in EXTRA_ENGINES[name][1]]
+        return models + (list(self.translators) if row.work != "train" else [])
 
     def run(self, name: str, row: Row, batch) -> Callable[[], None]:
         if name in self.translators:
@@ -327,16 +348,17 @@ def export_ctranslate2(model: VanillaTransformerForConditionalGeneration, folder
 
 
 def time_row(engines: Engines, row: Row, repetitions: int) -> dict[str, float]:
-    """Tokens per second of each engine on this row, interleaved, median of `repetitions`."""
+    """Tokens per second of each engine on this row: interleaved repetitions, median."""
     batch = work_batch(engines.workload, row)
     runs = {name: engines.run(name, row, batch) for name in engines.names(row)}
     for run in runs.values():
         run()  # warm-up (and, for training, Adam's state)
     seconds = {name: [] for name in runs}
-    for _ in range(repetitions):
-        for name, run in runs.items():
+    for repetition in range(repetitions):
+        order = list(runs) if repetition % 2 == 0 else list(runs)[::-1]  # A B, B A, ...: no engine always first
+        for name in order:
             start = time.perf_counter()
-            run()
+            runs[name]()
             seconds[name].append(time.perf_counter() - start)
     tokens = tokens_per_run(engines.workload, row, batch)
     return {name: tokens / statistics.median(times) for name, times in seconds.items()}
@@ -369,6 +391,7 @@ def memory_worker(preset: str, name: str, ct2_dir: str | None, threads: int) -> 
     if name not in TORCH_ENGINES:
         engines.add_ctranslate2([name], Path(ct2_dir))
     gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     result = {"loaded": _status_mib("VmRSS")}
     for row in rows_for(workload):
         if name in engines.names(row):
@@ -423,10 +446,11 @@ def number(value: float | None, digits: int = 0) -> str:
 
 
 def speed_table(results: dict) -> str:
-    """Tokens per second (higher is better) and the ratios; ours+compile only when --compile ran."""
-    compiled = any("ours_compiled" in speeds for speeds in results.values())
+    """Tokens per second (higher is better) and the ratios; a column per extra engine that ran."""
+    extras = [name for name in EXTRA_ENGINES if any(name in speeds for speeds in results.values())]
     header = "| preset | work | batch | ours tok/s | Marian tok/s | ours/Marian | CT2 f32 tok/s | CT2 int8 tok/s | ours/CT2 f32 |"
-    lines = [header + (" ours+compile tok/s |" if compiled else ""), "|---|---|---:" + "|---:" * (6 + compiled) + "|"]
+    header += "".join(f" {EXTRA_ENGINES[name][0]} |" for name in extras)
+    lines = [header, "|---|---|---:" + "|---:" * (6 + len(extras)) + "|"]
     for (preset, row), speeds in results.items():
         ours, marian = speeds.get("ours"), speeds.get("marian")
         ct2_f32, ct2_int8 = speeds.get("ct2_float32"), speeds.get("ct2_int8")
@@ -434,7 +458,7 @@ def speed_table(results: dict) -> str:
             f"| {preset} | {row.work} | {row.batch} | {number(ours)} | {number(marian)} | {ratio(ours, marian)} "
             f"| {number(ct2_f32)} | {number(ct2_int8)} | {ratio(ours, ct2_f32)} |"
         )
-        lines.append(line + (f" {number(speeds.get('ours_compiled'))} |" if compiled else ""))
+        lines.append(line + "".join(f" {number(speeds.get(name))} |" for name in extras))
     return "\n".join(lines)
 
 
@@ -479,6 +503,7 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory subprocesses")
     parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
     parser.add_argument("--compile", action="store_true", help="also time training of torch.compile(our model)")
+    parser.add_argument("--before", action="store_true", help="also time beam search as before issue 5 (OursBefore)")
     parser.add_argument("--system-malloc", action="store_true", help="keep glibc's adaptive malloc thresholds")
     parser.add_argument("--memory-worker", nargs=2, metavar=("PRESET", "ENGINE"), help=argparse.SUPPRESS)
     parser.add_argument("--ct2-dir", help=argparse.SUPPRESS)
@@ -497,7 +522,7 @@ def main() -> None:
         except ImportError:
             print("ctranslate2 is not installed: no CTranslate2 rows", file=sys.stderr)
             ct2_names = []
-    torch_names = list(TORCH_ENGINES) + (["ours_compiled"] if args.compile else [])
+    torch_names = list(TORCH_ENGINES) + ["ours_compiled"] * args.compile + ["ours_before"] * args.before
 
     started = datetime.now(timezone.utc)
     print(f"# {started:%Y-%m-%d %H:%M} UTC; {machine()}; load average at start {load()}", flush=True)
