@@ -32,6 +32,7 @@ from vanilla_transformer.training import (
     DataPosition,
     count_target_tokens,
     evaluation_loader,
+    final_model,
     forward_backward,
     make_accelerator,
     make_optimizer_and_schedule,
@@ -93,6 +94,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--label_smoothing", type=float, default=0.1)
     group.add_argument("--max_grad_norm", type=float, default=0.0, help="clip gradients; 0 = off (the paper)")
     group.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default=None)
+    group.add_argument(
+        "--attn_implementation",
+        choices=["sdpa", "eager"],
+        default="sdpa",
+        help="attention kernel while training; on CPUs with bf16, eager is faster (docs/BENCHMARKS.md)",
+    )
     group.add_argument(
         "--max_steps", type=int, help="default: 100000 (400 for the embedded task) unless another limit is given"
     )
@@ -374,6 +381,8 @@ def main(argv=None) -> None:
     # model, optimizer (5.3), schedule (equation 3)
     config = build_config(args, tokenizer)
     model = VanillaTransformerForConditionalGeneration(config)
+    default_attention = model.config._attn_implementation  # what the saved model will use (sdpa)
+    model.set_attn_implementation(args.attn_implementation)
     accelerator.print(f"[model] {args.preset}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
     optimizer, schedule = make_optimizer_and_schedule(
         model, config.d_model, args.warmup_steps, args.learning_rate_scale
@@ -404,7 +413,8 @@ def main(argv=None) -> None:
     log_file = output_dir / "train_log.jsonl"
     progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")
     start_time = time.time() - elapsed_before
-    window_tokens, window_start, last_saved_step = 0, time.time(), step
+    # the logged loss and tokens/s are means over the steps since the last log line
+    window_loss, window_tokens, window_start, last_saved_step = 0.0, 0.0, time.time(), step
     device = accelerator.device
     stop_reason = "max_epochs"
     for step_batches, position_after_step in optimizer_step_batches(
@@ -432,10 +442,10 @@ def main(argv=None) -> None:
         optimizer.zero_grad(set_to_none=True)
         step, position = step + 1, position_after_step
         progress.update(1)
-        window_tokens += global_tokens
+        window_loss, window_tokens = window_loss + step_loss, window_tokens + global_tokens
 
         if step % args.logging_steps == 0:
-            loss_per_token = (accelerator.reduce(step_loss, "sum") / global_tokens).item()
+            loss_per_token = (accelerator.reduce(window_loss, "sum") / window_tokens).item()
             tokens_per_second = window_tokens / (time.time() - window_start)
             record = {"step": step, "loss": loss_per_token, "lr": schedule.get_last_lr()[0],
                       "target_tokens_per_second": tokens_per_second, "epoch": position.epoch}  # fmt: skip
@@ -446,7 +456,7 @@ def main(argv=None) -> None:
             if accelerator.is_main_process:
                 with log_file.open("a") as log:
                     log.write(json.dumps(record) + "\n")
-            window_tokens, window_start = 0, time.time()
+            window_loss, window_tokens, window_start = 0.0, 0.0, time.time()
         if step % args.eval_steps == 0 and validation_pairs:
             losses = validation_loss(accelerator, model, validation_loader)
             bleu = evaluate_split(
@@ -469,8 +479,10 @@ def main(argv=None) -> None:
         accelerator.end_training()
         return
 
-    # final model: averaged checkpoints (6.1), the paper's decoding (beam 4, length penalty 0.6, input + 50)
-    averaged = load_averaged_weights(accelerator.unwrap_model(model), args, accelerator)  # in place
+    # final model: averaged checkpoints (6.1), the paper's decoding (beam 4, length penalty 0.6, input + 50),
+    # in float32 with the default attention, as users will run the saved model (no mixed-precision wrapper)
+    model = final_model(accelerator, model, default_attention)
+    averaged = load_averaged_weights(model, args, accelerator)  # in place
     generation_kwargs = {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "do_sample": False}
     results = {}
     for split in ("validation", "test"):
@@ -487,9 +499,9 @@ def main(argv=None) -> None:
     if accelerator.is_main_process:
         summary = {"steps": step, "processes": accelerator.num_processes, "stop_reason": stop_reason, "training_minutes": training_seconds / 60,
                    "checkpoints_averaged": averaged, "results": results, "preset": args.preset,
-                   "parameters": sum(p.numel() for p in accelerator.unwrap_model(model).parameters())}  # fmt: skip
+                   "parameters": sum(p.numel() for p in model.parameters())}  # fmt: skip
         (output_dir / "results.json").write_text(json.dumps(summary, indent=2))
-        save_final_model(accelerator.unwrap_model(model), tokenizer, args, summary)
+        save_final_model(model, tokenizer, args, summary)
     accelerator.wait_for_everyone()
     accelerator.end_training()
 

@@ -3,6 +3,8 @@
 # (cased, detokenized, 13a) on val and test_2016_flickr with the paper's decoding (beam 4, length penalty 0.6,
 # max length = input + 50) after averaging the last checkpoints. Results: OUTPUT_DIR/results.json.
 #   bash benchmarks/train_multi30k.sh [DATA_DIR] [OUTPUT_DIR] [MINUTES] [extra train_accelerate.py flags...]
+# On a CPU with native bf16 (AVX512-BF16 or AMX), training runs under bf16 autocast with the eager attention, about
+# 1.4x the tokens/s of float32 (docs/BENCHMARKS.md); elsewhere in float32. Extra flags given later override these.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA_DIR=${1:-../shared/data/multi30k}
@@ -10,6 +12,10 @@ OUTPUT_DIR=${2:-outputs/multi30k-en-de}
 MINUTES=${3:-25}
 shift $(( $# < 3 ? $# : 3 ))
 [ -f "$DATA_DIR/train.en.gz" ] || { echo "no Multi30k files in $DATA_DIR (train.en.gz, ...)" >&2; exit 1; }
+PRECISION=(--mixed_precision no --attn_implementation sdpa)
+if grep -q -w -E 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then
+    PRECISION=(--mixed_precision bf16 --attn_implementation eager)
+fi
 python train_accelerate.py \
     --data_dir "$DATA_DIR" --source_lang en --target_lang de \
     --train_split train --validation_split val --test_split test_2016_flickr \
@@ -17,4 +23,4 @@ python train_accelerate.py \
     --max_tokens 2048 --warmup_steps 600 --learning_rate_scale 1.0 --label_smoothing 0.1 \
     --max_minutes "$MINUTES" --eval_steps 1000000 --save_steps 60 --save_total_limit 5 --average_last 5 \
     --logging_steps 50 --eval_batch_size 64 \
-    --output_dir "$OUTPUT_DIR" "$@"
+    "${PRECISION[@]}" --output_dir "$OUTPUT_DIR" "$@"

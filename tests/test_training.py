@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from vanilla_transformer.batching import TokenBatchSampler, TranslationCollator
 from vanilla_transformer.training import (
     DataPosition,
+    final_model,
     inverse_sqrt_learning_rate,
     make_optimizer_and_schedule,
     optimizer_step_batches,
@@ -87,6 +88,29 @@ def test_step_stream_resumes_at_the_next_batch_and_ranks_run_equal_steps():
     for (batches_a, _), (batches_b, _) in zip(straight[3:], resumed, strict=True):
         assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(batches_a, batches_b, strict=True))
     assert len(steps(DataPosition(), 2, 0)) == len(steps(DataPosition(), 2, 1)) > 0
+
+
+def test_bf16_training_ends_with_a_float32_model_for_evaluation(tiny_model, source_batch):
+    """`--mixed_precision bf16` trains under autocast (Accelerate wraps forward); the final averaging, evaluation
+    and saving must run the bare float32 model with the default attention, as users will."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    input_ids, attention_mask = source_batch
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": input_ids[:, :5]}
+    with torch.no_grad():
+        reference = tiny_model(**inputs).logits  # float32, sdpa
+    try:
+        accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+        tiny_model.set_attn_implementation("eager")
+        training_model = accelerator.prepare(tiny_model)
+        with torch.no_grad():
+            assert not torch.allclose(training_model(**inputs).logits, reference, atol=1e-4)  # bf16 matmuls
+            evaluation_model = final_model(accelerator, training_model, "sdpa")
+            assert evaluation_model.config._attn_implementation == "sdpa"
+            torch.testing.assert_close(evaluation_model(**inputs).logits, reference, rtol=1e-5, atol=1e-5)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 # --- end to end ------------------------------------------------------------------------------------------------

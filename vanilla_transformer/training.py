@@ -143,6 +143,14 @@ def optimizer_step_batches(
 # --- evaluation ---------------------------------------------------------------------------------------------
 
 
+def final_model(accelerator, model, attn_implementation: str):
+    """The bare model (no DDP, no mixed-precision wrapper) with `attn_implementation`, for the final averaging,
+    evaluation and saving: scores are then measured in float32, as users run the saved model."""
+    model = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    model.set_attn_implementation(attn_implementation)
+    return model
+
+
 def paper_max_new_tokens(attention_mask: torch.Tensor) -> int:
     """Section 6.1: the maximum output length is the input length + 50."""
     return int(attention_mask.sum(dim=1).max()) + 50

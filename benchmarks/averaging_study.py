@@ -1,0 +1,83 @@
+"""Which checkpoints to average? Scores the kept checkpoints of one training run, alone and averaged, on a split.
+
+    python benchmarks/averaging_study.py OUTPUT_DIR --data_dir ../shared/data/multi30k --split val \
+        --last 1 2 3 5 8 --every 1 2
+
+OUTPUT_DIR is a finished `train_accelerate.py` run: its saved model folder (config, tokenizer) and its
+`checkpoints/checkpoint-<step>/` folders. For every K in --last and every stride E in --every, the script averages
+the last K checkpoints taken every E-th one (E=2: the last, the third-last, ...) and reports sacreBLEU and chrF
+of beam search with the model's generation config (the paper's beam 4, length penalty 0.6, input + 50 tokens),
+and the per-token negative log-likelihood of the references (no label smoothing): falling from one checkpoint to
+the next means under-trained, rising means over-fitted.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vanilla_transformer.checkpoints import average_checkpoints, checkpoint_step, list_checkpoints  # noqa: E402
+from vanilla_transformer.data import read_parallel_text  # noqa: E402
+from vanilla_transformer.metrics import load_bleu_metric  # noqa: E402
+from vanilla_transformer.translate import load_model_and_tokenizer, translate_sentences  # noqa: E402
+
+
+@torch.inference_mode()
+def reference_nll(model, tokenizer, sources: list[str], references: list[str], batch_size: int) -> float:
+    """Per-token negative log-likelihood of the references given the sources (teacher forcing)."""
+    total, tokens = 0.0, 0
+    for start in range(0, len(sources), batch_size):
+        batch = tokenizer(sources[start : start + batch_size], padding=True, return_tensors="pt")
+        labels = tokenizer(references[start : start + batch_size], padding=True, return_tensors="pt")
+        labels = labels.input_ids.masked_fill(labels.attention_mask == 0, -100)
+        logits = model(**batch, labels=labels).logits
+        total += F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="sum").item()
+        tokens += int((labels != -100).sum())
+    return total / tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("output_dir")
+    parser.add_argument("--data_dir", required=True)
+    parser.add_argument("--split", default="val")
+    parser.add_argument("--source_lang", default="en")
+    parser.add_argument("--target_lang", default="de")
+    parser.add_argument("--max_sentences", type=int, help="score only the first N sentences")
+    parser.add_argument("--last", type=int, nargs="+", default=[1, 2, 3, 5])
+    parser.add_argument("--every", type=int, nargs="+", default=[1])
+    parser.add_argument("--batch_size", type=int, default=64)
+    args = parser.parse_args()
+
+    data_dir = Path(args.data_dir)
+    pairs, _ = read_parallel_text(
+        data_dir / f"{args.split}.{args.source_lang}.gz", data_dir / f"{args.split}.{args.target_lang}.gz"
+    )
+    pairs = pairs[: args.max_sentences]
+    sources, references = [source for source, _ in pairs], [target for _, target in pairs]
+    checkpoints = list_checkpoints(Path(args.output_dir) / "checkpoints")
+    model, tokenizer = load_model_and_tokenizer(args.output_dir, device="cpu")
+    metric = load_bleu_metric()
+    print(f"{len(checkpoints)} checkpoints: steps {[checkpoint_step(path) for path in checkpoints]}", flush=True)
+    print("| averaged steps | BLEU | chrF | NLL |\n|---|---:|---:|---:|", flush=True)
+    for every in args.every:
+        for last in args.last:
+            chosen = checkpoints[::-1][::every][:last]
+            if len(chosen) < last:
+                continue
+            model.load_state_dict(average_checkpoints(chosen), strict=False)
+            model.tie_weights()
+            with torch.inference_mode():
+                hypotheses = translate_sentences(model, tokenizer, sources, batch_size=args.batch_size)
+            scores = metric.compute(predictions=hypotheses, references=[[reference] for reference in references])
+            nll = reference_nll(model, tokenizer, sources, references, args.batch_size)
+            steps = ", ".join(str(checkpoint_step(path)) for path in chosen[::-1])
+            print(f"| {steps} | {scores['bleu']:.2f} | {scores['chrf']:.2f} | {nll:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
