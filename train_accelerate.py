@@ -93,7 +93,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--learning_rate_scale", type=float, default=1.0, help="factor on equation (3)")
     group.add_argument("--label_smoothing", type=float, default=0.1)
     group.add_argument("--max_grad_norm", type=float, default=0.0, help="clip gradients; 0 = off (the paper)")
-    group.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"], default=None)
+    group.add_argument(
+        "--mixed_precision",
+        choices=["no", "fp16", "bf16"],
+        help="default: accelerate's config; bf16 works on CPUs too",
+    )
     group.add_argument(
         "--attn_implementation",
         choices=["sdpa", "eager"],
@@ -498,6 +502,7 @@ def main(argv=None) -> None:
 
     if accelerator.is_main_process:
         summary = {"steps": step, "processes": accelerator.num_processes, "stop_reason": stop_reason, "training_minutes": training_seconds / 60,
+                   "mixed_precision": accelerator.mixed_precision,
                    "checkpoints_averaged": averaged, "results": results, "preset": args.preset,
                    "parameters": sum(p.numel() for p in model.parameters())}  # fmt: skip
         (output_dir / "results.json").write_text(json.dumps(summary, indent=2))
@@ -522,6 +527,9 @@ def save_final_model(model, tokenizer, args, summary: dict) -> None:
         "warmup_steps": args.warmup_steps,
         "learning_rate_scale": args.learning_rate_scale,
         "label_smoothing": args.label_smoothing,
+        "training_precision": {"no": "float32"}.get(
+            summary["mixed_precision"], f"{summary['mixed_precision']} autocast"
+        ),
     }
     for split, result in summary["results"].items():
         card_values[f"{split}_bleu"] = round(result["bleu"], 2)

@@ -3,8 +3,9 @@
 # (cased, detokenized, 13a) on val and test_2016_flickr with the paper's decoding (beam 4, length penalty 0.6,
 # max length = input + 50) after averaging the last checkpoints. Results: OUTPUT_DIR/results.json.
 #   bash benchmarks/train_multi30k.sh [DATA_DIR] [OUTPUT_DIR] [MINUTES] [extra train_accelerate.py flags...]
-# On a CPU with native bf16 (AVX512-BF16 or AMX), training runs under bf16 autocast with the eager attention, about
-# 1.4x the tokens/s of float32 (docs/BENCHMARKS.md); elsewhere in float32. Extra flags given later override these.
+# On a CPU with native bf16 (AVX512-BF16 or AMX), training runs under bf16 autocast with the eager attention (1.37x
+# the steps of float32 in a 25-minute run here, docs/BENCHMARKS.md); elsewhere in float32 with sdpa. Flags given
+# after MINUTES override these.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA_DIR=${1:-../shared/data/multi30k}

@@ -120,7 +120,7 @@ def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
     output_dir = tmp_path / "run"
     train(output_dir, "--max_steps", "4", "--save_steps", "2", "--average_last", "2", processes=2)
     results = json.loads((output_dir / "results.json").read_text())
-    assert results["processes"] == 2
+    assert results["processes"] == 2 and results["mixed_precision"] == "no"
     assert results["steps"] == 4 and results["checkpoints_averaged"] == 2
     assert {"validation", "test"} <= set(results["results"])
     assert "tok:13a" in results["results"]["test"]["signature"]
@@ -142,6 +142,17 @@ def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
     assert stdout.strip().startswith("[")
 
     # evaluation-only mode: the saved folder reproduces the hypotheses written at the end of training
+    train(tmp_path / "evaluation", "--evaluate_only", "--model_name_or_path", str(output_dir))
+    assert (tmp_path / "evaluation" / "test.hyp.txt").read_text() == (output_dir / "test.hyp.txt").read_text()
+
+
+def test_bf16_run_records_its_precision_and_scores_the_saved_float32_model(tmp_path):
+    output_dir = tmp_path / "run"
+    train(output_dir, "--max_steps", "60", "--save_steps", "30", "--average_last", "2", "--mixed_precision", "bf16",
+          "--attn_implementation", "eager")  # fmt: skip
+    assert json.loads((output_dir / "results.json").read_text())["mixed_precision"] == "bf16"
+    assert "| training precision | bf16 autocast |" in (output_dir / "README.md").read_text()
+    # the scores of a bf16 run are those of the saved model in float32: evaluation-only reproduces its hypotheses
     train(tmp_path / "evaluation", "--evaluate_only", "--model_name_or_path", str(output_dir))
     assert (tmp_path / "evaluation" / "test.hyp.txt").read_text() == (output_dir / "test.hyp.txt").read_text()
 

@@ -57,9 +57,10 @@ def save_model_folder(
     """Write the complete Hub-ready folder (see the module docstring) into `output_dir`; return its path.
 
     `card_values` fill the model card: source_lang, target_lang, dataset, dataset_config, preset, steps, training_minutes,
-    max_tokens, warmup_steps, learning_rate_scale, label_smoothing, checkpoints_averaged, {validation,test}_{bleu,chrf},
-    bleu_signature, model_name, model_id, example_source. Missing metrics read "not measured", other missing values
-    "not recorded"; the architecture comes from the model's config. The model's config gains `custom_pipelines`.
+    max_tokens, warmup_steps, learning_rate_scale, label_smoothing, checkpoints_averaged, training_precision,
+    {validation,test}_{bleu,chrf}, bleu_signature, model_name, model_id, example_source. Missing metrics read
+    "not measured", other missing values "not recorded"; the architecture comes from the model's config. The model's
+    config gains `custom_pipelines`.
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +105,7 @@ def render_model_card(model: PreTrainedModel, card_values: dict[str, Any]) -> st
         **{key: value for key, value in card_values.items() if value is not None},
     }
     for name in ("source_lang", "target_lang", "dataset", "steps", "training_minutes", "max_tokens", "warmup_steps",
-                 "learning_rate_scale", "checkpoints_averaged"):  # fmt: skip
+                 "learning_rate_scale", "checkpoints_averaged", "training_precision"):  # fmt: skip
         values.setdefault(name, NOT_RECORDED)
     for name in ("validation_bleu", "validation_chrf", "test_bleu", "test_chrf", "bleu_signature"):
         values.setdefault(name, NOT_MEASURED)
