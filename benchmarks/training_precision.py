@@ -28,8 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right  # noqa: E402
+from train_accelerate import build_config  # noqa: E402
+from train_accelerate import parse_args as training_arguments  # noqa: E402
 from vanilla_transformer.batching import TokenBatchSampler, TranslationCollator  # noqa: E402
 from vanilla_transformer.data import read_parallel_text  # noqa: E402
 from vanilla_transformer.tokenization import train_shared_tokenizer  # noqa: E402
@@ -50,7 +51,7 @@ def recipe_batches(data_dir: Path, pairs_used: int, vocab_size: int, max_tokens:
     return tokenizer, [collator([examples[i] for i in batch]) for batch in list(sampler)[:count]]
 
 
-def training_pass(model, optimizer, batches, precision: str, label_smoothing: float) -> int:
+def training_pass(model, optimizer, batches, precision: str) -> int:
     """One optimizer step per batch; returns the non-padding target tokens trained on."""
     config = model.config
     for batch in batches:
@@ -62,7 +63,7 @@ def training_pass(model, optimizer, batches, precision: str, label_smoothing: fl
                     batch["labels"], config.pad_token_id, config.decoder_start_token_id
                 ),
             ).logits
-        loss = summed_loss(logits, batch["labels"], label_smoothing) / count_target_tokens(batch)
+        loss = summed_loss(logits, batch["labels"], config.label_smoothing) / count_target_tokens(batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -83,14 +84,7 @@ def main() -> None:
     args = parser.parse_args()
 
     tokenizer, batches = recipe_batches(Path(args.data_dir), 6000, args.vocab_size, args.max_tokens, args.batches)
-    config = VanillaTransformerConfig.from_preset(
-        args.preset,
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.bos_token_id,
-    )
+    config = build_config(training_arguments(["--data_dir", args.data_dir, "--preset", args.preset]), tokenizer)
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(config).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
@@ -98,9 +92,9 @@ def main() -> None:
     if args.profile:
         precision, attention = args.profile
         model.set_attn_implementation(attention)
-        training_pass(model, optimizer, batches, precision, label_smoothing=0.1)  # warm-up
+        training_pass(model, optimizer, batches, precision)  # warm-up
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
-            training_pass(model, optimizer, batches[:6], precision, label_smoothing=0.1)
+            training_pass(model, optimizer, batches[:6], precision)
         print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
         return
 
@@ -109,7 +103,7 @@ def main() -> None:
         for precision, attention in VARIANTS if repetition % 2 == 0 else VARIANTS[::-1]:
             model.set_attn_implementation(attention)
             started = time.perf_counter()
-            tokens = training_pass(model, optimizer, batches, precision, label_smoothing=0.1)
+            tokens = training_pass(model, optimizer, batches, precision)
             if repetition > 0:  # the first pass is the untimed warm-up
                 speeds[(precision, attention)].append(tokens / (time.perf_counter() - started))
 
