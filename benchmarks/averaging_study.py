@@ -4,7 +4,7 @@
         --last 1 2 3 5 8 --every 1 2
 
 OUTPUT_DIR is a finished `train_accelerate.py` run: its saved model folder (config, tokenizer) and its
-`checkpoints/checkpoint-<step>/` folders. For every K in --last and every stride E in --every, the script averages
+`checkpoints/step_<step>/` folders. For every K in --last and every stride E in --every, the script averages
 the last K checkpoints taken every E-th one (E=2: the last, the third-last, ...) and reports sacreBLEU and chrF
 of beam search with the model's generation config (the paper's beam 4, length penalty 0.6, input + 50 tokens),
 and the per-token negative log-likelihood of the references (no label smoothing): falling from one checkpoint to

@@ -13,7 +13,7 @@ tokens, length-sorted) go through forward, label-smoothed loss, backward and an 
   with `sdpa` / `eager` attention.
 
 Every repetition runs the variants in alternating order (A B C D, D C B A, ...) over the same batches, after one
-untimed pass that lets oneDNN build its kernels for these shapes; the table reports the median of non-padding
+untimed warm-up pass; the table reports the median of non-padding
 target tokens per second and the ratio to float32 + sdpa. The CPU's bf16 instructions matter: without AVX512-BF16 or
 AMX, bf16 is emulated and slower than float32.
 """
