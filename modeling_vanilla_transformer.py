@@ -77,6 +77,47 @@ def _check_attention_mask(mask: torch.Tensor | None, expected_shape: tuple, name
         raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but the inputs need {tuple(expected_shape)}.")
 
 
+# --- Linear layers: oneDNN for inference on CPU ------------------------------------------------------------------
+# In float32 on CPU, nn.Linear multiplies with MKL's sgemm. oneDNN (part of every CPU build of torch, which uses it
+# for bf16) computes the same float32 products up to 2.7x as fast on some CPUs (AMD Zen 4, docs/BENCHMARKS.md),
+# most of all the skinny multiplies of generation, which read the whole weight matrix for a few rows. Every linear
+# layer goes through `linear()`: oneDNN when nothing needs gradients (inference, generate), nn.functional.linear
+# everywhere else (training, where it measured no faster; GPU; bf16/fp16; autocast; torch.compile; no oneDNN).
+
+
+def _onednn_linear_available() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+ONEDNN_LINEAR = _onednn_linear_available()
+ONEDNN_MIN_WEIGHT_ELEMENTS = 65536  # smaller matrices: oneDNN's fixed cost per call (~30 us vs MKL's ~10) dominates
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """nn.functional.linear (input @ weight^T + bias); through oneDNN for float32 inference on CPU."""
+    if (
+        ONEDNN_LINEAR
+        and input.device.type == "cpu"
+        and input.dtype == weight.dtype == torch.float32
+        and weight.numel() > ONEDNN_MIN_WEIGHT_ELEMENTS
+        and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
+        and not torch.is_autocast_enabled("cpu")
+        and not is_torchdynamo_compiling()
+    ):
+        return torch.ops.mkldnn._linear_pointwise(input, weight, bias, "none", [], "")
+    return F.linear(input, weight, bias)
+
+
+class VanillaTransformerLinear(nn.Linear):
+    """nn.Linear whose multiply runs through `linear()` (oneDNN for float32 on CPU)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return linear(input, self.weight, self.bias)
+
+
 def sinusoidal_position_table(num_positions: int, dim: int) -> torch.Tensor:
     """3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
@@ -170,11 +211,11 @@ class VanillaTransformerAttention(nn.Module):
         self.is_causal = is_causal  # read by the sdpa/flash attention functions
         self.layer_idx = layer_idx
         if is_cross_attention:
-            self.q_proj = nn.Linear(config.d_model, config.d_model)
-            self.kv_proj = nn.Linear(config.d_model, 2 * config.d_model)
+            self.q_proj = VanillaTransformerLinear(config.d_model, config.d_model)
+            self.kv_proj = VanillaTransformerLinear(config.d_model, 2 * config.d_model)
         else:
-            self.qkv_proj = nn.Linear(config.d_model, 3 * config.d_model)
-        self.out_proj = nn.Linear(config.d_model, config.d_model)
+            self.qkv_proj = VanillaTransformerLinear(config.d_model, 3 * config.d_model)
+        self.out_proj = VanillaTransformerLinear(config.d_model, config.d_model)
 
     def _split_heads(self, projected: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
         # (B, L, parts * D) -> parts x (B, H, L, K)
@@ -227,8 +268,8 @@ class VanillaTransformerFeedForward(nn.Module):
 
     def __init__(self, config: VanillaTransformerConfig, ffn_dim: int):
         super().__init__()
-        self.fc1 = nn.Linear(config.d_model, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.fc1 = VanillaTransformerLinear(config.d_model, ffn_dim)
+        self.fc2 = VanillaTransformerLinear(ffn_dim, config.d_model)
         self.activation = ACT2FN[config.activation_function]
         self.activation_dropout = config.activation_dropout
 
@@ -310,6 +351,66 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
         hidden_states = self.final_layer_norm(residual + hidden_states)
         return hidden_states  # (B, T, D)
+
+
+# --- 5.4: the label-smoothed loss, computed a block of target positions at a time -------------------------------
+# Training needs only the loss and its gradient, not the (B, T, V) logits: at the paper's vocabulary (37000) a batch
+# of 64 x 36 targets has 85M logits (340 MB in float32, and as much again for their gradient), and log-softmax over
+# them, forward and backward, took 12% of a base training step on CPU (docs/BENCHMARKS.md). So the training loss
+# projects only non-padding positions, a block at a time, and takes each block's gradient right away:
+# d loss / d logits = softmax(logits) - (1 - eps) onehot(target) - eps / V.
+
+LOSS_BLOCK_LOGITS = 2**23  # logits per block (32 MiB in float32)
+
+
+class VanillaTransformerCrossEntropyFunction(torch.autograd.Function):
+    """Summed label-smoothed cross-entropy of `hidden_states @ weight^T` against `targets` (no padding), with both
+    gradients computed in the forward pass, block by block."""
+
+    @staticmethod
+    def forward(ctx, hidden_states, weight, targets, label_smoothing: float):  # (N, D), (V, D), (N,)
+        vocab_size = weight.shape[0]
+        autocast = torch.is_autocast_enabled(hidden_states.device.type)
+        loss = torch.zeros((), dtype=torch.float32, device=hidden_states.device)
+        grad_hidden_states = torch.empty_like(hidden_states)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        block = max(1, LOSS_BLOCK_LOGITS // vocab_size)
+        for start in range(0, hidden_states.shape[0], block):
+            hidden, target = hidden_states[start : start + block], targets[start : start + block]
+            log_probs = torch.log_softmax(linear(hidden, weight).float(), dim=-1)  # (n, V)
+            nll = -log_probs.gather(1, target[:, None]).sum()
+            loss += (1 - label_smoothing) * nll - label_smoothing / vocab_size * log_probs.sum()
+            grad_logits = log_probs.exp_().sub_(label_smoothing / vocab_size)  # softmax - eps / V
+            grad_logits[torch.arange(len(target), device=target.device), target] -= 1 - label_smoothing
+            grad_logits = grad_logits.to(hidden.dtype)
+            grad_hidden_states[start : start + block] = linear(grad_logits, weight.t())
+            if autocast:  # the low-precision product, accumulated in float32
+                grad_weight += torch.mm(grad_logits.t(), hidden)
+            else:
+                grad_weight.addmm_(grad_logits.t().float(), hidden.float())
+        ctx.save_for_backward(grad_hidden_states, grad_weight.to(weight.dtype))
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden_states, grad_weight = ctx.saved_tensors
+        return grad_hidden_states * grad_loss.to(grad_hidden_states.dtype), grad_weight * grad_loss, None, None
+
+
+def label_smoothed_cross_entropy(
+    hidden_states: torch.Tensor,  # (B, T, D): the decoder's output
+    weight: torch.Tensor,  # (V, D): the pre-softmax projection (the shared embedding matrix, 3.4)
+    labels: torch.Tensor,  # (B, T), -100 at padding
+    label_smoothing: float,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """F.cross_entropy(hidden_states @ weight^T, labels, ignore_index=-100, label_smoothing=..., reduction=...),
+    value and gradients, without the (B, T, V) logits. reduction: "mean" over non-padding targets, or "sum"."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
+    keep = labels != -100
+    loss = VanillaTransformerCrossEntropyFunction.apply(hidden_states[keep], weight, labels[keep], label_smoothing)
+    return loss / keep.sum() if reduction == "mean" else loss
 
 
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
@@ -561,7 +662,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = VanillaTransformerLinear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Linear:
@@ -589,7 +690,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`, *optional*):
             Target token ids; -100 marks padding. The decoder inputs are the labels shifted right from
             `config.decoder_start_token_id` unless `decoder_input_ids` are given. The loss is the mean
-            cross-entropy over non-padding targets, label-smoothed by `config.label_smoothing` (5.4).
+            cross-entropy over non-padding targets, label-smoothed by `config.label_smoothing` (5.4). In training
+            mode with gradients enabled only the loss is computed (`logits` is None): see
+            `label_smoothed_cross_entropy`. For logits in training, pass no labels and compute the loss yourself.
         """
         if labels is not None:
             _check_token_ids(labels, self.config.vocab_size, "labels", allow_ignore_index=True)
@@ -610,16 +713,21 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
-
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]),
-                labels.reshape(-1),
-                ignore_index=-100,
-                label_smoothing=self.config.label_smoothing,
+        hidden_states = outputs.last_hidden_state  # (B, T, D)
+        logits = loss = None
+        if labels is not None and self._training_loss_only():  # 5.4, without the (B, T, V) logits
+            loss = label_smoothed_cross_entropy(
+                hidden_states, self.lm_head.weight, labels, self.config.label_smoothing
             )
+        else:
+            logits = self.lm_head(hidden_states)  # (B, T, V)
+            if labels is not None:
+                loss = F.cross_entropy(
+                    logits.float().view(-1, logits.shape[-1]),
+                    labels.reshape(-1),
+                    ignore_index=-100,
+                    label_smoothing=self.config.label_smoothing,
+                )
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -630,6 +738,16 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
+        )
+
+    def _training_loss_only(self) -> bool:
+        """Training with labels: return the loss (and no logits), computed by `label_smoothed_cross_entropy`."""
+        return (
+            self.training
+            and torch.is_grad_enabled()
+            and type(self.lm_head) is VanillaTransformerLinear
+            and self.lm_head.bias is None
+            and not is_torchdynamo_compiling()
         )
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:

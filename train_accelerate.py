@@ -438,7 +438,7 @@ def main(argv=None) -> None:
             break
 
         model.train()
-        step_loss = forward_backward(accelerator, model, step_batches, global_tokens, args.label_smoothing)
+        step_loss = forward_backward(accelerator, model, step_batches, global_tokens)
         if args.max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizer.step()

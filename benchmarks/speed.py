@@ -26,7 +26,7 @@ Usage:
     python benchmarks/speed.py                      # small and base, every row (about 9 minutes on 2 cores)
     python benchmarks/speed.py --quick              # 2 repetitions per row
     python benchmarks/speed.py --presets small --no-memory --no-ctranslate2
-    python benchmarks/speed.py --before --compile   # also: beam search before issue 5; torch.compile training
+    python benchmarks/speed.py --before --compile   # also: our model without issue 5's changes; torch.compile
 """
 
 import argparse
@@ -51,13 +51,17 @@ from transformers import MarianConfig, MarianMTModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+import modeling_vanilla_transformer  # noqa: E402
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
-from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
+from modeling_vanilla_transformer import ONEDNN_LINEAR, VanillaTransformerForConditionalGeneration  # noqa: E402
 
 ENGINES = ("ours", "marian", "ct2_float32", "ct2_int8")
 TORCH_ENGINES = ("ours", "marian")
 # Optional extra engines: table column and the work they run.
-EXTRA_ENGINES = {"ours_compiled": ("ours+compile tok/s", ("train",)), "ours_before": ("ours before tok/s", ("beam4",))}
+EXTRA_ENGINES = {
+    "ours_compiled": ("ours+compile tok/s", ("train",)),
+    "ours_before": ("ours before tok/s", ("train", "greedy", "beam4")),
+}
 
 
 @dataclass(frozen=True)
@@ -102,12 +106,29 @@ def build_ours(preset: str, vocab_size: int, model_class=VanillaTransformerForCo
 
 
 class OursBefore(VanillaTransformerForConditionalGeneration):
-    """Our model before issue 5: beam search reorders the whole cache every step, as `generate` does by default,
-    including the encoder-decoder keys and values that every beam of a sentence shares."""
+    """Our model without issue 5's changes: beam search reorders the whole cache every step, as `generate` does by
+    default (including the encoder-decoder keys and values that every beam of a sentence shares), the training loss
+    is computed from the full logits, and linear layers use nn.functional.linear (see `without_onednn`)."""
 
     def _reorder_cache(self, past_key_values, beam_idx):
         past_key_values.reorder_cache(beam_idx)
         return past_key_values
+
+    def _training_loss_only(self) -> bool:
+        return False
+
+
+def without_onednn(run: Callable[[], None]) -> Callable[[], None]:
+    """`run` with the model file's oneDNN linear layers switched off (a module-wide flag, restored after)."""
+
+    def run_without_onednn() -> None:
+        modeling_vanilla_transformer.ONEDNN_LINEAR = False
+        try:
+            run()
+        finally:
+            modeling_vanilla_transformer.ONEDNN_LINEAR = ONEDNN_LINEAR
+
+    return run_without_onednn
 
 
 def marian_config(config: VanillaTransformerConfig) -> MarianConfig:
@@ -280,7 +301,7 @@ class Engines:
     """The engines of one preset; `run(engine, row, batch)` gives the callable that does the row's work once.
 
     Extra engines: ours_compiled (--compile) is our model under `torch.compile`, for the training row;
-    ours_before (--before) is `OursBefore`, for the beam rows.
+    ours_before (--before) is `OursBefore` (our model without issue 5's changes), for every row.
     """
 
     def __init__(self, preset: str, workload: Workload, names: list[str], threads: int, check: bool = True):
@@ -328,12 +349,12 @@ class Engines:
         if row.work == "train":
             step = training_step(model, batch)
 
-            def steps() -> None:
+            def work() -> None:
                 for _ in range(self.workload.train_steps):
                     step()
-
-            return steps
-        return generation(model, batch, row.num_beams, self.workload.new_tokens)
+        else:
+            work = generation(model, batch, row.num_beams, self.workload.new_tokens)
+        return without_onednn(work) if name == "ours_before" else work
 
 
 def export_ctranslate2(model: VanillaTransformerForConditionalGeneration, folder: Path) -> None:
@@ -450,7 +471,9 @@ def speed_table(results: dict) -> str:
     extras = [name for name in EXTRA_ENGINES if any(name in speeds for speeds in results.values())]
     header = "| preset | work | batch | ours tok/s | Marian tok/s | ours/Marian | CT2 f32 tok/s | CT2 int8 tok/s | ours/CT2 f32 |"
     header += "".join(f" {EXTRA_ENGINES[name][0]} |" for name in extras)
-    lines = [header, "|---|---|---:" + "|---:" * (6 + len(extras)) + "|"]
+    with_before = "ours_before" in extras
+    header += " ours/before |" * with_before
+    lines = [header, "|---|---|---:" + "|---:" * (6 + len(extras) + with_before) + "|"]
     for (preset, row), speeds in results.items():
         ours, marian = speeds.get("ours"), speeds.get("marian")
         ct2_f32, ct2_int8 = speeds.get("ct2_float32"), speeds.get("ct2_int8")
@@ -458,7 +481,8 @@ def speed_table(results: dict) -> str:
             f"| {preset} | {row.work} | {row.batch} | {number(ours)} | {number(marian)} | {ratio(ours, marian)} "
             f"| {number(ct2_f32)} | {number(ct2_int8)} | {ratio(ours, ct2_f32)} |"
         )
-        lines.append(line + "".join(f" {number(speeds.get(name))} |" for name in extras))
+        line += "".join(f" {number(speeds.get(name))} |" for name in extras)
+        lines.append(line + f" {ratio(ours, speeds.get('ours_before'))} |" * with_before)
     return "\n".join(lines)
 
 
@@ -503,7 +527,9 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory subprocesses")
     parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
     parser.add_argument("--compile", action="store_true", help="also time training of torch.compile(our model)")
-    parser.add_argument("--before", action="store_true", help="also time beam search as before issue 5 (OursBefore)")
+    parser.add_argument(
+        "--before", action="store_true", help="also time our model without issue 5's changes (OursBefore)"
+    )
     parser.add_argument("--system-malloc", action="store_true", help="keep glibc's adaptive malloc thresholds")
     parser.add_argument("--memory-worker", nargs=2, metavar=("PRESET", "ENGINE"), help=argparse.SUPPRESS)
     parser.add_argument("--ct2-dir", help=argparse.SUPPRESS)

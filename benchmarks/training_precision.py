@@ -28,13 +28,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right  # noqa: E402
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
 from train_accelerate import build_config  # noqa: E402
 from train_accelerate import parse_args as training_arguments  # noqa: E402
 from vanilla_transformer.batching import TokenBatchSampler, TranslationCollator  # noqa: E402
 from vanilla_transformer.data import read_parallel_text  # noqa: E402
 from vanilla_transformer.tokenization import train_shared_tokenizer  # noqa: E402
-from vanilla_transformer.training import count_target_tokens, summed_loss  # noqa: E402
+from vanilla_transformer.training import count_target_tokens  # noqa: E402
 
 VARIANTS = [("float32", "sdpa"), ("float32", "eager"), ("bf16", "sdpa"), ("bf16", "eager")]
 
@@ -52,18 +52,10 @@ def recipe_batches(data_dir: Path, pairs_used: int, vocab_size: int, max_tokens:
 
 
 def training_pass(model, optimizer, batches, precision: str) -> int:
-    """One optimizer step per batch; returns the non-padding target tokens trained on."""
-    config = model.config
+    """One optimizer step per batch, as `forward_backward` computes it; returns the target tokens trained on."""
     for batch in batches:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = model(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                decoder_input_ids=shift_tokens_right(
-                    batch["labels"], config.pad_token_id, config.decoder_start_token_id
-                ),
-            ).logits
-        loss = summed_loss(logits, batch["labels"], config.label_smoothing) / count_target_tokens(batch)
+            loss = model(**batch).loss  # mean label-smoothed loss over the batch's targets, without logits
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -18,7 +18,7 @@ assert accelerator.num_processes == int(sys.argv[2]), (
 torch.manual_seed(0)
 config = VanillaTransformerConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
                                   encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                                  decoder_ffn_dim=32, dropout=0.0)  # fmt: skip
+                                  decoder_ffn_dim=32, dropout=0.0, label_smoothing=0.1)  # fmt: skip
 model = accelerator.prepare(VanillaTransformerForConditionalGeneration(config))
 generator = torch.Generator().manual_seed(1)
 collator = TranslationCollator(pad_token_id=0)
@@ -30,7 +30,7 @@ batches = [
 ]  # fmt: skip
 mine = batches if accelerator.num_processes == 1 else [batches[accelerator.process_index]]
 global_tokens = sum(count_target_tokens(batch) for batch in batches)
-loss = forward_backward(accelerator, model, mine, global_tokens, label_smoothing=0.1)
+loss = forward_backward(accelerator, model, mine, global_tokens)
 loss = accelerator.reduce(loss, "sum") / global_tokens
 if accelerator.is_main_process:
     gradients = {name: p.grad.contiguous() for name, p in accelerator.unwrap_model(model).named_parameters()}

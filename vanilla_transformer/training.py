@@ -10,8 +10,6 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from modeling_vanilla_transformer import shift_tokens_right
-
 from .batching import TokenBatchSampler, TranslationCollator
 
 
@@ -56,41 +54,27 @@ def make_optimizer_and_schedule(model: torch.nn.Module, d_model: int, warmup_ste
 # --- 5.4: label-smoothed loss, normalised by the target tokens of the whole optimizer step ---------------------
 
 
-def summed_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-    """Sum over non-padding targets (labels == -100 are padding) of the label-smoothed cross-entropy."""
-    return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]),
-        labels.reshape(-1),
-        ignore_index=-100,
-        label_smoothing=label_smoothing,
-        reduction="sum",
-    )
-
-
 def count_target_tokens(batch: dict) -> int:
     return int((batch["labels"] != -100).sum())
 
 
-def forward_backward(accelerator, model, step_batches: list[dict], global_tokens: float, label_smoothing: float):
-    """Gradients of one optimizer step: the sum of the label-smoothed loss over every target token of the step,
-    on all processes, divided by their global count. Returns this process's summed loss (detached).
+def forward_backward(accelerator, model, step_batches: list[dict], global_tokens: float):
+    """Gradients of one optimizer step: the sum of the label-smoothed loss (`config.label_smoothing`) over every
+    target token of the step, on all processes, divided by their global count. Returns this process's summed loss
+    (detached). The model computes the loss itself, without the logits (`label_smoothed_cross_entropy`).
 
     DDP averages gradients over processes, hence the factor num_processes; gradients are only synchronised on
     the last micro-batch (accumulation without needless all-reduces).
     """
-    config = accelerator.unwrap_model(model).config
     step_loss = torch.zeros((), device=accelerator.device)
     for index, batch in enumerate(step_batches):
         batch = {name: tensor.to(accelerator.device) for name, tensor in batch.items()}
         is_last = index == len(step_batches) - 1
         with contextlib.nullcontext() if is_last else accelerator.no_sync(model):
-            decoder_input_ids = shift_tokens_right(batch["labels"], config.pad_token_id, config.decoder_start_token_id)
-            logits = model(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                decoder_input_ids=decoder_input_ids,
-            ).logits
-            loss = summed_loss(logits, batch["labels"], label_smoothing)
+            mean_loss = model(  # the decoder's inputs: the labels shifted right
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+            ).loss
+            loss = mean_loss * count_target_tokens(batch)
             accelerator.backward(loss * accelerator.num_processes / global_tokens)
             step_loss += loss.detach()
     return step_loss

@@ -1,0 +1,142 @@
+"""Issue 5's fast paths must compute what the plain ones do: the training loss without logits
+(`label_smoothed_cross_entropy`) and oneDNN linear layers for float32 inference on CPU."""
+
+import pytest
+import torch
+from torch.nn import functional as F
+from torch.profiler import profile
+
+import modeling_vanilla_transformer as modeling
+from modeling_vanilla_transformer import label_smoothed_cross_entropy, linear
+
+
+def random_labels(shape, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
+    labels = torch.randint(0, vocab_size, shape, generator=generator)
+    labels[0, 3:] = -100  # padding
+    labels[-1, -1] = -100
+    return labels
+
+
+# --- the training loss without logits ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_blockwise_loss_equals_cross_entropy_of_the_logits_with_gradients(monkeypatch, label_smoothing, reduction):
+    monkeypatch.setattr(modeling, "LOSS_BLOCK_LOGITS", 4 * 61)  # blocks of 4 positions: several blocks
+    generator = torch.Generator().manual_seed(0)
+    hidden_states = torch.randn(3, 7, 16, generator=generator, requires_grad=True)
+    weight = (torch.randn(61, 16, generator=generator) * 0.3).requires_grad_()
+    labels = random_labels((3, 7), 61, generator)
+
+    loss = label_smoothed_cross_entropy(hidden_states, weight, labels, label_smoothing, reduction)
+    (3 * loss).backward()  # a non-unit upstream gradient must scale both gradients
+    gradients = hidden_states.grad.clone(), weight.grad.clone()
+    hidden_states.grad = weight.grad = None
+    logits = hidden_states @ weight.T
+    expected = F.cross_entropy(
+        logits.view(-1, 61), labels.view(-1), ignore_index=-100, label_smoothing=label_smoothing, reduction=reduction
+    )
+    (3 * expected).backward()
+
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(gradients[0], hidden_states.grad)  # zero at padding positions
+    torch.testing.assert_close(gradients[1], weight.grad)
+
+
+def test_blockwise_loss_under_bf16_autocast_is_close_to_the_plain_one():
+    generator = torch.Generator().manual_seed(0)
+    hidden_states = torch.randn(4, 9, 32, generator=generator, requires_grad=True)
+    weight = (torch.randn(300, 32, generator=generator) * 0.3).requires_grad_()
+    labels = random_labels((4, 9), 300, generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = label_smoothed_cross_entropy(hidden_states, weight, labels, 0.1)
+    loss.backward()
+    assert loss.dtype == torch.float32 and hidden_states.grad.dtype == weight.grad.dtype == torch.float32
+    gradients = hidden_states.grad.clone(), weight.grad.clone()
+    hidden_states.grad = weight.grad = None
+    expected = F.cross_entropy((hidden_states @ weight.T).view(-1, 300), labels.view(-1), label_smoothing=0.1)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(gradients[0], hidden_states.grad, atol=2e-3, rtol=5e-2)
+    torch.testing.assert_close(gradients[1], weight.grad, atol=2e-3, rtol=5e-2)
+
+
+def test_blockwise_loss_rejects_an_unknown_reduction():
+    with pytest.raises(ValueError, match="reduction"):
+        label_smoothed_cross_entropy(
+            torch.zeros(1, 2, 4), torch.zeros(5, 4), torch.zeros(1, 2, dtype=torch.long), 0.1, "none"
+        )
+
+
+def test_training_forward_returns_the_loss_without_logits_and_the_same_gradients(tiny_config, source_batch):
+    """Training mode with labels takes the blockwise loss; its gradients are those of the loss on the logits."""
+    tiny_config.label_smoothing = 0.1
+    tiny_config.dropout = 0.0  # the two passes below must see the same network
+    torch.manual_seed(0)
+    model = modeling.VanillaTransformerForConditionalGeneration(tiny_config).train()
+    input_ids, attention_mask = source_batch
+    labels = random_labels((2, 6), tiny_config.vocab_size, torch.Generator().manual_seed(2))
+
+    outputs = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    assert outputs.logits is None
+    outputs.loss.backward()
+    gradients = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+    model.zero_grad()
+
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+    expected = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, label_smoothing=0.1)
+    expected.backward()
+    torch.testing.assert_close(outputs.loss, expected)
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(gradients[name], parameter.grad, msg=name)
+
+    model.eval()  # evaluation keeps the logits (and the same loss)
+    evaluated = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    assert evaluated.logits.shape == (2, 6, tiny_config.vocab_size)
+    torch.testing.assert_close(evaluated.loss, expected)
+
+
+# --- oneDNN linear layers ---------------------------------------------------------------------------------------
+
+needs_onednn = pytest.mark.skipif(not modeling.ONEDNN_LINEAR, reason="this torch build has no oneDNN linear")
+
+
+def operators(function) -> set[str]:
+    with profile() as profiler:
+        function()
+    return {event.name for event in profiler.events()}
+
+
+@needs_onednn
+def test_linear_uses_onednn_only_for_float32_inference():
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(512, 256, generator=generator) / 16, torch.randn(512, generator=generator)
+    input = torch.randn(3, 5, 256, generator=generator)
+    onednn = "mkldnn::_linear_pointwise"
+
+    with torch.no_grad():
+        assert onednn in operators(lambda: linear(input, weight, bias))
+        # float32 throughout: only the order of the additions differs
+        torch.testing.assert_close(linear(input, weight, bias), F.linear(input, weight, bias), rtol=1e-5, atol=1e-5)
+        assert onednn not in operators(lambda: linear(input.bfloat16(), weight.bfloat16(), bias.bfloat16()))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert onednn not in operators(lambda: linear(input, weight, bias))
+        small = weight[:, :64].contiguous()  # below ONEDNN_MIN_WEIGHT_ELEMENTS: the default BLAS is faster
+        assert onednn not in operators(lambda: linear(input[..., :64], small, bias))
+    trainable = weight.clone().requires_grad_()  # training: autograd needs nn.functional.linear
+    assert onednn not in operators(lambda: linear(input, trainable, bias).sum().backward())
+    assert trainable.grad is not None
+
+
+@needs_onednn
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_generate_gives_the_same_tokens_with_and_without_onednn(monkeypatch, tiny_model, source_batch, num_beams):
+    monkeypatch.setattr(modeling, "ONEDNN_MIN_WEIGHT_ELEMENTS", 0)  # the tiny model's matrices take oneDNN too
+    input_ids, attention_mask = source_batch
+    settings = dict(attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=12, do_sample=False)
+    assert "mkldnn::_linear_pointwise" in operators(lambda: tiny_model.generate(input_ids, **settings))
+    with_onednn = tiny_model.generate(input_ids, **settings)
+    monkeypatch.setattr(modeling, "ONEDNN_LINEAR", False)
+    assert torch.equal(with_onednn, tiny_model.generate(input_ids, **settings))
