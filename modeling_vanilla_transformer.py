@@ -360,7 +360,8 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
 # projects only non-padding positions, a block at a time, and takes each block's gradient right away:
 # d loss / d logits = softmax(logits) - (1 - eps) onehot(target) - eps / V.
 
-LOSS_BLOCK_LOGITS = 2**23  # logits per block (32 MiB in float32)
+LOSS_BLOCK_LOGITS = 2**23  # logits per block on CPU (32 MiB in float32)
+LOSS_BLOCK_LOGITS_GPU = 2**26  # fewer, larger blocks where each operation is a kernel launch (not measured on GPU)
 
 
 class VanillaTransformerCrossEntropyFunction(torch.autograd.Function):
@@ -374,7 +375,8 @@ class VanillaTransformerCrossEntropyFunction(torch.autograd.Function):
         loss = torch.zeros((), dtype=torch.float32, device=hidden_states.device)
         grad_hidden_states = torch.empty_like(hidden_states)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        block = max(1, LOSS_BLOCK_LOGITS // vocab_size)
+        block_logits = LOSS_BLOCK_LOGITS if hidden_states.device.type == "cpu" else LOSS_BLOCK_LOGITS_GPU
+        block = max(1, block_logits // vocab_size)
         for start in range(0, hidden_states.shape[0], block):
             hidden, target = hidden_states[start : start + block], targets[start : start + block]
             log_probs = torch.log_softmax(linear(hidden, weight).float(), dim=-1)  # (n, V)

@@ -13,7 +13,7 @@ Work, per preset (small: the recipe's CPU model, 8000 tokens; base: the paper's,
   batch x 32 (beam search: returned tokens, not beams x tokens).
 
 Every row runs its engines interleaved, in alternating order (A B, B A, A B, ...), after one untimed warm-up
-each, and reports the median.
+each, and reports the median (of 5 repetitions, 15 for the batch-1 rows, which vary the most).
 glibc's malloc thresholds are fixed first (see `fix_malloc_thresholds`; `--system-malloc` keeps them adaptive).
 
 Peak memory runs each engine in a fresh subprocess: after one untimed warm-up of the work, freed memory is
@@ -26,7 +26,8 @@ Usage:
     python benchmarks/speed.py                      # small and base, every row (about 9 minutes on 2 cores)
     python benchmarks/speed.py --quick              # 2 repetitions per row
     python benchmarks/speed.py --presets small --no-memory --no-ctranslate2
-    python benchmarks/speed.py --before --compile   # also: our model without issue 5's changes; torch.compile
+    python benchmarks/speed.py --before --bf16      # also: our model without issue 5's changes; in bf16
+    python benchmarks/speed.py --compile            # also: training under torch.compile
 """
 
 import argparse
@@ -61,6 +62,7 @@ TORCH_ENGINES = ("ours", "marian")
 EXTRA_ENGINES = {
     "ours_compiled": ("ours+compile tok/s", ("train",)),
     "ours_before": ("ours before tok/s", ("train", "greedy", "beam4")),
+    "ours_bf16": ("ours bf16 tok/s", ("greedy", "beam4")),
 }
 
 
@@ -301,14 +303,16 @@ class Engines:
     """The engines of one preset; `run(engine, row, batch)` gives the callable that does the row's work once.
 
     Extra engines: ours_compiled (--compile) is our model under `torch.compile`, for the training row;
-    ours_before (--before) is `OursBefore` (our model without issue 5's changes), for every row.
+    ours_before (--before) is `OursBefore` (our model without issue 5's changes), for every row;
+    ours_bf16 (--bf16) is our model with bf16 weights and eager attention, for the generation rows.
     """
 
     def __init__(self, preset: str, workload: Workload, names: list[str], threads: int, check: bool = True):
         self.workload = workload
         self.threads = threads
         self.models = {}
-        self.translators = {}
+        self.translators = {}  # CTranslate2 engines loaded in this process (memory and CTranslate2 workers)
+        self.external = {}  # CTranslate2 engines in a process of their own (timing): name -> Ctranslate2Process
         if "ours" in names or check:
             ours = build_ours(preset, workload.vocab_size)
             if "ours" in names:
@@ -327,6 +331,9 @@ class Engines:
             self.models["ours_compiled"] = compiled
         if "ours_before" in names:
             self.models["ours_before"] = build_ours(preset, workload.vocab_size, OursBefore)
+        if "ours_bf16" in names:  # bf16 weights; eager attention, as torch's CPU sdpa kernels are slow in bf16
+            self.models["ours_bf16"] = build_ours(preset, workload.vocab_size).to(torch.bfloat16)
+            self.models["ours_bf16"].set_attn_implementation("eager")
 
     def add_ctranslate2(self, names: list[str], ct2_dir: Path) -> None:
         """Load `ct2_float32` / `ct2_int8` from the models `export_ctranslate2` wrote into `ct2_dir`."""
@@ -340,9 +347,11 @@ class Engines:
 
     def names(self, row: Row) -> list[str]:
         models = [name for name in self.models if name not in EXTRA_ENGINES or row.work in EXTRA_ENGINES[name][1]]
-        return models + (list(self.translators) if row.work != "train" else [])
+        return models + (list(self.translators) + list(self.external) if row.work != "train" else [])
 
     def run(self, name: str, row: Row, batch) -> Callable[[], None]:
+        if name in self.external:
+            return self.external[name].run(name, row)
         if name in self.translators:
             return ctranslate2_generation(self.translators[name], batch, row.num_beams, self.workload.new_tokens)
         model = self.models[name]
@@ -403,6 +412,55 @@ def peak_extra_memory_mib(run: Callable[[], None]) -> float:
     before = _status_mib("VmRSS")
     run()
     return _status_mib("VmHWM") - before
+
+
+class Ctranslate2Process:
+    """The CTranslate2 engines of one preset, timed in a process of their own: in the PyTorch engines' process,
+    CTranslate2 (which brings its own OpenMP runtime and oneDNN) changed their speed: our model's small greedy
+    batch-1 row measured 1.27x Marian without it loaded, 0.95x with it (docs/BENCHMARKS.md). `run(name, row)` gives
+    a callable that has the worker do the row's work once and returns when it is done, so the main process can
+    interleave and time it like the other engines (the pipe round trip is microseconds)."""
+
+    def __init__(self, preset: str, names: list[str], ct2_dir: Path, threads: int):
+        command = [sys.executable, __file__, "--ct2-worker", preset, *names, "--ct2-dir", str(ct2_dir)]
+        command += ["--threads", str(threads)]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._expect("ready")
+
+    def _expect(self, word: str) -> None:
+        line = self.process.stdout.readline().strip()
+        if line != word:
+            raise RuntimeError(
+                f"CTranslate2 worker: expected {word!r}, got {line!r} (exit code {self.process.poll()})"
+            )
+
+    def run(self, name: str, row: Row) -> Callable[[], None]:
+        def generate() -> None:
+            self.process.stdin.write(json.dumps([name, row.work, row.batch, row.num_beams]) + "\n")
+            self.process.stdin.flush()
+            self._expect("done")
+
+        return generate
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def ctranslate2_worker(preset: str, names: list[str], ct2_dir: str, threads: int) -> None:
+    """Runs in its own process: loads the CTranslate2 engines, then does one row's work per line of stdin."""
+    workload = WORKLOADS[preset]
+    engines = Engines(preset, workload, [], threads, check=False)
+    engines.add_ctranslate2(names, Path(ct2_dir))
+    batches = {}
+    print("ready", flush=True)
+    for line in sys.stdin:
+        name, work, batch, num_beams = json.loads(line)
+        row = Row(work, batch, num_beams)
+        if row not in batches:
+            batches[row] = work_batch(workload, row)  # the same seeded batch as the main process's
+        engines.run(name, row, batches[row])()
+        print("done", flush=True)
 
 
 def memory_worker(preset: str, name: str, ct2_dir: str | None, threads: int) -> None:
@@ -471,9 +529,9 @@ def speed_table(results: dict) -> str:
     extras = [name for name in EXTRA_ENGINES if any(name in speeds for speeds in results.values())]
     header = "| preset | work | batch | ours tok/s | Marian tok/s | ours/Marian | CT2 f32 tok/s | CT2 int8 tok/s | ours/CT2 f32 |"
     header += "".join(f" {EXTRA_ENGINES[name][0]} |" for name in extras)
-    with_before = "ours_before" in extras
-    header += " ours/before |" * with_before
-    lines = [header, "|---|---|---:" + "|---:" * (6 + len(extras) + with_before) + "|"]
+    with_before, with_bf16 = "ours_before" in extras, "ours_bf16" in extras
+    header += " ours/before |" * with_before + " ours bf16/CT2 f32 |" * with_bf16
+    lines = [header, "|---|---|---:" + "|---:" * (6 + len(extras) + with_before + with_bf16) + "|"]
     for (preset, row), speeds in results.items():
         ours, marian = speeds.get("ours"), speeds.get("marian")
         ct2_f32, ct2_int8 = speeds.get("ct2_float32"), speeds.get("ct2_int8")
@@ -482,7 +540,8 @@ def speed_table(results: dict) -> str:
             f"| {number(ct2_f32)} | {number(ct2_int8)} | {ratio(ours, ct2_f32)} |"
         )
         line += "".join(f" {number(speeds.get(name))} |" for name in extras)
-        lines.append(line + f" {ratio(ours, speeds.get('ours_before'))} |" * with_before)
+        line += f" {ratio(ours, speeds.get('ours_before'))} |" * with_before
+        lines.append(line + f" {ratio(speeds.get('ours_bf16'), ct2_f32)} |" * with_bf16)
     return "\n".join(lines)
 
 
@@ -530,13 +589,18 @@ def main() -> None:
     parser.add_argument(
         "--before", action="store_true", help="also time our model without issue 5's changes (OursBefore)"
     )
+    parser.add_argument("--bf16", action="store_true", help="also time generation with bf16 weights (ours_bf16)")
     parser.add_argument("--system-malloc", action="store_true", help="keep glibc's adaptive malloc thresholds")
     parser.add_argument("--memory-worker", nargs=2, metavar=("PRESET", "ENGINE"), help=argparse.SUPPRESS)
     parser.add_argument("--ct2-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--ct2-worker", nargs="+", metavar="PRESET ENGINE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.memory_worker:
         memory_worker(*args.memory_worker, args.ct2_dir, args.threads)
+        return
+    if args.ct2_worker:
+        ctranslate2_worker(args.ct2_worker[0], args.ct2_worker[1:], args.ct2_dir, args.threads)
         return
     if not args.system_malloc:
         fix_malloc_thresholds()
@@ -548,7 +612,12 @@ def main() -> None:
         except ImportError:
             print("ctranslate2 is not installed: no CTranslate2 rows", file=sys.stderr)
             ct2_names = []
-    torch_names = list(TORCH_ENGINES) + ["ours_compiled"] * args.compile + ["ours_before"] * args.before
+    torch_names = (
+        list(TORCH_ENGINES)
+        + ["ours_compiled"] * args.compile
+        + ["ours_before"] * args.before
+        + ["ours_bf16"] * args.bf16
+    )
 
     started = datetime.now(timezone.utc)
     print(f"# {started:%Y-%m-%d %H:%M} UTC; {machine()}; load average at start {load()}", flush=True)
@@ -561,11 +630,15 @@ def main() -> None:
             ct2_dir = Path(scratch) / preset
             if ct2_names:
                 export_ctranslate2(engines.models["ours"], ct2_dir)
-                engines.add_ctranslate2(ct2_names, ct2_dir)
+                ct2_process = Ctranslate2Process(preset, ct2_names, ct2_dir, args.threads)
+                engines.external = dict.fromkeys(ct2_names, ct2_process)
             for row in rows_for(workload):
-                speeds[(preset, row)] = time_row(engines, row, repetitions)
+                # batch-1 rows take a fraction of a second per run and vary the most: three times the repetitions
+                speeds[(preset, row)] = time_row(engines, row, repetitions * (3 if row.batch == 1 else 1))
                 line = ", ".join(f"{name} {value:,.0f}" for name, value in speeds[(preset, row)].items())
                 print(f"{preset} {row.work} batch {row.batch}: {line} tok/s (load {load()})", flush=True)
+            if ct2_names:
+                ct2_process.close()
             del engines
             gc.collect()
             if not args.no_memory:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from tests.test_hub_folder import ENGLISH, save_tiny_model_folder
@@ -102,3 +103,22 @@ def test_an_empty_input_and_a_bad_device_are_errors(folder, capsys, monkeypatch)
     assert "is empty: there is nothing to translate" in capsys.readouterr().err
     assert main([str(folder), "--device", "no-such-device"]) == 1
     assert "is not a device" in capsys.readouterr().err
+
+
+def test_bf16_with_eager_attention_translates_with_that_model(folder, tmp_path, monkeypatch):
+    import vanilla_transformer.translate as translate
+
+    loaded = {}
+
+    def recording_translate(model, *args, **kwargs):
+        loaded.update(dtype=model.dtype, attention=model.config._attn_implementation)
+        return translate_sentences(model, *args, **kwargs)
+
+    monkeypatch.setattr(translate, "translate_sentences", recording_translate)
+    source_file, output_file = tmp_path / "source.en", tmp_path / "hypotheses.de"
+    source_file.write_text(f"{SOURCES[0]}\n{SOURCES[1]}\n", encoding="utf-8")
+    argv = [str(folder), "--input", str(source_file), "--output", str(output_file), "--device", "cpu",
+            "--dtype", "bfloat16", "--attn_implementation", "eager", "--max_new_tokens", "5"]  # fmt: skip
+    assert main(argv) == 0
+    assert loaded == {"dtype": torch.bfloat16, "attention": "eager"}
+    assert len(output_file.read_text(encoding="utf-8").splitlines()) == 2
