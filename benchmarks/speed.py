@@ -3,7 +3,8 @@
 Both PyTorch models get the same shape (d_model, layers, heads, FFN size, vocabulary, ReLU, post-LN, tied and
 sqrt(d_model)-scaled embeddings, same dropout) and the same weights: ours are copied into Marian, including our
 position table, and the script checks that both give the same logits before timing anything. The CTranslate2
-columns run our model converted with `vanilla_transformer.export_ctranslate2` (float32, and int8 weights).
+columns run our model converted with `vanilla_transformer.export_ctranslate2` (float32, and int8 weights), in a
+worker process of their own (see `Ctranslate2Process`).
 
 Work, per preset (small: the recipe's CPU model, 8000 tokens; base: the paper's, 37000 tokens):
 - train: forward, backward and Adam step on one identical padded batch (train mode, dropout 0.1), 64 sentence
@@ -417,7 +418,7 @@ def peak_extra_memory_mib(run: Callable[[], None]) -> float:
 class Ctranslate2Process:
     """The CTranslate2 engines of one preset, timed in a process of their own: in the PyTorch engines' process,
     CTranslate2 (which brings its own OpenMP runtime and oneDNN) changed their speed: our model's small greedy
-    batch-1 row measured 1.27x Marian without it loaded, 0.95x with it (docs/BENCHMARKS.md). `run(name, row)` gives
+    batch-1 row measured 1.27x Marian without it loaded, 0.92-0.95x with it (docs/BENCHMARKS.md). `run(name, row)` gives
     a callable that has the worker do the row's work once and returns when it is done, so the main process can
     interleave and time it like the other engines (the pipe round trip is microseconds)."""
 
