@@ -74,7 +74,7 @@ def forward_backward(accelerator, model, step_batches: list[dict], global_tokens
             mean_loss = model(  # the decoder's inputs: the labels shifted right
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
             ).loss
-            loss = mean_loss * count_target_tokens(batch)
+            loss = mean_loss * (batch["labels"] != -100).sum()  # a tensor: no host sync per micro-batch
             accelerator.backward(loss * accelerator.num_processes / global_tokens)
             step_loss += loss.detach()
     return step_loss
