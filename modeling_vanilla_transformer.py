@@ -185,6 +185,59 @@ def eager_attention_forward(
     return output, weights
 
 
+def _rows_repeat(tensor: torch.Tensor | None, group: int) -> bool:
+    """Whether the rows (dim 0) of `tensor` come in runs of `group` identical rows (None and one row broadcast)."""
+    if tensor is None or tensor.shape[0] == 1:
+        return True
+    if tensor.shape[0] % group:
+        return False
+    grouped = tensor.reshape(tensor.shape[0] // group, group, -1)
+    return torch.equal(grouped, grouped[:, :1].expand_as(grouped))
+
+
+def _beam_group_size(tensors: list[torch.Tensor]) -> int:
+    """The largest g > 1 such that the rows of every tensor come in runs of g identical rows; 1 if there is none."""
+    first = tensors[0]
+    run = 1
+    while run < first.shape[0] and torch.equal(first[run], first[0]):
+        run += 1
+    for group in range(run, 1, -1):
+        if all(_rows_repeat(tensor, group) for tensor in tensors):
+            return group
+    return 1
+
+
+def _group_beams(
+    query: torch.Tensor, attention_mask: torch.Tensor | None, beams: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, H, Tq, K) queries -> (B / beams, H, beams * Tq, K): each group of `beams` rows as one row of queries, to
+    attend to keys and values stored once per group. The mask's rows (identical within a group) are taken once."""
+    batch, heads, length, head_dim = query.shape
+    query = query.view(batch // beams, beams, heads, length, head_dim).transpose(1, 2)
+    query = query.reshape(batch // beams, heads, beams * length, head_dim)
+    if attention_mask is not None and attention_mask.dim() == 4:  # (B or 1, 1, Tq or 1, S)
+        if attention_mask.shape[0] == batch:
+            attention_mask = attention_mask[::beams]
+        if attention_mask.shape[2] > 1:
+            attention_mask = attention_mask.repeat(1, 1, beams, 1)
+    elif attention_mask is not None and attention_mask.shape[0] == batch:  # (B, S)
+        attention_mask = attention_mask[::beams]
+    return query, attention_mask
+
+
+def _ungroup_beams(
+    output: torch.Tensor, weights: torch.Tensor | None, beams: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Undo `_group_beams` on the attention output (B / beams, beams * Tq, H, K) and weights (.., H, beams * Tq, S)."""
+    groups, grouped_length, heads, head_dim = output.shape
+    length = grouped_length // beams
+    output = output.reshape(groups * beams, length, heads, head_dim)
+    if weights is not None:
+        weights = weights.view(groups, heads, beams, length, -1).transpose(1, 2)
+        weights = weights.reshape(groups * beams, heads, length, -1)
+    return output, weights
+
+
 class VanillaTransformerAttention(nn.Module):
     """3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -246,6 +299,13 @@ class VanillaTransformerAttention(nn.Module):
                 cache = getattr(past_key_values, "self_attention_cache", past_key_values)
                 key, value = cache.update(key, value, self.layer_idx)
 
+        # Beam search keeps the encoder-decoder keys and values once per sentence (see `_reorder_cache`): the queries
+        # of a sentence's `beams` rows attend to its one row together, as `beams * Tq` queries.
+        beams = query.shape[0] // key.shape[0]
+        if beams > 1 and not _rows_repeat(attention_mask, beams):  # a group's rows have different masks: row by row
+            key, value, beams = key.repeat_interleave(beams, dim=0), value.repeat_interleave(beams, dim=0), 1
+        if beams > 1:
+            query, attention_mask = _group_beams(query, attention_mask, beams)
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
@@ -259,6 +319,8 @@ class VanillaTransformerAttention(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )  # output: (B, Tq, H, K)
+        if beams > 1:
+            output, weights = _ungroup_beams(output, weights, beams)
         output = self.out_proj(output.reshape(*hidden_states.shape[:-1], -1))  # Concat(heads) W^O: (B, Tq, D)
         return output, weights
 
@@ -758,16 +820,33 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
         """Beam search, after each step: row i of the cache continues beam `beam_idx[i]`.
 
-        Only the decoder's own keys and values move. Beams never change sentence and all beams of a sentence share
-        the encoder-decoder keys and values, so those already sit in the right rows; the default reorder copies them
-        every step. They are reordered anyway if some beam did change sentence (checked on one head of one layer).
+        Only the decoder's own keys and values move. All beams of a sentence share the encoder-decoder keys and
+        values (`generate` repeats each source `num_beams` times), and beams never change sentence, so those never
+        move: after the first step they are kept once per group of identical rows, and the encoder-decoder
+        attention reads each group's row once for all its beams. If a beam ever moves to another group's row, they
+        are expanded back to one row per beam and reordered, as `generate`'s default reorder does.
         """
         past_key_values.self_attention_cache.reorder_cache(beam_idx)
         cross_attention_cache = past_key_values.cross_attention_cache
-        if cross_attention_cache.get_seq_length() > 0:
-            keys = cross_attention_cache.layers[0].keys[:, 0]  # (B * beams, S, K)
-            if not torch.equal(keys.index_select(0, beam_idx.to(keys.device)), keys):
-                cross_attention_cache.reorder_cache(beam_idx)
+        if cross_attention_cache.get_seq_length() == 0:
+            return past_key_values
+        layers = cross_attention_cache.layers
+        rows, stored_rows = len(beam_idx), layers[0].keys.shape[0]
+        if stored_rows < rows:  # already one row per group
+            beams = rows // stored_rows
+        else:
+            beams = _beam_group_size([tensor for layer in layers for tensor in (layer.keys, layer.values)])
+        if beams > 1 and torch.equal(beam_idx // beams, torch.arange(rows, device=beam_idx.device) // beams):
+            # Every beam stays in its group, whose rows are all the same: nothing moves.
+            if stored_rows == rows and self.config._attn_implementation in ("eager", "sdpa"):  # `_group_beams` fits
+                for layer in layers:
+                    layer.keys, layer.values = layer.keys[::beams].contiguous(), layer.values[::beams].contiguous()
+            return past_key_values
+        if stored_rows < rows:
+            for layer in layers:
+                layer.keys = layer.keys.repeat_interleave(beams, dim=0)
+                layer.values = layer.values.repeat_interleave(beams, dim=0)
+        cross_attention_cache.reorder_cache(beam_idx)
         return past_key_values
 
 

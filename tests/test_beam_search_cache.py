@@ -1,5 +1,7 @@
-"""Beam search moves only the decoder's own cache between steps; the encoder-decoder keys and values stay put."""
+"""Beam search moves only the decoder's own cache between steps; the encoder-decoder keys and values, the same for
+every beam of a sentence, are kept once per sentence and read once for all its beams."""
 
+import pytest
 import torch
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -26,15 +28,19 @@ def filled_cache(model, input_ids, attention_mask, num_beams: int):
 
 
 @torch.no_grad()
-def test_reordering_within_sentences_moves_only_the_decoder_keys_and_values(tiny_model, source_batch):
+def test_reordering_within_sentences_keeps_the_encoder_keys_and_values_once_per_sentence(tiny_model, source_batch):
     input_ids, attention_mask = source_batch
     cache = filled_cache(tiny_model, input_ids, attention_mask, num_beams=3)
     self_keys = cache.self_attention_cache.layers[0].keys.clone()
-    cross_keys = cache.cross_attention_cache.layers[0].keys
+    cross_layers = [(layer.keys.clone(), layer.values.clone()) for layer in cache.cross_attention_cache.layers]
     beam_idx = torch.tensor([2, 2, 0, 4, 3, 3])  # every beam continues a beam of its own sentence
     tiny_model._reorder_cache(cache, beam_idx)
     assert torch.equal(cache.self_attention_cache.layers[0].keys, self_keys[beam_idx])
-    assert cache.cross_attention_cache.layers[0].keys is cross_keys  # not copied
+    for layer, (keys, values) in zip(cache.cross_attention_cache.layers, cross_layers, strict=True):
+        assert torch.equal(layer.keys, keys[::3]) and torch.equal(layer.values, values[::3])  # one row per sentence
+
+    tiny_model._reorder_cache(cache, torch.tensor([1, 1, 1, 5, 5, 4]))  # once grouped, they stay as they are
+    assert cache.cross_attention_cache.layers[0].keys.shape[0] == 2
 
 
 @torch.no_grad()
@@ -46,13 +52,82 @@ def test_reordering_across_sentences_still_moves_the_encoder_keys_and_values(tin
     tiny_model._reorder_cache(cache, beam_idx)
     assert torch.equal(cache.cross_attention_cache.layers[1].keys, cross_keys[beam_idx])
 
+    # From one row per sentence, too: back to one row per beam, reordered.
+    cache = filled_cache(tiny_model, input_ids, attention_mask, num_beams=2)
+    tiny_model._reorder_cache(cache, torch.tensor([0, 1, 2, 3]))
+    assert cache.cross_attention_cache.layers[1].keys.shape[0] == 2
+    tiny_model._reorder_cache(cache, beam_idx)
+    assert torch.equal(cache.cross_attention_cache.layers[1].keys, cross_keys[beam_idx])
+
 
 @torch.no_grad()
-def test_beam_search_returns_what_the_default_full_reorder_returns(tiny_model, tiny_config, monkeypatch):
+def test_different_sources_are_never_grouped(tiny_model, source_batch):
+    input_ids, attention_mask = source_batch
+    cache = filled_cache(tiny_model, input_ids, attention_mask, num_beams=1)
+    tiny_model._reorder_cache(cache, torch.tensor([0, 1]))
+    assert cache.cross_attention_cache.layers[0].keys.shape[0] == 2
+
+
+@torch.no_grad()
+def test_grouped_attention_equals_attention_per_beam(tiny_model, source_batch):
+    """One decoding step after grouping: the same logits and cross-attention weights as with one row per beam, with
+    and without padding masks, for sdpa and eager attention."""
+    input_ids, attention_mask = source_batch
+    encoder_outputs = tiny_model.get_encoder()(
+        input_ids=input_ids.repeat_interleave(3, dim=0), attention_mask=attention_mask.repeat_interleave(3, dim=0)
+    )
+    beam_masks = attention_mask.repeat_interleave(3, dim=0)
+    uneven_masks = beam_masks.clone()
+    uneven_masks[1, 4:] = 0  # beams of one sentence with different masks: attended row by row
+    for implementation in ("sdpa", "eager"):
+        tiny_model.set_attn_implementation(implementation)
+        for mask in (beam_masks, None, uneven_masks):
+            grouped = filled_cache(tiny_model, input_ids, attention_mask, num_beams=3)
+            per_beam = filled_cache(tiny_model, input_ids, attention_mask, num_beams=3)
+            tiny_model._reorder_cache(grouped, torch.arange(6))
+            assert grouped.cross_attention_cache.layers[0].keys.shape[0] == 2
+            step = dict(encoder_outputs=encoder_outputs, attention_mask=mask, use_cache=True)
+            step.update(decoder_input_ids=random_ids(tiny_model.config, (6, 1), seed=5))
+            step.update(output_attentions=implementation == "eager")  # sdpa returns no weights
+            expected = tiny_model(past_key_values=per_beam, **step)
+            actual = tiny_model(past_key_values=grouped, **step)
+            torch.testing.assert_close(actual.logits, expected.logits)
+            heads = tiny_model.config.decoder_attention_heads
+            assert (actual.cross_attentions is not None) == (implementation == "eager")
+            actual_weights, expected_weights = actual.cross_attentions or (), expected.cross_attentions or ()
+            for grouped_weights, weights in zip(actual_weights, expected_weights, strict=True):
+                assert grouped_weights.shape == weights.shape == (6, heads, 1, 9)
+                torch.testing.assert_close(grouped_weights, weights)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_beam_search_returns_what_the_default_full_reorder_returns(
+    tiny_model, tiny_config, monkeypatch, implementation
+):
+    tiny_model.set_attn_implementation(implementation)
     input_ids = random_ids(tiny_config, (3, 7), seed=11)
     attention_mask = torch.ones_like(input_ids)
     attention_mask[2, 4:] = 0
     kwargs = dict(attention_mask=attention_mask, num_beams=4, max_new_tokens=10, num_return_sequences=2)
+    kwargs.update(return_dict_in_generate=True, output_scores=True, output_attentions=implementation == "eager")
+    grouped_rows = []
+    reorder = tiny_model._reorder_cache
+
+    def recording_reorder(cache, beam_idx):
+        cache = reorder(cache, beam_idx)
+        grouped_rows.append(cache.cross_attention_cache.layers[0].keys.shape[0])
+        return cache
+
+    monkeypatch.setattr(tiny_model, "_reorder_cache", recording_reorder)
     ours = tiny_model.generate(input_ids, **kwargs)
+    assert set(grouped_rows) == {3}  # one row of encoder keys and values per sentence, from the first step on
     monkeypatch.delattr(VanillaTransformerForConditionalGeneration, "_reorder_cache")  # generate's own reorder
-    assert torch.equal(tiny_model.generate(input_ids, **kwargs), ours)
+    monkeypatch.delattr(tiny_model, "_reorder_cache")
+    default = tiny_model.generate(input_ids, **kwargs)
+    assert torch.equal(ours.sequences, default.sequences)
+    assert (ours.cross_attentions is not None) == (implementation == "eager")
+    torch.testing.assert_close(ours.sequences_scores, default.sequences_scores)
+    for step, default_step in zip(ours.cross_attentions or (), default.cross_attentions or (), strict=True):
+        for weights, default_weights in zip(step, default_step, strict=True):
+            torch.testing.assert_close(weights, default_weights)
