@@ -102,13 +102,16 @@ def test_grouped_attention_equals_attention_per_beam(tiny_model, source_batch):
 
 @torch.no_grad()
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("sources, groups", [("different", 3), ("identical", 1)])
 def test_beam_search_returns_what_the_default_full_reorder_returns(
-    tiny_model, tiny_config, monkeypatch, implementation
+    tiny_model, tiny_config, monkeypatch, implementation, sources, groups
 ):
     tiny_model.set_attn_implementation(implementation)
     input_ids = random_ids(tiny_config, (3, 7), seed=11)
     attention_mask = torch.ones_like(input_ids)
     attention_mask[2, 4:] = 0
+    if sources == "identical":  # all 12 beams share one row of encoder keys and values
+        input_ids, attention_mask = input_ids[[2, 2, 2]], attention_mask[[2, 2, 2]]
     kwargs = dict(attention_mask=attention_mask, num_beams=4, max_new_tokens=10, num_return_sequences=2)
     kwargs.update(return_dict_in_generate=True, output_scores=True, output_attentions=implementation == "eager")
     grouped_rows = []
@@ -121,7 +124,7 @@ def test_beam_search_returns_what_the_default_full_reorder_returns(
 
     monkeypatch.setattr(tiny_model, "_reorder_cache", recording_reorder)
     ours = tiny_model.generate(input_ids, **kwargs)
-    assert set(grouped_rows) == {3}  # one row of encoder keys and values per sentence, from the first step on
+    assert set(grouped_rows) == {groups}  # one row of encoder keys and values per source, from the first step on
     monkeypatch.delattr(VanillaTransformerForConditionalGeneration, "_reorder_cache")  # generate's own reorder
     monkeypatch.delattr(tiny_model, "_reorder_cache")
     default = tiny_model.generate(input_ids, **kwargs)
