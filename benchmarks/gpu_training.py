@@ -1,0 +1,156 @@
+"""Training throughput and model FLOPs utilisation (MFU) of the base model in bf16 on a GPU, by attention kernel.
+
+Work per step, as `train_accelerate.py --mixed_precision bf16` does it: forward with the label-smoothed loss (the
+model's blockwise loss, no logits), backward and an Adam step (5.3), under bf16 autocast with float32 weights, on a
+synthetic batch shaped like the paper's token batches (5.1: ~25000 target tokens; by default 800 sentence pairs of
+24-36 target and 28-32 source tokens, padded per batch, seeded). Throughput counts non-padding target tokens.
+
+Variants (`--variants`), each timed over the same batch after warm-up steps, interleaved in alternating order:
+- sdpa: torch's scaled_dot_product_attention, every backend allowed (flash where it applies);
+- sdpa_no_flash: the same without the flash backend (`torch.nn.attention.sdpa_kernel`);
+- eager: the attention written out (matmul, softmax, matmul);
+- flash_attention_2: the flash-attn package (skipped if it is not installed).
+
+MFU = model FLOPs per second / the GPU's peak bf16 dense FLOPs (`--peak_tflops`; 989 for H100 and H200 SXM).
+Model FLOPs (`model_flops`) count the matrix multiplies and the two attention products of every layer for the
+non-padding tokens (3 x forward for forward + backward), not the padding the kernels also compute.
+
+Usage:
+    python benchmarks/gpu_training.py                                   # on a GPU: base, every variant
+    python benchmarks/gpu_training.py --device cpu --preset tiny --sentences 16 --steps 1 --warmup 1
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from speed import padded_batch  # noqa: E402
+
+from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
+
+VARIANTS = ("sdpa", "sdpa_no_flash", "eager", "flash_attention_2")
+PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}  # dense, SXM; PCIe parts are lower
+
+
+def model_flops(config: VanillaTransformerConfig, source_lengths: torch.Tensor, target_lengths: torch.Tensor) -> int:
+    """FLOPs of one training step (forward and backward = 3 x forward) for sentence pairs of these lengths, without
+    padding: 2 FLOPs per multiply-add of every linear layer and of the attention products (3.2.1: Q K^T and the
+    weighted sum of V; causal self-attention counted as the full square, as is usual)."""
+    d, vocab = config.d_model, config.vocab_size
+    sources, targets = source_lengths.long(), target_lengths.long()
+    s, t = int(sources.sum()), int(targets.sum())
+    s_squared, t_squared, t_times_s = int((sources**2).sum()), int((targets**2).sum()), int((targets * sources).sum())
+    encoder = config.encoder_layers * (
+        s * 2 * (3 * d * d + d * d + 2 * d * config.encoder_ffn_dim)  # QKV, output projection, FFN
+        + 2 * 2 * s_squared * d  # Q K^T and weights V
+    )
+    decoder = config.decoder_layers * (
+        t * 2 * (3 * d * d + d * d)  # self-attention QKV and output projection
+        + 2 * 2 * t_squared * d
+        + t * 2 * (d * d + d * d)  # encoder-decoder attention: queries and output projection
+        + s * 2 * 2 * d * d  # its keys and values, from the encoder output
+        + 2 * 2 * t_times_s * d
+        + t * 2 * 2 * d * config.decoder_ffn_dim
+    )
+    output_projection = t * 2 * d * vocab
+    return 3 * (encoder + decoder + output_projection)
+
+
+def attention_context(variant: str):
+    if variant != "sdpa_no_flash":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH])
+
+
+def available(variant: str) -> bool:
+    if variant != "flash_attention_2":
+        return True
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--preset", default="base")
+    parser.add_argument("--vocab_size", type=int, default=37000)
+    parser.add_argument("--sentences", type=int, default=800, help="sentence pairs per batch")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per repetition")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--peak_tflops", type=float, default=None, help="the GPU's peak bf16 dense TFLOP/s")
+    args = parser.parse_args()
+
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    peak = args.peak_tflops or next((tflops for key, tflops in PEAK_BF16_TFLOPS.items() if key in name), None)
+    config = VanillaTransformerConfig.from_preset(args.preset, vocab_size=args.vocab_size)
+    input_ids, attention_mask, labels = padded_batch(args.vocab_size, args.sentences, (28, 32), (24, 36), seed=1)
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    batch = {key: value.to(device) for key, value in batch.items()}
+    target_tokens = int((labels != -100).sum())
+    flops = model_flops(config, attention_mask.sum(1), (labels != -100).sum(1))
+
+    variants = [variant for variant in args.variants if available(variant)]
+    models, optimizers = {}, {}
+    for variant in variants:
+        torch.manual_seed(0)
+        implementation = "sdpa" if variant == "sdpa_no_flash" else variant
+        models[variant] = VanillaTransformerForConditionalGeneration(config).to(device).train()
+        models[variant].set_attn_implementation(implementation)
+        optimizers[variant] = torch.optim.Adam(models[variant].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def train_steps(variant: str, steps: int) -> float:
+        model, optimizer = models[variant], optimizers[variant]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            with attention_context(variant), torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) / steps
+
+    for variant in variants:
+        train_steps(variant, args.warmup)
+    seconds = {variant: [] for variant in variants}
+    for repetition in range(args.repetitions):
+        for variant in variants if repetition % 2 == 0 else variants[::-1]:
+            seconds[variant].append(train_steps(variant, args.steps))
+
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"# {date}; {name}; torch {torch.__version__}; {args.preset}, vocabulary {args.vocab_size}")
+    print(f"# batch: {args.sentences} pairs, {target_tokens} target tokens; {flops / 1e12:.2f} TFLOP per step\n")
+    print("| attention | step ms | target tokens/s | TFLOP/s | MFU |")
+    print("|---|---:|---:|---:|---:|")
+    for variant in variants:
+        step = statistics.median(seconds[variant])
+        achieved = flops / step / 1e12
+        mfu = f"{achieved / peak:.1%}" if peak else "-"
+        print(f"| {variant} | {step * 1000:.1f} | {target_tokens / step:,.0f} | {achieved:.1f} | {mfu} |")
+    if device.type == "cuda":
+        print(f"\npeak memory allocated: {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB")
+
+
+if __name__ == "__main__":
+    main()

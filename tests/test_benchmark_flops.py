@@ -1,0 +1,28 @@
+"""The FLOP count behind benchmarks/gpu_training.py's MFU figures covers every matrix of the model."""
+
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from gpu_training import model_flops  # noqa: E402
+
+
+def test_model_flops_counts_every_linear_layer_and_the_attention_products(tiny_config):
+    model = VanillaTransformerForConditionalGeneration(tiny_config)
+    weights = sum(module.weight.numel() for module in model.modules() if isinstance(module, nn.Linear))
+    # At one source and one target token, each attention (encoder, decoder, encoder-decoder) multiplies 1 x 1 scores.
+    attention = 2 * 2 * tiny_config.d_model * (tiny_config.encoder_layers + 2 * tiny_config.decoder_layers)
+    one = torch.tensor([1])
+    assert model_flops(tiny_config, one, one) == 3 * (2 * weights + attention)
+    # Linear layers grow with the tokens, the attention products with their square; pairs add up.
+    assert model_flops(tiny_config, 2 * one, 2 * one) == 3 * (2 * 2 * weights + 4 * attention)
+    pairs = torch.tensor([1, 2])
+    assert model_flops(tiny_config, pairs, pairs) == model_flops(tiny_config, one, one) + model_flops(
+        tiny_config, 2 * one, 2 * one
+    )
