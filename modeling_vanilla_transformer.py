@@ -215,13 +215,11 @@ def _group_beams(
     batch, heads, length, head_dim = query.shape
     query = query.view(batch // beams, beams, heads, length, head_dim).transpose(1, 2)
     query = query.reshape(batch // beams, heads, beams * length, head_dim)
-    if attention_mask is not None and attention_mask.dim() == 4:  # (B or 1, 1, Tq or 1, S)
+    if attention_mask is not None:  # eager and sdpa masks: (B or 1, 1, Tq or 1, S)
         if attention_mask.shape[0] == batch:
             attention_mask = attention_mask[::beams]
         if attention_mask.shape[2] > 1:
             attention_mask = attention_mask.repeat(1, 1, beams, 1)
-    elif attention_mask is not None and attention_mask.shape[0] == batch:  # (B, S)
-        attention_mask = attention_mask[::beams]
     return query, attention_mask
 
 

@@ -69,35 +69,36 @@ def test_different_sources_are_never_grouped(tiny_model, source_batch):
 
 
 @torch.no_grad()
-def test_grouped_attention_equals_attention_per_beam(tiny_model, source_batch):
-    """One decoding step after grouping: the same logits and cross-attention weights as with one row per beam, with
-    and without padding masks, for sdpa and eager attention."""
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("masks", ["per beam", "none", "uneven"])
+@pytest.mark.parametrize("new_tokens", [1, 2])
+def test_grouped_attention_equals_attention_per_beam(tiny_model, source_batch, implementation, masks, new_tokens):
+    """A decoding step after grouping: the same logits and cross-attention weights as with one row per beam."""
+    tiny_model.set_attn_implementation(implementation)
     input_ids, attention_mask = source_batch
-    encoder_outputs = tiny_model.get_encoder()(
-        input_ids=input_ids.repeat_interleave(3, dim=0), attention_mask=attention_mask.repeat_interleave(3, dim=0)
-    )
     beam_masks = attention_mask.repeat_interleave(3, dim=0)
-    uneven_masks = beam_masks.clone()
-    uneven_masks[1, 4:] = 0  # beams of one sentence with different masks: attended row by row
-    for implementation in ("sdpa", "eager"):
-        tiny_model.set_attn_implementation(implementation)
-        for mask in (beam_masks, None, uneven_masks):
-            grouped = filled_cache(tiny_model, input_ids, attention_mask, num_beams=3)
-            per_beam = filled_cache(tiny_model, input_ids, attention_mask, num_beams=3)
-            tiny_model._reorder_cache(grouped, torch.arange(6))
-            assert grouped.cross_attention_cache.layers[0].keys.shape[0] == 2
-            step = dict(encoder_outputs=encoder_outputs, attention_mask=mask, use_cache=True)
-            step.update(decoder_input_ids=random_ids(tiny_model.config, (6, 1), seed=5))
-            step.update(output_attentions=implementation == "eager")  # sdpa returns no weights
-            expected = tiny_model(past_key_values=per_beam, **step)
-            actual = tiny_model(past_key_values=grouped, **step)
-            torch.testing.assert_close(actual.logits, expected.logits)
-            heads = tiny_model.config.decoder_attention_heads
-            assert (actual.cross_attentions is not None) == (implementation == "eager")
-            actual_weights, expected_weights = actual.cross_attentions or (), expected.cross_attentions or ()
-            for grouped_weights, weights in zip(actual_weights, expected_weights, strict=True):
-                assert grouped_weights.shape == weights.shape == (6, heads, 1, 9)
-                torch.testing.assert_close(grouped_weights, weights)
+    encoder_outputs = tiny_model.get_encoder()(
+        input_ids=input_ids.repeat_interleave(3, dim=0), attention_mask=beam_masks
+    )
+    if masks == "uneven":  # beams of one sentence with different masks: attended row by row
+        beam_masks = beam_masks.clone()
+        beam_masks[1, 4:] = 0
+    grouped = filled_cache(tiny_model, input_ids, attention_mask, num_beams=3)
+    per_beam = filled_cache(tiny_model, input_ids, attention_mask, num_beams=3)
+    tiny_model._reorder_cache(grouped, torch.arange(6))
+    assert grouped.cross_attention_cache.layers[0].keys.shape[0] == 2
+
+    step = dict(encoder_outputs=encoder_outputs, attention_mask=None if masks == "none" else beam_masks)
+    step.update(decoder_input_ids=random_ids(tiny_model.config, (6, new_tokens), seed=5), use_cache=True)
+    step.update(output_attentions=implementation == "eager")  # sdpa returns no weights
+    expected = tiny_model(past_key_values=per_beam, **step)
+    actual = tiny_model(past_key_values=grouped, **step)
+    torch.testing.assert_close(actual.logits, expected.logits)
+    assert (actual.cross_attentions is not None) == (implementation == "eager")
+    heads = tiny_model.config.decoder_attention_heads
+    for weights, expected_weights in zip(actual.cross_attentions or (), expected.cross_attentions or (), strict=True):
+        assert weights.shape == expected_weights.shape == (6, heads, new_tokens, 9)
+        torch.testing.assert_close(weights, expected_weights)
 
 
 @torch.no_grad()
