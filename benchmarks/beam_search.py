@@ -14,10 +14,8 @@ Usage:
 """
 
 import argparse
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,7 +25,7 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from speed import WORKLOADS, build_ours, fix_malloc_thresholds, generation, padded_batch  # noqa: E402
+from speed import WORKLOADS, build_ours, fix_malloc_thresholds, generation, median_seconds, padded_batch  # noqa: E402
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
 
@@ -59,19 +57,6 @@ class StandIn(VanillaTransformerForConditionalGeneration):
 
     def _reorder_cache(self, past_key_values, beam_idx):
         return past_key_values
-
-
-def median_seconds(runs: dict[str, Callable[[], None]], repetitions: int) -> dict[str, float]:
-    """Median seconds per run of each callable: one warm-up each, then interleaved in alternating order."""
-    for run in runs.values():
-        run()
-    seconds = {name: [] for name in runs}
-    for repetition in range(repetitions):
-        for name in list(runs) if repetition % 2 == 0 else list(runs)[::-1]:
-            start = time.perf_counter()
-            runs[name]()
-            seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(times) for name, times in seconds.items()}
 
 
 def main() -> None:

@@ -5,7 +5,8 @@ model's blockwise loss, no logits), backward and an Adam step (5.3), under bf16 
 synthetic batch shaped like the paper's token batches (5.1: ~25000 target tokens; by default 800 sentence pairs of
 24-36 target and 28-32 source tokens, padded per batch, seeded). Throughput counts non-padding target tokens.
 
-Variants (`--variants`), each timed over the same batch after warm-up steps, interleaved in alternating order:
+Variants (`--variants`), each timed over the same batch (`--steps` steps per call) after one untimed call,
+interleaved in alternating order, median of `--repetitions`:
 - sdpa: torch's scaled_dot_product_attention, every backend allowed (flash where it applies);
 - sdpa_no_flash: the same without the flash backend (`torch.nn.attention.sdpa_kernel`);
 - eager: the attention written out (matmul, softmax, matmul);
@@ -17,13 +18,11 @@ non-padding tokens (3 x forward for forward + backward), not the padding the ker
 
 Usage:
     python benchmarks/gpu_training.py                                   # on a GPU: base, every variant
-    python benchmarks/gpu_training.py --device cpu --preset tiny --sentences 16 --steps 1 --warmup 1
+    python benchmarks/gpu_training.py --device cpu --preset tiny --sentences 16 --steps 1
 """
 
 import argparse
-import statistics
 import sys
-import time
 from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from speed import padded_batch  # noqa: E402
+from speed import median_seconds, padded_batch  # noqa: E402
 
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
@@ -91,7 +90,6 @@ def main() -> None:
     parser.add_argument("--vocab_size", type=int, default=37000)
     parser.add_argument("--sentences", type=int, default=800, help="sentence pairs per batch")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per repetition")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--peak_tflops", type=float, default=None, help="the GPU's peak bf16 dense TFLOP/s")
@@ -116,27 +114,21 @@ def main() -> None:
         models[variant].set_attn_implementation(implementation)
         optimizers[variant] = torch.optim.Adam(models[variant].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
-    def train_steps(variant: str, steps: int) -> float:
+    def train_steps(variant: str) -> None:
         model, optimizer = models[variant], optimizers[variant]
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        for _ in range(steps):
+        for _ in range(args.steps):
             with attention_context(variant), torch.autocast(device.type, dtype=torch.bfloat16):
                 loss = model(**batch).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return (time.perf_counter() - start) / steps
+            torch.cuda.synchronize(device)  # the GPU's work, not just its queueing
 
-    for variant in variants:
-        train_steps(variant, args.warmup)
-    seconds = {variant: [] for variant in variants}
-    for repetition in range(args.repetitions):
-        for variant in variants if repetition % 2 == 0 else variants[::-1]:
-            seconds[variant].append(train_steps(variant, args.steps))
+    runs = {variant: lambda variant=variant: train_steps(variant) for variant in variants}
+    step_seconds = {
+        variant: seconds / args.steps for variant, seconds in median_seconds(runs, args.repetitions).items()
+    }
 
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"# {date}; {name}; torch {torch.__version__}; {args.preset}, vocabulary {args.vocab_size}")
@@ -144,7 +136,7 @@ def main() -> None:
     print("| attention | step ms | target tokens/s | TFLOP/s | MFU |")
     print("|---|---:|---:|---:|---:|")
     for variant in variants:
-        step = statistics.median(seconds[variant])
+        step = step_seconds[variant]
         achieved = flops / step / 1e12
         mfu = f"{achieved / peak:.1%}" if peak else "-"
         print(f"| {variant} | {step * 1000:.1f} | {target_tokens / step:,.0f} | {achieved:.1f} | {mfu} |")

@@ -378,21 +378,26 @@ def export_ctranslate2(model: VanillaTransformerForConditionalGeneration, folder
 # --- timing --------------------------------------------------------------------------------------------------
 
 
-def time_row(engines: Engines, row: Row, repetitions: int) -> dict[str, float]:
-    """Tokens per second of each engine on this row: interleaved repetitions, median."""
-    batch = work_batch(engines.workload, row)
-    runs = {name: engines.run(name, row, batch) for name in engines.names(row)}
+def median_seconds(runs: dict[str, Callable[[], None]], repetitions: int) -> dict[str, float]:
+    """Median seconds per call of each callable: one untimed warm-up each (for training, Adam's state too), then
+    interleaved repetitions in alternating order (A B, B A, ...: no engine always first)."""
     for run in runs.values():
-        run()  # warm-up (and, for training, Adam's state)
+        run()
     seconds = {name: [] for name in runs}
     for repetition in range(repetitions):
-        order = list(runs) if repetition % 2 == 0 else list(runs)[::-1]  # A B, B A, ...: no engine always first
-        for name in order:
+        for name in list(runs) if repetition % 2 == 0 else list(runs)[::-1]:
             start = time.perf_counter()
             runs[name]()
             seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(times) for name, times in seconds.items()}
+
+
+def time_row(engines: Engines, row: Row, repetitions: int) -> dict[str, float]:
+    """Tokens per second of each engine on this row."""
+    batch = work_batch(engines.workload, row)
+    runs = {name: engines.run(name, row, batch) for name in engines.names(row)}
     tokens = tokens_per_run(engines.workload, row, batch)
-    return {name: tokens / statistics.median(times) for name, times in seconds.items()}
+    return {name: tokens / seconds for name, seconds in median_seconds(runs, repetitions).items()}
 
 
 # --- memory --------------------------------------------------------------------------------------------------
