@@ -24,10 +24,9 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer import checkpoints, data
-from vanilla_transformer.batching import TokenBatchSampler, TranslationCollator, padding_statistics
+from vanilla_transformer import checkpoints, data, prepare
+from vanilla_transformer.batching import TokenBatchSampler, TokenizedPairs, TranslationCollator, padding_statistics
 from vanilla_transformer.metrics import load_bleu_metric
-from vanilla_transformer.tokenization import train_shared_tokenizer
 from vanilla_transformer.training import (
     DataPosition,
     count_target_tokens,
@@ -37,6 +36,7 @@ from vanilla_transformer.training import (
     make_accelerator,
     make_optimizer_and_schedule,
     optimizer_step_batches,
+    prefetch,
     translate_for_evaluation,
     validation_loss,
 )
@@ -56,22 +56,13 @@ REAL_DATA_DEFAULTS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    group = parser.add_argument_group("data (default: the embedded synthetic task)")
-    group.add_argument("--dataset_name", help="a Hub dataset with a `translation` column, e.g. wmt14 (online)")
-    group.add_argument("--dataset_config", help="e.g. de-en")
-    group.add_argument("--data_dir", help="folder of line-aligned files {split}.{lang}[.gz], e.g. Multi30k")
-    group.add_argument("--train_file", help="a .tsv or .jsonl file of pairs (with --validation_file/--test_file)")
-    group.add_argument("--validation_file")
-    group.add_argument("--test_file")
-    group.add_argument("--train_split", default="train")
-    group.add_argument("--validation_split", default="validation")
-    group.add_argument("--test_split", default="test")
-    group.add_argument("--source_lang", default="en")
-    group.add_argument("--target_lang", default="de")
-    group.add_argument("--synthetic_pairs", type=int, default=30000, help="size of the embedded task")
-    group.add_argument("--max_source_tokens", type=int, default=256, help="drop longer training pairs")
-    group.add_argument("--tokenizer_name_or_path", help="an existing tokenizer; default: train one")
-    group.add_argument("--vocab_size", type=int, default=8000, help="shared BPE vocabulary (paper: 37000)")
+    prepare.add_data_arguments(parser)
+    parser.add_argument(
+        "--prepared_data", help="a folder made by `python -m vanilla_transformer.prepare` (replaces the data flags)"
+    )
+    parser.add_argument(
+        "--prefetch_batches", type=int, default=2, help="optimizer steps collated ahead in a thread; 0 = inline"
+    )
 
     group = parser.add_argument_group("model")
     group.add_argument(
@@ -109,7 +100,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     group.add_argument("--max_epochs", type=int, default=None)
     group.add_argument("--max_minutes", type=float, default=None, help="wall-clock budget of the training loop")
-    group.add_argument("--seed", type=int, default=42)
 
     group = parser.add_argument_group("evaluation")
     group.add_argument(
@@ -140,6 +130,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, value in (EMBEDDED_TASK_DEFAULTS if is_synthetic(args) else REAL_DATA_DEFAULTS).items():
         if getattr(args, name) is None and not (name == "max_steps" and other_limit):
             setattr(args, name, value)
+    if args.prepared_data and not prepare.is_synthetic(args):
+        parser.error("--prepared_data replaces --data_dir/--train_file/--dataset_name: give one or the other")
     if args.evaluate_only and not args.model_name_or_path:
         parser.error("--evaluate_only needs --model_name_or_path")
     if args.push_to_hub and not args.hub_model_id:
@@ -150,83 +142,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def is_synthetic(args) -> bool:
-    return not (args.dataset_name or args.data_dir or args.train_file)
-
-
-# --- data ------------------------------------------------------------------------------------------------------
-
-
-def load_splits(args, need_train: bool = True) -> dict[str, list[tuple[str, str]]]:
-    """Sentence pairs for train/validation/test from the chosen source; reports what was dropped and why."""
-    if is_synthetic(args):
-        held_out = min(500, args.synthetic_pairs // 10)  # validation and test pairs each
-        pairs = data.synthetic_translation_pairs(args.synthetic_pairs + 2 * held_out, seed=args.seed)
-        train, validation, test = data.split_pairs(pairs, valid_size=held_out, test_size=held_out, seed=args.seed)
-        return {"train": train, "validation": validation, "test": test}
-
-    names = {"train": args.train_split, "validation": args.validation_split, "test": args.test_split}
-    files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
-    splits = {}
-    for split, name in names.items():
-        if split == "train" and not need_train:
-            continue
-        if args.dataset_name:
-            pairs, report = data.load_hub_dataset(
-                args.dataset_name, args.dataset_config, name, args.source_lang, args.target_lang
-            )
-        elif args.data_dir:
-            source = find_split_file(args.data_dir, name, args.source_lang, required=split == "train")
-            target = find_split_file(args.data_dir, name, args.target_lang, required=split == "train")
-            if source is None or target is None:
-                continue
-            pairs, report = data.read_parallel_text(source, target)
-        elif files[split]:
-            path = files[split]
-            pairs, report = (
-                data.read_jsonl(path, args.source_lang, args.target_lang)
-                if path.endswith((".jsonl", ".jsonl.gz"))
-                else data.read_tsv(path)
-            )
-        else:
-            continue
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"[data] {split}: {report.summary()}")
-        splits[split] = pairs
-    return splits
-
-
-def find_split_file(data_dir: str, split: str, lang: str, required: bool) -> Path | None:
-    for candidate in (Path(data_dir) / f"{split}.{lang}", Path(data_dir) / f"{split}.{lang}.gz"):
-        if candidate.is_file():
-            return candidate
-    if required:
-        raise data.DataError(f"No file {split}.{lang} or {split}.{lang}.gz in {data_dir}.")
-    return None
-
-
-def encode_pairs(tokenizer, pairs, max_source_tokens: int | None = None) -> list[dict]:
-    """Token ids for each pair (`tokens </s>` on both sides); over-long training pairs are dropped and counted."""
-    sources = tokenizer([source for source, _ in pairs])["input_ids"]
-    targets = tokenizer([target for _, target in pairs])["input_ids"]
-    examples = [{"input_ids": s, "labels": t} for s, t in zip(sources, targets, strict=True)]
-    if max_source_tokens:
-        kept = [e for e in examples if max(len(e["input_ids"]), len(e["labels"])) <= max_source_tokens]
-        if len(kept) < len(examples):
-            print(f"[data] dropped {len(examples) - len(kept)} pairs longer than {max_source_tokens} tokens")
-        examples = kept
-    return examples
-
-
-def load_or_train_tokenizer(args, accelerator, train_pairs):
-    """The main process trains the shared BPE vocabulary (5.1) and saves it; the others load it."""
-    if args.tokenizer_name_or_path:
-        return AutoTokenizer.from_pretrained(args.tokenizer_name_or_path)
-    tokenizer_dir = Path(args.output_dir) / "tokenizer"
-    with accelerator.main_process_first():
-        if not (tokenizer_dir / "tokenizer.json").is_file():
-            texts = (text for pair in train_pairs for text in pair)
-            train_shared_tokenizer(texts, vocab_size=args.vocab_size).save_pretrained(tokenizer_dir)
-    return AutoTokenizer.from_pretrained(tokenizer_dir)
+    return prepare.is_synthetic(args) and not args.prepared_data
 
 
 # --- model -----------------------------------------------------------------------------------------------------
@@ -310,16 +226,17 @@ def load_averaged_weights(model, args, accelerator) -> int:
 # --- evaluation ------------------------------------------------------------------------------------------------
 
 
-def prepared_loader(accelerator, tokenizer, pairs, batch_size: int):
-    """An evaluation loader sharded over processes by Accelerate."""
+def prepared_loader(accelerator, tokenizer, dataset, batch_size: int):
+    """An evaluation loader over a prepared split, sharded over processes by Accelerate."""
     collator = TranslationCollator(tokenizer.pad_token_id)
-    return accelerator.prepare(evaluation_loader(encode_pairs(tokenizer, pairs), collator, batch_size))
+    return accelerator.prepare(evaluation_loader(TokenizedPairs(dataset), collator, batch_size))
 
 
-def evaluate_split(accelerator, model, tokenizer, pairs, loader, metric, generation_kwargs, write_to=None) -> dict:
-    """Translate `pairs` (sharded over processes), score BLEU and chrF on detokenized text, write hypotheses."""
+def evaluate_split(accelerator, model, tokenizer, dataset, loader, metric, generation_kwargs, write_to=None) -> dict:
+    """Translate a prepared split (sharded over processes), score BLEU and chrF against its `target` text on
+    detokenized text, write hypotheses."""
     hypotheses = translate_for_evaluation(accelerator, model, loader, tokenizer, generation_kwargs)
-    scores = metric.compute(predictions=hypotheses, references=[[target] for _, target in pairs])
+    scores = metric.compute(predictions=hypotheses, references=[[target] for target in dataset["target"]])
     if accelerator.is_main_process and write_to:
         Path(write_to).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     return {
@@ -337,11 +254,16 @@ def evaluate_only(args, accelerator) -> None:
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     metric = load_bleu_metric()
     generation_kwargs = {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "do_sample": False}
-    for split, pairs in load_splits(args, need_train=False).items():
-        loader = prepared_loader(accelerator, tokenizer, pairs, args.eval_batch_size)
+    corpus = prepare.load_or_prepare(args, accelerator, splits=("validation", "test"), tokenizer=tokenizer)
+    if prepare.tokenizer_fingerprint(corpus.tokenizer) != prepare.tokenizer_fingerprint(tokenizer):
+        raise data.DataError(f"{corpus.folder} was tokenized with another tokenizer than {args.model_name_or_path}'s")
+    for split, dataset in corpus.splits.items():
+        if split == "train":
+            continue
+        loader = prepared_loader(accelerator, tokenizer, dataset, args.eval_batch_size)
         hypotheses_file = Path(args.output_dir) / f"{split}.hyp.txt"
         result = evaluate_split(
-            accelerator, model, tokenizer, pairs, loader, metric, generation_kwargs, hypotheses_file
+            accelerator, model, tokenizer, dataset, loader, metric, generation_kwargs, hypotheses_file
         )
         accelerator.print(f"[{split}] BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  {result['signature']}")
 
@@ -362,21 +284,23 @@ def main(argv=None) -> None:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
 
-    # data and tokenizer
-    splits = load_splits(args)
-    tokenizer = load_or_train_tokenizer(args, accelerator, splits["train"])
-    train_examples = encode_pairs(tokenizer, splits["train"], args.max_source_tokens)
-    validation_pairs = splits.get("validation", [])[: args.eval_max_sentences]
+    # data and tokenizer: prepared once (tokenized, filtered, cached on disk), memory-mapped by every process
+    corpus = prepare.load_or_prepare(args, accelerator)
+    accelerator.print("\n".join(corpus.summary()))
+    tokenizer, splits = corpus.tokenizer, corpus.splits
+    train_examples = TokenizedPairs(splits["train"])
+    validation = splits.get("validation")
+    validation = validation.select(range(min(len(validation), args.eval_max_sentences))) if validation else None
     sampler = TokenBatchSampler(
-        [len(e["input_ids"]) for e in train_examples],
-        [len(e["labels"]) for e in train_examples],
+        train_examples.source_lengths,
+        train_examples.target_lengths,
         max_tokens=args.max_tokens,
         seed=args.seed,
         num_replicas=accelerator.num_processes,
         rank=accelerator.process_index,
     )
     collator = TranslationCollator(tokenizer.pad_token_id)
-    stats = padding_statistics(sampler.all_batches(), sampler.source_lengths, sampler.target_lengths)
+    stats = padding_statistics(sampler.epoch_batches(), sampler.source_lengths, sampler.target_lengths)
     accelerator.print(
         f"[data] {len(train_examples)} training pairs, {len(sampler)} batches per process per epoch, "
         f"padding waste {stats['padding_fraction']:.1%}"
@@ -394,7 +318,7 @@ def main(argv=None) -> None:
     # The schedule is not prepared: accelerate would step it once per process, and equation (3) counts steps.
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(schedule)
-    validation_loader = prepared_loader(accelerator, tokenizer, validation_pairs, args.eval_batch_size)
+    validation_loader = prepared_loader(accelerator, tokenizer, validation, args.eval_batch_size) if validation else None
     metric = load_bleu_metric()
 
     step, position, elapsed_before = 0, DataPosition(), 0.0
@@ -421,9 +345,14 @@ def main(argv=None) -> None:
     window_loss, window_tokens, window_start, last_saved_step = 0.0, 0.0, time.time(), step
     device = accelerator.device
     stop_reason = "max_epochs"
-    for step_batches, position_after_step in optimizer_step_batches(
-        sampler, collator, train_examples, args.gradient_accumulation_steps, position, args.max_epochs
-    ):
+    steps = prefetch(
+        optimizer_step_batches(
+            sampler, collator, train_examples, args.gradient_accumulation_steps, position, args.max_epochs
+        ),
+        depth=args.prefetch_batches,
+        pin_memory=device.type == "cuda",
+    )
+    for step_batches, position_after_step in steps:
         if args.max_steps is not None and step >= args.max_steps:
             stop_reason = "max_steps"
             break
@@ -461,10 +390,10 @@ def main(argv=None) -> None:
                 with log_file.open("a") as log:
                     log.write(json.dumps(record) + "\n")
             window_loss, window_tokens, window_start = 0.0, 0.0, time.time()
-        if step % args.eval_steps == 0 and validation_pairs:
+        if step % args.eval_steps == 0 and validation:
             losses = validation_loss(accelerator, model, validation_loader)
             bleu = evaluate_split(
-                accelerator, model, tokenizer, validation_pairs, validation_loader, metric, {"num_beams": 1}
+                accelerator, model, tokenizer, validation, validation_loader, metric, {"num_beams": 1}
             )
             if accelerator.is_main_process:
                 progress.write(f"[eval] step {step}: nll {losses['nll']:.3f}  greedy BLEU {bleu['bleu']:.2f}")
@@ -472,6 +401,7 @@ def main(argv=None) -> None:
         if step % args.save_steps == 0:
             save_checkpoint(accelerator, args, step, position, time.time() - start_time)
             last_saved_step = step
+    steps.close()
     progress.close()
     training_seconds = time.time() - start_time
 
@@ -490,7 +420,7 @@ def main(argv=None) -> None:
     generation_kwargs = {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "do_sample": False}
     results = {}
     for split in ("validation", "test"):
-        if splits.get(split):
+        if split in splits:
             loader = prepared_loader(accelerator, tokenizer, splits[split], args.eval_batch_size)
             hypotheses_file = output_dir / f"{split}.hyp.txt"
             result = evaluate_split(
@@ -518,7 +448,7 @@ def save_final_model(model, tokenizer, args, summary: dict) -> None:
     card_values = {
         "source_lang": args.source_lang,
         "target_lang": args.target_lang,
-        "dataset": args.dataset_name or args.data_dir or args.train_file or "synthetic (embedded)",
+        "dataset": args.dataset_name or args.data_dir or args.train_file or args.prepared_data or "synthetic (embedded)",
         "preset": args.preset,
         "steps": summary["steps"],
         "training_minutes": round(summary["training_minutes"], 1),

@@ -1,5 +1,7 @@
 """Shared fixtures: a tiny config and model, as transformers' own model testers use."""
 
+import os
+
 import pytest
 import torch
 
@@ -17,6 +19,18 @@ TINY = dict(
     decoder_ffn_dim=64,
     max_position_embeddings=32,
 )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_hf_home(tmp_path_factory):
+    """Training runs in subprocesses cache their prepared corpora under $HF_HOME: keep them out of the user's cache."""
+    previous = os.environ.get("HF_HOME")
+    os.environ["HF_HOME"] = str(tmp_path_factory.mktemp("hf_home"))
+    yield
+    if previous is None:
+        del os.environ["HF_HOME"]
+    else:
+        os.environ["HF_HOME"] = previous
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -118,7 +118,10 @@ def test_bf16_training_ends_with_a_float32_model_for_evaluation(tiny_model, sour
 
 def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
     output_dir = tmp_path / "run"
-    train(output_dir, "--max_steps", "4", "--save_steps", "2", "--average_last", "2", processes=2)
+    run = train(output_dir, "--max_steps", "4", "--save_steps", "2", "--average_last", "2",
+                "--data_cache_dir", str(tmp_path / "cache"), processes=2)  # fmt: skip
+    assert (run.stdout + run.stderr).count("[prepare] prepared") == 1  # one process prepares, the other waits
+    assert len(list((tmp_path / "cache").iterdir())) == 1
     results = json.loads((output_dir / "results.json").read_text())
     assert results["processes"] == 2 and results["mixed_precision"] == "no"
     assert results["steps"] == 4 and results["checkpoints_averaged"] == 2
@@ -175,10 +178,14 @@ def test_one_step_on_two_processes_equals_one_step_on_one_process(tmp_path):
     assert one["model.decoder.layers.0.feed_forward.fc1.weight"].abs().sum() > 0
 
 
-def test_resume_continues_exactly(tmp_path):
+def test_resume_continues_exactly_and_a_prepared_folder_trains_like_the_cached_corpus(tmp_path):
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    common = ["--save_steps", "3", "--average_last", "1"]
+    common = ["--save_steps", "3", "--average_last", "1", "--preset", "tiny"]
     train(straight, "--max_steps", "6", *common)
+    prepared = tmp_path / "prepared"
+    subprocess.run([sys.executable, "-m", "vanilla_transformer.prepare", "--synthetic_pairs", "400", "--vocab_size",
+                    "300", "--output_dir", str(prepared)], check=True, cwd=ROOT, capture_output=True)  # fmt: skip
+    common += ["--prepared_data", str(prepared)]
     train(interrupted, "--max_steps", "3", *common)
     train(interrupted, "--max_steps", "6", *common, "--resume_from_checkpoint", "latest")
     expected, resumed = logged_losses(straight), logged_losses(interrupted)

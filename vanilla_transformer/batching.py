@@ -102,19 +102,27 @@ class TokenBatchSampler:
         """Choose the epoch whose batches the next iteration yields."""
         self.epoch = epoch
 
-    def all_batches(self) -> list[list[int]]:
-        """All batches of the current epoch for all ranks, in order, with repeats so that the count divides evenly."""
+    def epoch_batches(self) -> list[np.ndarray]:
+        """All batches of the current epoch for all ranks, in order, with repeats so that the count divides evenly;
+        each batch an array of example indices (views of one array: a few bytes per example at any corpus size)."""
         rng = np.random.default_rng([self.seed, self.epoch]) if self.shuffle else None
-        order = self._sorted_order(rng).tolist()
-        starts = [0, *self._batch_ends[:-1]]
-        batches = [order[start:end] for start, end in zip(starts, self._batch_ends, strict=True)]
+        batches = np.split(self._sorted_order(rng), self._batch_ends[:-1])
         if rng is not None:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         missing = -len(batches) % self.num_replicas
         return batches + [batches[i % len(batches)] for i in range(missing)]
 
+    def rank_batches(self) -> list[np.ndarray]:
+        """This rank's batches of the current epoch."""
+        return self.epoch_batches()[self.rank :: self.num_replicas]
+
+    def all_batches(self) -> list[list[int]]:
+        """`epoch_batches` as lists."""
+        return [batch.tolist() for batch in self.epoch_batches()]
+
     def __iter__(self) -> Iterator[list[int]]:
-        yield from self.all_batches()[self.rank :: self.num_replicas]
+        for batch in self.rank_batches():
+            yield batch.tolist()
 
     def __len__(self) -> int:
         return -(-len(self._batch_ends) // self.num_replicas)
@@ -124,12 +132,14 @@ def padding_statistics(
     batches: Sequence[Sequence[int]], source_lengths: Sequence[int], target_lengths: Sequence[int]
 ) -> dict[str, float]:
     """Count real and padded tokens (source and target together) over `batches` and the fraction wasted on padding."""
-    real_tokens = padded_tokens = 0
-    for batch in batches:
-        sources = [source_lengths[index] for index in batch]
-        targets = [target_lengths[index] for index in batch]
-        real_tokens += sum(sources) + sum(targets)
-        padded_tokens += len(batch) * (max(sources) + max(targets))
+    if not len(batches):
+        return {"batches": 0, "real_tokens": 0, "padded_tokens": 0, "padding_fraction": 0.0}
+    sizes = np.array([len(batch) for batch in batches])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    indices = np.concatenate([np.asarray(batch, dtype=np.int64) for batch in batches])
+    sources, targets = np.asarray(source_lengths)[indices], np.asarray(target_lengths)[indices]
+    real_tokens = int(sources.sum() + targets.sum())
+    padded_tokens = int((sizes * (np.maximum.reduceat(sources, starts) + np.maximum.reduceat(targets, starts))).sum())
     return {
         "batches": len(batches),
         "real_tokens": real_tokens,
@@ -158,15 +168,54 @@ class TranslationCollator:
         return length
 
     def _pad(self, sequences: list[Sequence[int]], value: int) -> torch.Tensor:
-        padded = torch.full((len(sequences), self._padded_length(sequences)), value, dtype=torch.long)
+        padded = np.full((len(sequences), self._padded_length(sequences)), value, dtype=np.int64)
         for row, sequence in enumerate(sequences):
-            padded[row, : len(sequence)] = torch.as_tensor(sequence, dtype=torch.long)
-        return padded
+            padded[row, : len(sequence)] = sequence
+        return torch.from_numpy(padded)
 
     def __call__(self, examples: list[dict[str, Sequence[int]]]) -> dict[str, torch.Tensor]:
-        input_ids = [example["input_ids"] for example in examples]
-        attention_mask = [[1] * len(sequence) for sequence in input_ids]
-        batch = {"input_ids": self._pad(input_ids, self.pad_token_id), "attention_mask": self._pad(attention_mask, 0)}
+        input_ids = self._pad([example["input_ids"] for example in examples], self.pad_token_id)
+        lengths = torch.tensor([len(example["input_ids"]) for example in examples])
+        batch = {"input_ids": input_ids, "attention_mask": (torch.arange(input_ids.shape[1]) < lengths[:, None]).long()}
         if "labels" in examples[0]:
             batch["labels"] = self._pad([example["labels"] for example in examples], self.label_pad_id)
         return batch
+
+
+class TokenizedPairs(Sequence):
+    """The token ids of a prepared split (`vanilla_transformer.prepare`), read straight from its memory-mapped Arrow
+    list columns: `pairs[i]` is `{"input_ids": array, "labels": array}` (int32 views, no copy), and the lengths are
+    numpy arrays computed from the Arrow offsets. Nothing per example is held in Python objects, so a process's
+    memory does not grow with the corpus.
+    """
+
+    def __init__(self, dataset, columns: Sequence[str] = ("input_ids", "labels")):
+        if getattr(dataset, "_indices", None) is not None:  # a filtered or selected view: write it out once
+            dataset = dataset.flatten_indices()
+        self.dataset = dataset
+        self._columns = {}
+        for name in columns:
+            chunks = dataset.data.table.column(name).chunks
+            self._columns[name] = ([chunk.values.to_numpy() for chunk in chunks],
+                                   [chunk.offsets.to_numpy() for chunk in chunks])  # fmt: skip
+        chunk_sizes = [len(chunk) for chunk in dataset.data.table.column(columns[0]).chunks]
+        self._chunk_of = np.repeat(np.arange(len(chunk_sizes), dtype=np.int32), chunk_sizes)
+        self._chunk_starts = np.concatenate([[0], np.cumsum(chunk_sizes)[:-1]]).astype(np.int64)
+        self.source_lengths = self._lengths(columns[0])
+        self.target_lengths = self._lengths(columns[1]) if len(columns) > 1 else None
+
+    def _lengths(self, name: str) -> np.ndarray:
+        offsets = self._columns[name][1]
+        return np.concatenate([np.diff(o) for o in offsets]) if offsets else np.zeros(0, dtype=np.int32)
+
+    def __len__(self) -> int:
+        return len(self._chunk_of)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        index = index + len(self) if index < 0 else index
+        chunk = self._chunk_of[index]
+        row = index - self._chunk_starts[chunk]
+        example = {}
+        for name, (values, offsets) in self._columns.items():
+            example[name] = values[chunk][offsets[chunk][row] : offsets[chunk][row + 1]]
+        return example

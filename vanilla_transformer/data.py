@@ -1,13 +1,15 @@
 """Translation pairs: read from local files or the Hub, filter, split, or generate the built-in synthetic task.
 
-Every reader returns a plain `list[tuple[str, str]]` of (source, target) sentences and a `DataReport` that counts
-what was kept and dropped. Problems with the data raise `DataError`, whose message names the file and line.
+The `iter_*` readers stream (source, target) pairs, so a corpus of any size passes through them in constant memory
+(`vanilla_transformer.prepare` writes them into Arrow files); the `read_*` readers return a plain list and a
+`DataReport` that counts what was kept and dropped, for small files. Problems with the data raise `DataError`, whose
+message names the file and line.
 """
 
 import gzip
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -66,17 +68,80 @@ def _read_lines(path: Path) -> Iterator[str]:
             yield line.rstrip("\r\n")
 
 
-def _keep_non_empty(pairs: Iterator[Pair], report: DataReport) -> list[Pair]:
-    kept = []
+def non_empty_pairs(pairs: Iterable[Pair], report: DataReport) -> Iterator[Pair]:
+    """Yield the pairs whose two sides are non-empty; count them (and the dropped ones) in `report`."""
     for source, target in pairs:
         if source and target:
-            kept.append((source, target))
+            report.kept += 1
+            yield source, target
         else:
             report.empty_dropped += 1
-    report.kept = len(kept)
+
+
+def _keep_non_empty(pairs: Iterable[Pair], report: DataReport) -> list[Pair]:
+    kept = list(non_empty_pairs(pairs, report))
     if not kept:
         raise DataError(f"{', '.join(report.sources)}: no translation pairs found")
     return kept
+
+
+def iter_parallel_text(source_path: str | Path, target_path: str | Path) -> Iterator[Pair]:
+    """Stream the (stripped) pairs of two line-aligned UTF-8 text files (`.gz` files are decompressed), empty
+    sides included; a difference in line counts raises `DataError` naming both files and counts."""
+    source_path, target_path = Path(source_path), Path(target_path)
+    source_lines, target_lines = _read_lines(source_path), _read_lines(target_path)
+    for line_count, (source, target) in enumerate(zip_longest(source_lines, target_lines), start=1):
+        if source is None or target is None:
+            source_count = line_count - 1 + sum(1 for _ in source_lines) + (source is not None)
+            target_count = line_count - 1 + sum(1 for _ in target_lines) + (target is not None)
+            raise DataError(
+                f"{source_path} has {source_count} lines but {target_path} has {target_count}: "
+                "the files must be line-aligned"
+            )
+        yield source.strip(), target.strip()
+
+
+def iter_tsv(path: str | Path, source_column: int = 0, target_column: int = 1) -> Iterator[Pair]:
+    """Stream the (stripped) pairs of a tab-separated UTF-8 file (optionally `.gz`) from the given columns; a blank
+    line gives an empty pair."""
+    path = Path(path)
+    needed_columns = max(source_column, target_column) + 1
+    for line_number, line in enumerate(_read_lines(path), start=1):
+        if not line.strip():
+            yield "", ""
+            continue
+        columns = line.split("\t")
+        if len(columns) < needed_columns:
+            raise DataError(
+                f"{path}:{line_number}: found {len(columns)} tab-separated columns, need at least {needed_columns}"
+            )
+        yield columns[source_column].strip(), columns[target_column].strip()
+
+
+def iter_jsonl(path: str | Path, source_lang: str, target_lang: str) -> Iterator[Pair]:
+    """Stream the (stripped) pairs of a JSON-lines file (optionally `.gz`); each line is
+    `{"translation": {"en": ..., "de": ...}}` or `{"en": ..., "de": ...}`; a blank line gives an empty pair."""
+    path = Path(path)
+    for line_number, line in enumerate(_read_lines(path), start=1):
+        if not line.strip():
+            yield "", ""
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
+        if isinstance(record, dict) and isinstance(record.get("translation"), dict):
+            record = record["translation"]
+        if not isinstance(record, dict):
+            raise DataError(f"{path}:{line_number}: expected a JSON object, got {type(record).__name__}")
+        sentences = []
+        for lang in (source_lang, target_lang):
+            if lang not in record:
+                raise DataError(f"{path}:{line_number}: no {lang!r} key (found {sorted(record)})")
+            if not isinstance(record[lang], str):
+                raise DataError(f"{path}:{line_number}: {lang!r} is not a string")
+            sentences.append(record[lang].strip())
+        yield sentences[0], sentences[1]
 
 
 def read_parallel_text(source_path: str | Path, target_path: str | Path) -> tuple[list[Pair], DataReport]:
@@ -84,22 +149,8 @@ def read_parallel_text(source_path: str | Path, target_path: str | Path) -> tupl
 
     Pairs where either side is empty are dropped and counted.
     """
-    source_path, target_path = Path(source_path), Path(target_path)
     report = DataReport(sources=[str(source_path), str(target_path)])
-
-    def aligned_pairs() -> Iterator[Pair]:
-        source_lines, target_lines = _read_lines(source_path), _read_lines(target_path)
-        for line_count, (source, target) in enumerate(zip_longest(source_lines, target_lines), start=1):
-            if source is None or target is None:
-                source_count = line_count - 1 + sum(1 for _ in source_lines) + (source is not None)
-                target_count = line_count - 1 + sum(1 for _ in target_lines) + (target is not None)
-                raise DataError(
-                    f"{source_path} has {source_count} lines but {target_path} has {target_count}: "
-                    "the files must be line-aligned"
-                )
-            yield source.strip(), target.strip()
-
-    return _keep_non_empty(aligned_pairs(), report), report
+    return _keep_non_empty(iter_parallel_text(source_path, target_path), report), report
 
 
 def read_tsv(path: str | Path, source_column: int = 0, target_column: int = 1) -> tuple[list[Pair], DataReport]:
@@ -107,23 +158,8 @@ def read_tsv(path: str | Path, source_column: int = 0, target_column: int = 1) -
 
     Blank lines and pairs where either side is empty are dropped and counted.
     """
-    path = Path(path)
     report = DataReport(sources=[str(path)])
-    needed_columns = max(source_column, target_column) + 1
-
-    def pairs() -> Iterator[Pair]:
-        for line_number, line in enumerate(_read_lines(path), start=1):
-            if not line.strip():
-                yield "", ""
-                continue
-            columns = line.split("\t")
-            if len(columns) < needed_columns:
-                raise DataError(
-                    f"{path}:{line_number}: found {len(columns)} tab-separated columns, need at least {needed_columns}"
-                )
-            yield columns[source_column].strip(), columns[target_column].strip()
-
-    return _keep_non_empty(pairs(), report), report
+    return _keep_non_empty(iter_tsv(path, source_column, target_column), report), report
 
 
 def read_jsonl(path: str | Path, source_lang: str, target_lang: str) -> tuple[list[Pair], DataReport]:
@@ -132,32 +168,47 @@ def read_jsonl(path: str | Path, source_lang: str, target_lang: str) -> tuple[li
 
     Blank lines and pairs where either side is empty are dropped and counted.
     """
-    path = Path(path)
     report = DataReport(sources=[str(path)])
+    return _keep_non_empty(iter_jsonl(path, source_lang, target_lang), report), report
 
-    def pairs() -> Iterator[Pair]:
-        for line_number, line in enumerate(_read_lines(path), start=1):
-            if not line.strip():
-                yield "", ""
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
-            if isinstance(record, dict) and isinstance(record.get("translation"), dict):
-                record = record["translation"]
-            if not isinstance(record, dict):
-                raise DataError(f"{path}:{line_number}: expected a JSON object, got {type(record).__name__}")
-            sentences = []
-            for lang in (source_lang, target_lang):
-                if lang not in record:
-                    raise DataError(f"{path}:{line_number}: no {lang!r} key (found {sorted(record)})")
-                if not isinstance(record[lang], str):
-                    raise DataError(f"{path}:{line_number}: {lang!r} is not a string")
-                sentences.append(record[lang].strip())
-            yield sentences[0], sentences[1]
 
-    return _keep_non_empty(pairs(), report), report
+def hub_dataset_label(name: str, config: str | None, split: str) -> str:
+    return f"{name}" + (f"/{config}" if config else "") + f" [{split}]"
+
+
+def open_hub_dataset(name: str, config: str | None, split: str, streaming: bool = False):
+    """A split of a Hugging Face Hub translation dataset with a `translation` column, such as `wmt14` `de-en`
+    (a `datasets.Dataset`, or an `IterableDataset` with `streaming=True`). Needs network access (or a filled
+    `datasets` cache)."""
+    import datasets
+
+    label = hub_dataset_label(name, config, split)
+    try:
+        dataset = datasets.load_dataset(name, config, split=split, streaming=streaming)
+    except Exception as error:
+        raise DataError(
+            f"could not load the dataset {label} ({type(error).__name__}: {error}). "
+            "Without network access, use local files instead (parallel text, TSV or JSON lines)."
+        ) from error
+    if dataset.column_names is not None and "translation" not in dataset.column_names:
+        raise DataError(f"{label}: no 'translation' column (columns: {dataset.column_names})")
+    return dataset
+
+
+def translation_pairs(translations: Iterable[dict], label: str, source_lang: str, target_lang: str) -> Iterator[Pair]:
+    """The (stripped) pairs of a `translation` column's dictionaries; empty sides included."""
+    for translation in translations:
+        if source_lang not in translation or target_lang not in translation:
+            raise DataError(f"{label}: translation has no {source_lang!r}/{target_lang!r} (has {sorted(translation)})")
+        yield (translation[source_lang] or "").strip(), (translation[target_lang] or "").strip()
+
+
+def iter_hub_dataset(name: str, config: str | None, split: str, source_lang: str, target_lang: str) -> Iterator[Pair]:
+    """Stream the (stripped) pairs of a Hub translation dataset's split, empty sides included."""
+    dataset = open_hub_dataset(name, config, split)
+    label = hub_dataset_label(name, config, split)
+    for batch in dataset.iter(batch_size=10_000):
+        yield from translation_pairs(batch["translation"], label, source_lang, target_lang)
 
 
 def load_hub_dataset(
@@ -167,31 +218,8 @@ def load_hub_dataset(
 
     Needs network access (or a filled `datasets` cache).
     """
-    import datasets
-
-    label = f"{name}" + (f"/{config}" if config else "") + f" [{split}]"
-    report = DataReport(sources=[label])
-    try:
-        dataset = datasets.load_dataset(name, config, split=split)
-    except Exception as error:
-        raise DataError(
-            f"could not load the dataset {label} ({type(error).__name__}: {error}). "
-            "Without network access, use local files instead (parallel text, TSV or JSON lines)."
-        ) from error
-
-    if "translation" not in dataset.column_names:
-        raise DataError(f"{label}: no 'translation' column (columns: {dataset.column_names})")
-
-    def pairs() -> Iterator[Pair]:
-        for batch in dataset.iter(batch_size=10_000):
-            for translation in batch["translation"]:
-                if source_lang not in translation or target_lang not in translation:
-                    raise DataError(
-                        f"{label}: translation has no {source_lang!r}/{target_lang!r} (has {sorted(translation)})"
-                    )
-                yield (translation[source_lang] or "").strip(), (translation[target_lang] or "").strip()
-
-    return _keep_non_empty(pairs(), report), report
+    report = DataReport(sources=[hub_dataset_label(name, config, split)])
+    return _keep_non_empty(iter_hub_dataset(name, config, split, source_lang, target_lang), report), report
 
 
 # Filtering and splitting

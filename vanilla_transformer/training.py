@@ -4,7 +4,9 @@ the token-normalised loss, the stream of optimizer steps, and evaluation with BL
 import contextlib
 import math
 import os
-from collections.abc import Iterator, Sequence
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,7 +70,7 @@ def forward_backward(accelerator, model, step_batches: list[dict], global_tokens
     """
     step_loss = torch.zeros((), device=accelerator.device)
     for index, batch in enumerate(step_batches):
-        batch = {name: tensor.to(accelerator.device) for name, tensor in batch.items()}
+        batch = {name: tensor.to(accelerator.device, non_blocking=True) for name, tensor in batch.items()}
         is_last = index == len(step_batches) - 1
         with contextlib.nullcontext() if is_last else accelerator.no_sync(model):
             mean_loss = model(  # the decoder's inputs: the labels shifted right
@@ -108,7 +110,7 @@ def optimizer_step_batches(
     epoch, first_batch = start.epoch, start.batches_done_in_epoch
     while max_epochs is None or epoch < max_epochs:
         sampler.set_epoch(epoch)
-        batches = list(sampler)
+        batches = sampler.rank_batches()
         usable = len(batches) - len(batches) % accumulation_steps
         if usable == 0:
             raise ValueError(
@@ -122,6 +124,56 @@ def optimizer_step_batches(
             done = begin + accumulation_steps
             yield step_batches, DataPosition(epoch + 1, 0) if done == usable else DataPosition(epoch, done)
         epoch, first_batch = epoch + 1, 0
+
+
+def prefetch(iterable: Iterable, depth: int, pin_memory: bool = False) -> Iterator:
+    """Run `iterable` (e.g. `optimizer_step_batches`) `depth` items ahead in a background thread, so that collation
+    overlaps the model's step; with `pin_memory`, tensors are pinned there too, for `non_blocking` copies to a GPU.
+    Yields the same items in the same order. `depth=0` runs inline. Closing the generator stops the thread."""
+    if depth <= 0:
+        yield from iterable
+        return
+    items: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def pin(item):
+        if isinstance(item, torch.Tensor):
+            return item.pin_memory()
+        if isinstance(item, dict):
+            return {name: pin(value) for name, value in item.items()}
+        if isinstance(item, (list, tuple)):
+            return type(item)(pin(value) for value in item)
+        return item
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for item in iterable:
+                if not put(pin(item) if pin_memory else item):
+                    return
+            put(done)
+        except BaseException as error:  # handed to the consumer, raised there
+            put(error)
+
+    thread = threading.Thread(target=produce, name="prefetch", daemon=True)
+    thread.start()
+    try:
+        while (item := items.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 # --- evaluation ---------------------------------------------------------------------------------------------

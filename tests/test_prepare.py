@@ -1,0 +1,186 @@
+"""The prepared-corpus data path: Arrow files, the shared tokenizer's sample, the cache key, token views, prefetching."""
+
+import argparse
+import gzip
+import os
+import threading
+
+import datasets
+import numpy as np
+import pytest
+
+from vanilla_transformer import prepare
+from vanilla_transformer.batching import TokenBatchSampler, TokenizedPairs, TranslationCollator
+from vanilla_transformer.data import DataError
+from vanilla_transformer.tokenization import train_shared_tokenizer
+from vanilla_transformer.training import DataPosition, optimizer_step_batches, prefetch
+
+SOURCES = [f"the {adjective} dog number {i} sees a cat" for i, adjective in enumerate(["red", "small", "old"] * 20)]
+TARGETS = [f"ter {adjective} hunt nummer {i} sihet aine katse" for i, adjective in enumerate(["rod", "klin", "alt"] * 20)]
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    prepare.add_data_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.fixture
+def corpus_dir(tmp_path):
+    """Line-aligned files: gzipped train with an empty line and an over-long pair, plain validation."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    long_source, long_target = " ".join(["word"] * 80), "kurz"
+    train_en = [*SOURCES[:30], "", long_source, *SOURCES[30:]]
+    train_de = [*TARGETS[:30], "leer", long_target, *TARGETS[30:]]
+    (folder / "train.en.gz").write_bytes(gzip.compress(("\n".join(train_en) + "\n").encode()))
+    (folder / "train.de.gz").write_bytes(gzip.compress(("\n".join(train_de) + "\n").encode()))
+    (folder / "val.en").write_text(f"{long_source}\nthe red dog sleeps\n")
+    (folder / "val.de").write_text(f"{long_target}\nter roder hunt slafet\n")
+    return folder
+
+
+def corpus_args(corpus_dir, cache_dir, *extra: str) -> argparse.Namespace:
+    return parse("--data_dir", str(corpus_dir), "--validation_split", "val", "--vocab_size", "300",
+                 "--max_source_tokens", "40", "--data_cache_dir", str(cache_dir), *extra)  # fmt: skip
+
+
+def test_prepared_corpus_equals_the_tokenizer_applied_to_the_files(corpus_dir, tmp_path):
+    corpus = prepare.load_or_prepare(corpus_args(corpus_dir, tmp_path / "cache"))
+
+    tokenizer = corpus.tokenizer
+    pairs = list(zip(SOURCES, TARGETS, strict=True))
+    pairs.insert(30, (" ".join(["word"] * 80), "kurz"))  # the tokenizer is trained before the length filter
+    expected = train_shared_tokenizer([text for pair in pairs for text in pair], 300)
+    assert tokenizer.get_vocab() == expected.get_vocab()  # all pairs, in order: the sample is the whole corpus
+    train = corpus.splits["train"]
+    assert train.column_names == ["input_ids", "labels"]
+    assert train["input_ids"] == tokenizer(SOURCES)["input_ids"]  # the empty and the over-long pair are dropped
+    assert train["labels"] == tokenizer(TARGETS)["input_ids"]
+    report = corpus.manifest["reports"]["train"]
+    assert (report["kept"], report["empty_dropped"], report["too_long_dropped"]) == (60, 1, 1)
+    assert "dropped 1 with an empty side, 1 too long" in corpus.summary()[0]
+    # evaluation splits keep every pair (the references), with their text
+    validation = corpus.splits["validation"]
+    assert validation["target"] == ["kurz", "ter roder hunt slafet"]
+    assert validation["input_ids"][1] == tokenizer("the red dog sleeps")["input_ids"]
+    assert "test" not in corpus.splits
+
+
+def test_length_ratio_filter_counts_what_it_drops():
+    args = parse("--max_source_tokens", "10", "--max_length_ratio", "2")
+    report = prepare.DataReport()
+    keep = prepare.token_filter(np.array([3, 11, 2, 4, 1]), np.array([3, 2, 5, 8, 2]), args, report)
+    assert keep.tolist() == [True, False, False, True, True]
+    assert (report.kept, report.too_long_dropped, report.ratio_dropped) == (3, 1, 1)
+
+
+def test_cache_is_reused_and_any_change_of_data_tokenizer_or_filters_prepares_anew(corpus_dir, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    prepared = []
+    original = prepare.prepare_corpus
+    monkeypatch.setattr(prepare, "prepare_corpus", lambda *a, **k: prepared.append(a[2]) or original(*a, **k))
+
+    first = prepare.load_or_prepare(corpus_args(corpus_dir, cache))
+    again = prepare.load_or_prepare(corpus_args(corpus_dir, cache))
+    assert len(prepared) == 1 and again.folder == first.folder  # the second launch tokenizes nothing
+    assert again.splits["train"]["input_ids"] == first.splits["train"]["input_ids"]
+
+    folders = {first.folder}
+    for extra in (["--vocab_size", "320"], ["--max_source_tokens", "30"], ["--max_length_ratio", "3"],
+                  ["--tokenizer_train_pairs", "20"], ["--seed", "1"]):  # fmt: skip
+        folders.add(prepare.load_or_prepare(corpus_args(corpus_dir, cache, *extra)).folder)
+    with (corpus_dir / "val.de").open("a") as file:  # same name, new content
+        file.write("")
+    os.utime(corpus_dir / "val.de", ns=(1, 1))
+    folders.add(prepare.load_or_prepare(corpus_args(corpus_dir, cache)).folder)
+    assert len(folders) == len(prepared) == 7
+    # a given tokenizer is part of the key too: another experiment with the same tokenizer reuses the corpus
+    first.tokenizer.save_pretrained(tmp_path / "tokenizer")
+    given = corpus_args(corpus_dir, cache, "--tokenizer_name_or_path", str(tmp_path / "tokenizer"))
+    assert prepare.load_or_prepare(given).folder == prepare.load_or_prepare(given).folder not in folders
+    assert len(prepared) == 8
+    assert not [path for path in cache.iterdir() if path.name.startswith(".incomplete")]
+
+
+def test_tokenizer_sample_is_seeded_bounded_and_whole_when_small():
+    pairs = datasets.Dataset.from_dict({"source": SOURCES, "target": TARGETS})
+    sample = list(prepare.sample_texts(pairs, 10, seed=0))
+    assert len(sample) == 20 and set(sample) <= set(SOURCES) | set(TARGETS)
+    assert sample == list(prepare.sample_texts(pairs, 10, seed=0))
+    assert sample != list(prepare.sample_texts(pairs, 10, seed=1))
+    whole = list(prepare.sample_texts(pairs, 1000, seed=0))
+    assert whole[:4] == [SOURCES[0], TARGETS[0], SOURCES[1], TARGETS[1]] and len(whole) == 120
+
+
+def test_bad_data_is_named_when_preparing(tmp_path):
+    (tmp_path / "train.en").write_text("a\nb\n")
+    (tmp_path / "train.de").write_text("x\n")
+    with pytest.raises(DataError, match=r"train\.en has 2 lines but .*train\.de has 1"):
+        prepare.load_or_prepare(parse("--data_dir", str(tmp_path), "--data_cache_dir", str(tmp_path / "cache")))
+    (tmp_path / "train.de").write_text("\n\n")
+    with pytest.raises(DataError, match="no translation pairs"):
+        prepare.load_or_prepare(parse("--data_dir", str(tmp_path), "--data_cache_dir", str(tmp_path / "cache")))
+    with pytest.raises(DataError, match=r"No file train\.fr"):
+        prepare.load_or_prepare(parse("--data_dir", str(tmp_path), "--target_lang", "fr"))
+    assert [path.name for path in (tmp_path / "cache").iterdir()] == []  # nothing half-written is left
+
+
+def test_prepare_command_writes_a_folder_once_and_never_over_an_existing_one(corpus_dir, tmp_path, capsys):
+    output = tmp_path / "prepared"
+    argv = ["--data_dir", str(corpus_dir), "--validation_split", "val", "--vocab_size", "300", "--output_dir",
+            str(output)]  # fmt: skip
+    prepare.main(argv)
+    corpus = prepare.load_prepared(output)
+    assert set(corpus.splits) == {"train", "validation"} and len(corpus.splits["train"]) == 61
+    with pytest.raises(SystemExit):
+        prepare.main(argv)
+    assert "exists" in capsys.readouterr().err
+    assert prepare.load_prepared(output).splits["train"]["labels"] == corpus.splits["train"]["labels"]
+
+
+def test_tokenized_pairs_reads_rows_and_lengths_across_arrow_chunks():
+    parts = [datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4]], "labels": [[5], [6, 7]]}),
+             datasets.Dataset.from_dict({"input_ids": [[8, 9], [10, 11, 12, 13]], "labels": [[14, 15, 16], [2]]})]  # fmt: skip
+    dataset = datasets.concatenate_datasets(parts)
+    assert dataset.data.table.column("input_ids").num_chunks == 2
+    for view in (dataset, dataset.select([3, 0, 2])):  # a selection (an indices mapping) is flattened
+        pairs = TokenizedPairs(view)
+        assert len(pairs) == len(view)
+        assert [pairs[i]["input_ids"].tolist() for i in range(len(pairs))] == view["input_ids"]
+        assert [pairs[i]["labels"].tolist() for i in range(len(pairs))] == view["labels"]
+        assert pairs.source_lengths.tolist() == [len(ids) for ids in view["input_ids"]]
+        assert pairs.target_lengths.tolist() == [len(ids) for ids in view["labels"]]
+    assert pairs[-1]["input_ids"].tolist() == [8, 9]
+
+
+def test_training_batches_from_a_prepared_split_equal_those_from_python_lists(corpus_dir, tmp_path):
+    train = prepare.load_or_prepare(corpus_args(corpus_dir, tmp_path / "cache")).splits["train"]
+    as_lists = [{"input_ids": s, "labels": t} for s, t in zip(train["input_ids"], train["labels"], strict=True)]
+    pairs = TokenizedPairs(train)
+    sampler = TokenBatchSampler(pairs.source_lengths, pairs.target_lengths, max_tokens=120, seed=1)
+    collator = TranslationCollator(pad_token_id=0)
+    mapped = list(optimizer_step_batches(sampler, collator, pairs, 2, DataPosition(), max_epochs=2))
+    listed = list(optimizer_step_batches(sampler, collator, as_lists, 2, DataPosition(), max_epochs=2))
+    assert len(mapped) == len(listed) > 2
+    for (a, position_a), (b, position_b) in zip(mapped, listed, strict=True):
+        assert position_a == position_b
+        for batch_a, batch_b in zip(a, b, strict=True):
+            assert batch_a.keys() == batch_b.keys()
+            assert all(batch_a[name].equal(batch_b[name]) for name in batch_a)
+
+
+def test_prefetch_yields_the_same_items_passes_errors_and_stops_its_thread():
+    assert list(prefetch(iter(range(50)), depth=3)) == list(range(50))
+    assert list(prefetch(iter(range(5)), depth=0)) == list(range(5))
+
+    def failing():
+        yield 1
+        raise DataError("bad line")
+
+    with pytest.raises(DataError, match="bad line"):
+        list(prefetch(failing(), depth=2))
+    stream = prefetch(iter(range(10**9)), depth=2)
+    assert next(stream) == 0
+    stream.close()
+    assert not [thread for thread in threading.enumerate() if thread.name == "prefetch"]

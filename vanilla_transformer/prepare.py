@@ -1,0 +1,413 @@
+"""Prepare a translation corpus once: raw pairs -> Arrow -> shared BPE -> filtered token ids, memory-mapped.
+
+    python -m vanilla_transformer.prepare --data_dir wmt14 --source_lang en --target_lang de \
+        --validation_split newstest2013 --test_split newstest2014 --vocab_size 37000 \
+        --preprocessing_num_workers 16 --output_dir data-bin/wmt14-en-de
+    python train_accelerate.py --prepared_data data-bin/wmt14-en-de ...      # any number of experiments
+
+A prepared folder holds
+    manifest.json         what it was made from (files with sizes and modification times, tokenizer, filters), and
+                          what reading and filtering kept and dropped per split
+    tokenizer/            the shared BPE vocabulary (5.1), trained on a seeded sample of the training pairs, or the
+                          tokenizer given with --tokenizer_name_or_path
+    train/                a `datasets` folder: `input_ids` and `labels` (int32, `tokens </s>`), filtered
+    validation/, test/    the same plus the `source` and `target` text (the references for BLEU); never filtered
+
+Every process memory-maps these files, so memory grows with the batch, not with the corpus. Without --prepared_data,
+`train_accelerate.py` prepares into `--data_cache_dir/<key>`, where the key hashes the manifest's `key` entry: a
+relaunch, or another experiment on the same data, tokenizer settings and filters, loads it in seconds, and any change
+to them (a file's size or modification time, --vocab_size, --max_source_tokens, ...) prepares a new folder.
+"""
+
+import argparse
+import functools
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+from . import data
+from .data import DataError, DataReport, Pair
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+TOKENIZER_FOLDER = "tokenizer"
+SPLITS = ("train", "validation", "test")
+WRITE_CHUNK_PAIRS = 100_000
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The data flags, shared by `train_accelerate.py` and `python -m vanilla_transformer.prepare`."""
+    group = parser.add_argument_group("data (default: the embedded synthetic task)")
+    group.add_argument("--dataset_name", help="a Hub dataset with a `translation` column, e.g. wmt14 (online)")
+    group.add_argument("--dataset_config", help="e.g. de-en")
+    group.add_argument("--data_dir", help="folder of line-aligned files {split}.{lang}[.gz], e.g. Multi30k")
+    group.add_argument("--train_file", help="a .tsv or .jsonl file of pairs (with --validation_file/--test_file)")
+    group.add_argument("--validation_file")
+    group.add_argument("--test_file")
+    group.add_argument("--train_split", default="train")
+    group.add_argument("--validation_split", default="validation")
+    group.add_argument("--test_split", default="test")
+    group.add_argument("--source_lang", default="en")
+    group.add_argument("--target_lang", default="de")
+    group.add_argument("--synthetic_pairs", type=int, default=30000, help="size of the embedded task")
+    group.add_argument("--max_source_tokens", type=int, default=256, help="drop training pairs with a longer side")
+    group.add_argument(
+        "--max_length_ratio",
+        type=float,
+        help="drop training pairs whose longer side has more than this many times the tokens of the shorter one "
+        "(corpus cleaning; e.g. 3 for WMT; default: off)",
+    )
+    group.add_argument("--tokenizer_name_or_path", help="an existing tokenizer; default: train one")
+    group.add_argument("--vocab_size", type=int, default=8000, help="shared BPE vocabulary (paper: 37000)")
+    group.add_argument(
+        "--tokenizer_train_pairs",
+        type=int,
+        default=1_000_000,
+        help="train the BPE on a seeded random sample of this many training pairs (all of them if fewer)",
+    )
+    group.add_argument("--seed", type=int, default=42, help="the tokenizer's sample, the embedded task, training")
+    group.add_argument("--preprocessing_num_workers", type=int, help="processes that tokenize (default: 1)")
+    group.add_argument(
+        "--data_cache_dir",
+        help="where prepared corpora are cached (default: $HF_HOME/vanilla_transformer/prepared)",
+    )
+
+
+def is_synthetic(args) -> bool:
+    return not (args.dataset_name or args.data_dir or args.train_file or args.validation_file or args.test_file)
+
+
+# --- what a split is read from ---------------------------------------------------------------------------------
+
+
+def _file_entry(path: Path) -> dict:
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _find_split_file(data_dir: str, split: str, lang: str, required: bool) -> Path | None:
+    for candidate in (Path(data_dir) / f"{split}.{lang}", Path(data_dir) / f"{split}.{lang}.gz"):
+        if candidate.is_file():
+            return candidate
+    if required:
+        raise DataError(f"No file {split}.{lang} or {split}.{lang}.gz in {data_dir}.")
+    return None
+
+
+def split_sources(args, splits: Iterable[str] = SPLITS) -> dict[str, dict]:
+    """For each split that has data, a JSON-able description of where its pairs come from (files with their size
+    and modification time), which is also its part of the cache key."""
+    if is_synthetic(args):
+        return {split: {"kind": "synthetic", "pairs": args.synthetic_pairs, "seed": args.seed} for split in splits}
+    names = {"train": args.train_split, "validation": args.validation_split, "test": args.test_split}
+    files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
+    sources = {}
+    for split in splits:
+        if args.dataset_name:
+            sources[split] = {"kind": "hub", "name": args.dataset_name, "config": args.dataset_config,
+                              "split": names[split]}  # fmt: skip
+        elif args.data_dir:
+            paths = [_find_split_file(args.data_dir, names[split], lang, required=split == "train")
+                     for lang in (args.source_lang, args.target_lang)]  # fmt: skip
+            if None not in paths:
+                sources[split] = {"kind": "parallel", "files": [_file_entry(path) for path in paths]}
+        elif files[split]:
+            path = Path(files[split])
+            if not path.is_file():
+                raise DataError(f"{path}: file not found")
+            kind = "jsonl" if path.name.endswith((".jsonl", ".jsonl.gz")) else "tsv"
+            sources[split] = {"kind": kind, "files": [_file_entry(path)]}
+    return sources
+
+
+def source_label(source: dict) -> str:
+    if source["kind"] == "hub":
+        return data.hub_dataset_label(source["name"], source["config"], source["split"])
+    if source["kind"] == "synthetic":
+        return "synthetic (embedded)"
+    return ", ".join(entry["path"] for entry in source["files"])
+
+
+@functools.lru_cache(maxsize=1)
+def _synthetic_splits(pairs: int, seed: int) -> dict[str, list[Pair]]:
+    held_out = min(500, pairs // 10)  # validation and test pairs each
+    every_pair = data.synthetic_translation_pairs(pairs + 2 * held_out, seed=seed)
+    train, validation, test = data.split_pairs(every_pair, valid_size=held_out, test_size=held_out, seed=seed)
+    return {"train": train, "validation": validation, "test": test}
+
+
+def iter_source_pairs(split: str, source: dict, source_lang: str, target_lang: str) -> Iterator[Pair]:
+    """Stream the pairs of one split (empty sides included); `DataError` names the file and line of bad data."""
+    kind = source["kind"]
+    if kind == "synthetic":
+        yield from _synthetic_splits(source["pairs"], source["seed"])[split]
+    elif kind == "hub":
+        yield from data.iter_hub_dataset(source["name"], source["config"], source["split"], source_lang, target_lang)
+    elif kind == "parallel":
+        yield from data.iter_parallel_text(*(entry["path"] for entry in source["files"]))
+    elif kind == "jsonl":
+        yield from data.iter_jsonl(source["files"][0]["path"], source_lang, target_lang)
+    else:
+        yield from data.iter_tsv(source["files"][0]["path"])
+
+
+# --- the cache key ---------------------------------------------------------------------------------------------
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8")).hexdigest()
+
+
+def corpus_key(args, sources: dict[str, dict], tokenizer=None) -> dict:
+    """Everything the prepared corpus depends on; its hash names the cache folder."""
+    if tokenizer is not None:
+        tokenizer_spec = {"given": args.tokenizer_name_or_path, "sha256": tokenizer_fingerprint(tokenizer)}
+    else:
+        tokenizer_spec = {"train": {"vocab_size": args.vocab_size, "sample_pairs": args.tokenizer_train_pairs,
+                                    "seed": args.seed}}  # fmt: skip
+    return {
+        "format": FORMAT_VERSION,
+        "source_lang": args.source_lang,
+        "target_lang": args.target_lang,
+        "sources": sources,
+        "tokenizer": tokenizer_spec,
+        "filters": {"max_source_tokens": args.max_source_tokens, "max_length_ratio": args.max_length_ratio},
+    }
+
+
+def key_hash(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:20]
+
+
+def default_cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HOME) / "vanilla_transformer" / "prepared"
+
+
+# --- preparation -----------------------------------------------------------------------------------------------
+
+
+def write_pairs_arrow(pairs: Iterable[Pair], path: Path) -> int:
+    """Write pairs into an Arrow stream file (`source`, `target` columns) a chunk at a time; returns the count."""
+    import pyarrow as pa
+
+    schema = pa.schema([("source", pa.string()), ("target", pa.string())])
+    count = 0
+    pairs = iter(pairs)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        while chunk := list(islice(pairs, WRITE_CHUNK_PAIRS)):
+            sources, targets = zip(*chunk, strict=True)
+            writer.write_batch(pa.record_batch([pa.array(sources), pa.array(targets)], schema=schema))
+            count += len(chunk)
+    return count
+
+
+def sample_texts(dataset, sample_pairs: int, seed: int, batch_size: int = 10_000) -> Iterator[str]:
+    """Source and target sentences of a seeded random sample of `sample_pairs` pairs (every pair, in order, when the
+    dataset has no more than that), streamed from the memory-mapped dataset."""
+    if len(dataset) > sample_pairs:
+        indices = np.sort(np.random.default_rng(seed).choice(len(dataset), sample_pairs, replace=False))
+        dataset = dataset.select(indices)
+    for batch in dataset.iter(batch_size=batch_size):
+        for source, target in zip(batch["source"], batch["target"], strict=True):
+            yield source
+            yield target
+
+
+def _encode(batch: dict, tokenizer) -> dict:
+    return {
+        "input_ids": tokenizer(batch["source"], return_attention_mask=False)["input_ids"],
+        "labels": tokenizer(batch["target"], return_attention_mask=False)["input_ids"],
+    }
+
+
+def list_lengths(dataset, column: str) -> np.ndarray:
+    """Lengths of a list column, from the Arrow offsets (no rows are read)."""
+    chunks = dataset.data.table.column(column).chunks
+    if not chunks:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([np.diff(chunk.offsets.to_numpy()) for chunk in chunks]).astype(np.int64)
+
+
+def token_filter(source_lengths: np.ndarray, target_lengths: np.ndarray, args, report: DataReport) -> np.ndarray:
+    """Mask of the training pairs to keep: no side longer than --max_source_tokens, no length ratio above
+    --max_length_ratio (both in tokens, `</s>` included); counts the dropped pairs in `report`."""
+    longer, shorter = np.maximum(source_lengths, target_lengths), np.minimum(source_lengths, target_lengths)
+    too_long = longer > args.max_source_tokens if args.max_source_tokens else np.zeros(len(longer), dtype=bool)
+    bad_ratio = ~too_long & (
+        longer > args.max_length_ratio * np.maximum(shorter, 1) if args.max_length_ratio else False
+    )
+    report.too_long_dropped, report.ratio_dropped = int(too_long.sum()), int(np.sum(bad_ratio))
+    keep = ~(too_long | bad_ratio)
+    report.kept = int(keep.sum())
+    return keep
+
+
+def _tokenize_split(raw, tokenizer, split: str, args, report: DataReport):
+    import datasets
+
+    features = {"input_ids": datasets.List(datasets.Value("int32")), "labels": datasets.List(datasets.Value("int32"))}
+    if split != "train":
+        features = {"source": datasets.Value("string"), "target": datasets.Value("string"), **features}
+    tokenized = raw.map(
+        _encode,
+        batched=True,
+        fn_kwargs={"tokenizer": tokenizer},
+        num_proc=args.preprocessing_num_workers if (args.preprocessing_num_workers or 1) > 1 else None,
+        remove_columns=["source", "target"] if split == "train" else None,
+        features=datasets.Features(features),
+        desc=f"tokenizing {split}",
+    )
+    if split == "train":
+        keep = token_filter(list_lengths(tokenized, "input_ids"), list_lengths(tokenized, "labels"), args, report)
+        if not keep.all():
+            tokenized = tokenized.select(np.flatnonzero(keep))
+    return tokenized
+
+
+def prepare_corpus(args, sources: dict[str, dict], folder: Path, key: dict, tokenizer=None, log=print) -> Path:
+    """Read, tokenize and filter every split into `folder` (see the module docstring); returns `folder`.
+
+    Works in a staging folder beside `folder` and renames it into place when complete, so an interrupted preparation
+    never looks like a prepared corpus, and two nodes preparing into one shared folder cannot mix their files.
+    """
+    import datasets
+
+    from .tokenization import train_shared_tokenizer
+
+    start = time.time()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = folder.parent / f".incomplete-{folder.name}-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    (staging / "raw").mkdir(parents=True)
+    try:
+        reports, raw = {}, {}
+        for split, source in sources.items():
+            report = DataReport(sources=[source_label(source)])
+            pairs = data.non_empty_pairs(iter_source_pairs(split, source, args.source_lang, args.target_lang), report)
+            write_pairs_arrow(pairs, staging / "raw" / f"{split}.arrow")
+            if report.kept == 0:
+                raise DataError(f"{', '.join(report.sources)}: no translation pairs found")
+            reports[split], raw[split] = report, datasets.Dataset.from_file(str(staging / "raw" / f"{split}.arrow"))
+        log(f"[prepare] read {', '.join(f'{s}: {len(d)} pairs' for s, d in raw.items())} ({time.time() - start:.0f} s)")
+        if tokenizer is None:
+            tokenizer = train_shared_tokenizer(
+                sample_texts(raw["train"], args.tokenizer_train_pairs, args.seed), vocab_size=args.vocab_size
+            )
+            log(f"[prepare] trained a {len(tokenizer)}-token BPE vocabulary ({time.time() - start:.0f} s)")
+        tokenizer.save_pretrained(staging / TOKENIZER_FOLDER)
+        for split in raw:
+            _tokenize_split(raw[split], tokenizer, split, args, reports[split]).save_to_disk(str(staging / split))
+            log(f"[prepare] tokenized {split} ({time.time() - start:.0f} s)")
+        del raw
+        shutil.rmtree(staging / "raw")
+        manifest = {"key": key,
+                    "reports": {split: asdict(report) for split, report in reports.items()},
+                    "prepared_seconds": round(time.time() - start, 1)}  # fmt: skip
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        try:
+            os.replace(staging, folder)
+        except OSError:  # another process or node finished the same corpus first: keep theirs
+            if not (folder / MANIFEST).is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log(f"[prepare] prepared {folder} in {time.time() - start:.0f} s")
+    return folder
+
+
+# --- loading ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PreparedCorpus:
+    folder: Path
+    tokenizer: object
+    splits: dict  # split name -> memory-mapped datasets.Dataset
+    manifest: dict
+
+    def summary(self) -> list[str]:
+        return [f"[data] {split}: {DataReport(**report).summary()}" for split, report in self.manifest["reports"].items()]
+
+
+def load_prepared(folder: str | Path) -> PreparedCorpus:
+    import datasets
+    from transformers import AutoTokenizer
+
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        raise DataError(f"{folder} is not a prepared corpus (no {MANIFEST}); make one with python -m "
+                        "vanilla_transformer.prepare")  # fmt: skip
+    manifest = json.loads((folder / MANIFEST).read_text())
+    if manifest["key"].get("format") != FORMAT_VERSION:
+        raise DataError(f"{folder} was prepared by another version of this code (format "
+                        f"{manifest['key'].get('format')}, need {FORMAT_VERSION}); prepare it again")  # fmt: skip
+    splits = {split: datasets.load_from_disk(str(folder / split)) for split in manifest["reports"]}
+    return PreparedCorpus(folder, AutoTokenizer.from_pretrained(folder / TOKENIZER_FOLDER), splits, manifest)
+
+
+def load_or_prepare(args, accelerator=None, splits: Iterable[str] = SPLITS, tokenizer=None) -> PreparedCorpus:
+    """The prepared corpus the arguments describe: `--prepared_data` as it is, or the cached folder for this data,
+    tokenizer and filters, prepared first if missing. `tokenizer` (evaluation with a saved model) replaces the
+    tokenizer flags. With several processes, each node's local main process prepares (on its own disk) while the
+    others wait, then every process memory-maps the same files."""
+    if getattr(args, "prepared_data", None):
+        return load_prepared(args.prepared_data)
+    if tokenizer is None and args.tokenizer_name_or_path:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path)
+    sources = split_sources(args, splits)
+    if "train" in splits and "train" not in sources:
+        raise DataError("no training data: give --data_dir, --train_file or --dataset_name")
+    key = corpus_key(args, sources, tokenizer)
+    folder = Path(args.data_cache_dir or default_cache_dir()) / key_hash(key)
+    if accelerator is None:
+        if not (folder / MANIFEST).is_file():
+            prepare_corpus(args, sources, folder, key, tokenizer)
+        return load_prepared(folder)
+    with accelerator.local_main_process_first():
+        if accelerator.is_local_main_process and not (folder / MANIFEST).is_file():
+            prepare_corpus(args, sources, folder, key, tokenizer)
+    corpus = load_prepared(folder)
+    if accelerator.is_main_process:
+        print(f"[data] prepared corpus: {folder}")
+    return corpus
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_arguments(parser)
+    parser.add_argument("--output_dir", required=True, help="the prepared folder to write (must not exist)")
+    args = parser.parse_args(argv)
+    folder = Path(args.output_dir)
+    if folder.exists():
+        parser.error(f"--output_dir {folder} exists; choose a new folder (a prepared corpus is never overwritten)")
+    tokenizer = None
+    if args.tokenizer_name_or_path:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path)
+    sources = split_sources(args)
+    if "train" not in sources:
+        parser.error("no training data: give --data_dir, --train_file or --dataset_name")
+    prepare_corpus(args, sources, folder, corpus_key(args, sources, tokenizer), tokenizer)
+
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        main()
+    except DataError as error:
+        sys.exit(f"error: {error}")
