@@ -10,15 +10,15 @@ Reads top to bottom: arguments, data, tokenizer, model, optimizer, loop, evaluat
 """
 
 import argparse
+import datetime
 import json
-import os
 import signal
 import sys
 import time
 from pathlib import Path
 
 import torch
-from accelerate.utils import set_seed
+from accelerate.utils import InitProcessGroupKwargs, set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -61,6 +61,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--prepared_data", help="a folder made by `python -m vanilla_transformer.prepare` (replaces the data flags)"
     )
     parser.add_argument(
+        "--ddp_timeout",
+        type=int,
+        default=1800,
+        help="seconds a process waits at a collective, e.g. while the main process prepares the corpus (torch's "
+        "NCCL default is 600; prepare large corpora beforehand with python -m vanilla_transformer.prepare)",
+    )
+    parser.add_argument(
         "--prefetch_batches", type=int, default=2, help="optimizer steps collated ahead in a thread; 0 = inline"
     )
 
@@ -100,6 +107,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     group.add_argument("--max_epochs", type=int, default=None)
     group.add_argument("--max_minutes", type=float, default=None, help="wall-clock budget of the training loop")
+    group.add_argument("--seed", type=int, default=42, help="initialisation, dropout, batch order")
 
     group = parser.add_argument_group("evaluation")
     group.add_argument(
@@ -277,6 +285,7 @@ def main(argv=None) -> None:
         mixed_precision=args.mixed_precision,
         log_with=None if args.report_to == "none" else args.report_to,
         project_dir=args.output_dir,
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=args.ddp_timeout))],
     )
     if args.evaluate_only:
         return evaluate_only(args, accelerator)
@@ -318,7 +327,9 @@ def main(argv=None) -> None:
     # The schedule is not prepared: accelerate would step it once per process, and equation (3) counts steps.
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(schedule)
-    validation_loader = prepared_loader(accelerator, tokenizer, validation, args.eval_batch_size) if validation else None
+    validation_loader = (
+        prepared_loader(accelerator, tokenizer, validation, args.eval_batch_size) if validation else None
+    )
     metric = load_bleu_metric()
 
     step, position, elapsed_before = 0, DataPosition(), 0.0
@@ -448,7 +459,7 @@ def save_final_model(model, tokenizer, args, summary: dict) -> None:
     card_values = {
         "source_lang": args.source_lang,
         "target_lang": args.target_lang,
-        "dataset": args.dataset_name or args.data_dir or args.train_file or args.prepared_data or "synthetic (embedded)",
+        "dataset": args.dataset_name or args.data_dir or args.train_file or args.prepared_data or "synthetic",
         "preset": args.preset,
         "steps": summary["steps"],
         "training_minutes": round(summary["training_minutes"], 1),

@@ -16,7 +16,9 @@ from vanilla_transformer.tokenization import train_shared_tokenizer
 from vanilla_transformer.training import DataPosition, optimizer_step_batches, prefetch
 
 SOURCES = [f"the {adjective} dog number {i} sees a cat" for i, adjective in enumerate(["red", "small", "old"] * 20)]
-TARGETS = [f"ter {adjective} hunt nummer {i} sihet aine katse" for i, adjective in enumerate(["rod", "klin", "alt"] * 20)]
+TARGETS = [
+    f"ter {adjective} hunt nummer {i} sihet aine katse" for i, adjective in enumerate(["rod", "klin", "alt"] * 20)
+]
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -88,7 +90,7 @@ def test_cache_is_reused_and_any_change_of_data_tokenizer_or_filters_prepares_an
 
     folders = {first.folder}
     for extra in (["--vocab_size", "320"], ["--max_source_tokens", "30"], ["--max_length_ratio", "3"],
-                  ["--tokenizer_train_pairs", "20"], ["--seed", "1"]):  # fmt: skip
+                  ["--tokenizer_train_pairs", "20"], ["--data_seed", "1"]):  # fmt: skip
         folders.add(prepare.load_or_prepare(corpus_args(corpus_dir, cache, *extra)).folder)
     with (corpus_dir / "val.de").open("a") as file:  # same name, new content
         file.write("")

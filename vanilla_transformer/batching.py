@@ -176,7 +176,10 @@ class TranslationCollator:
     def __call__(self, examples: list[dict[str, Sequence[int]]]) -> dict[str, torch.Tensor]:
         input_ids = self._pad([example["input_ids"] for example in examples], self.pad_token_id)
         lengths = torch.tensor([len(example["input_ids"]) for example in examples])
-        batch = {"input_ids": input_ids, "attention_mask": (torch.arange(input_ids.shape[1]) < lengths[:, None]).long()}
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": (torch.arange(input_ids.shape[1]) < lengths[:, None]).long(),
+        }
         if "labels" in examples[0]:
             batch["labels"] = self._pad([example["labels"] for example in examples], self.label_pad_id)
         return batch

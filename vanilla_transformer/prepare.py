@@ -75,7 +75,9 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         default=1_000_000,
         help="train the BPE on a seeded random sample of this many training pairs (all of them if fewer)",
     )
-    group.add_argument("--seed", type=int, default=42, help="the tokenizer's sample, the embedded task, training")
+    group.add_argument(
+        "--data_seed", type=int, default=42, help="the tokenizer's sample and the embedded task (not training's seed)"
+    )
     group.add_argument("--preprocessing_num_workers", type=int, help="processes that tokenize (default: 1)")
     group.add_argument(
         "--data_cache_dir",
@@ -108,7 +110,9 @@ def split_sources(args, splits: Iterable[str] = SPLITS) -> dict[str, dict]:
     """For each split that has data, a JSON-able description of where its pairs come from (files with their size
     and modification time), which is also its part of the cache key."""
     if is_synthetic(args):
-        return {split: {"kind": "synthetic", "pairs": args.synthetic_pairs, "seed": args.seed} for split in splits}
+        return {
+            split: {"kind": "synthetic", "pairs": args.synthetic_pairs, "seed": args.data_seed} for split in splits
+        }
     names = {"train": args.train_split, "validation": args.validation_split, "test": args.test_split}
     files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
     sources = {}
@@ -174,7 +178,7 @@ def corpus_key(args, sources: dict[str, dict], tokenizer=None) -> dict:
         tokenizer_spec = {"given": args.tokenizer_name_or_path, "sha256": tokenizer_fingerprint(tokenizer)}
     else:
         tokenizer_spec = {"train": {"vocab_size": args.vocab_size, "sample_pairs": args.tokenizer_train_pairs,
-                                    "seed": args.seed}}  # fmt: skip
+                                    "seed": args.data_seed}}  # fmt: skip
     return {
         "format": FORMAT_VERSION,
         "source_lang": args.source_lang,
@@ -299,10 +303,12 @@ def prepare_corpus(args, sources: dict[str, dict], folder: Path, key: dict, toke
             if report.kept == 0:
                 raise DataError(f"{', '.join(report.sources)}: no translation pairs found")
             reports[split], raw[split] = report, datasets.Dataset.from_file(str(staging / "raw" / f"{split}.arrow"))
-        log(f"[prepare] read {', '.join(f'{s}: {len(d)} pairs' for s, d in raw.items())} ({time.time() - start:.0f} s)")
+        log(
+            f"[prepare] read {', '.join(f'{s}: {len(d)} pairs' for s, d in raw.items())} ({time.time() - start:.0f} s)"
+        )
         if tokenizer is None:
             tokenizer = train_shared_tokenizer(
-                sample_texts(raw["train"], args.tokenizer_train_pairs, args.seed), vocab_size=args.vocab_size
+                sample_texts(raw["train"], args.tokenizer_train_pairs, args.data_seed), vocab_size=args.vocab_size
             )
             log(f"[prepare] trained a {len(tokenizer)}-token BPE vocabulary ({time.time() - start:.0f} s)")
         tokenizer.save_pretrained(staging / TOKENIZER_FOLDER)
@@ -337,7 +343,9 @@ class PreparedCorpus:
     manifest: dict
 
     def summary(self) -> list[str]:
-        return [f"[data] {split}: {DataReport(**report).summary()}" for split, report in self.manifest["reports"].items()]
+        return [
+            f"[data] {split}: {DataReport(**report).summary()}" for split, report in self.manifest["reports"].items()
+        ]
 
 
 def load_prepared(folder: str | Path) -> PreparedCorpus:
