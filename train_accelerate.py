@@ -3,10 +3,13 @@
     python train_accelerate.py                                   # the embedded synthetic task, offline, CPU
     python train_accelerate.py --data_dir ../shared/data/multi30k --source_lang en --target_lang de \
         --validation_split val --test_split test_2016_flickr --preset small --max_minutes 25
-    accelerate launch --multi_gpu --num_processes 8 train_accelerate.py --dataset_name wmt14 \
-        --dataset_config de-en --source_lang en --target_lang de --preset base --max_tokens 25000
+    python -m vanilla_transformer.prepare --dataset_name wmt14 --dataset_config de-en --source_lang en \
+        --target_lang de --vocab_size 37000 --output_dir data-bin/wmt14-en-de    # once, on any machine
+    accelerate launch --multi_gpu --num_processes 8 train_accelerate.py --prepared_data data-bin/wmt14-en-de \
+        --preset base --max_tokens 3125
 
-Reads top to bottom: arguments, data, tokenizer, model, optimizer, loop, evaluation, saving.
+Reads top to bottom: arguments, data and tokenizer (prepared once and cached, `vanilla_transformer.prepare`), model,
+optimizer, loop, evaluation, saving.
 """
 
 import argparse
@@ -15,6 +18,7 @@ import json
 import signal
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,7 +28,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer import checkpoints, data, prepare
+from vanilla_transformer import checkpoints, data, prepare, streaming
 from vanilla_transformer.batching import TokenBatchSampler, TokenizedPairs, TranslationCollator, padding_statistics
 from vanilla_transformer.metrics import load_bleu_metric
 from vanilla_transformer.training import (
@@ -57,6 +61,7 @@ REAL_DATA_DEFAULTS = {
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     prepare.add_data_arguments(parser)
+    streaming.add_streaming_arguments(parser)
     parser.add_argument(
         "--prepared_data", help="a folder made by `python -m vanilla_transformer.prepare` (replaces the data flags)"
     )
@@ -138,8 +143,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, value in (EMBEDDED_TASK_DEFAULTS if is_synthetic(args) else REAL_DATA_DEFAULTS).items():
         if getattr(args, name) is None and not (name == "max_steps" and other_limit):
             setattr(args, name, value)
+    if args.max_source_tokens and args.max_source_tokens > args.max_tokens:
+        parser.error(f"--max_source_tokens {args.max_source_tokens} exceeds --max_tokens {args.max_tokens}: a kept "
+                     "pair would not fit in a batch; lower the first or raise the second")  # fmt: skip
     if args.prepared_data and not prepare.is_synthetic(args):
         parser.error("--prepared_data replaces --data_dir/--train_file/--dataset_name: give one or the other")
+    if args.streaming and (args.prepared_data or args.max_epochs is not None):
+        parser.error("--streaming reads raw data and ends at --max_steps/--max_minutes: it takes neither "
+                     "--prepared_data nor --max_epochs")  # fmt: skip
     if args.evaluate_only and not args.model_name_or_path:
         parser.error("--evaluate_only needs --model_name_or_path")
     if args.push_to_hub and not args.hub_model_id:
@@ -151,6 +162,57 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def is_synthetic(args) -> bool:
     return prepare.is_synthetic(args) and not args.prepared_data
+
+
+def load_training_data(args, accelerator):
+    """(tokenizer, evaluation splits, `step_stream(position)`: the optimizer steps' batches from a data position).
+
+    By default the corpus is prepared once (tokenized, filtered, cached on disk) and memory-mapped by every process;
+    with --streaming the training pairs are read, shuffled and tokenized as they are needed.
+    """
+    accumulation = args.gradient_accumulation_steps
+    if args.streaming:
+        tokenizer = streaming.load_or_train_tokenizer(args, accelerator)
+        corpus = prepare.load_or_prepare(args, accelerator, splits=("validation", "test"), tokenizer=tokenizer)
+        epoch_batches = streaming.epoch_batches_factory(
+            args, tokenizer, accelerator.process_index, accelerator.num_processes
+        )
+        collator = TranslationCollator(tokenizer.pad_token_id)
+        accelerator.print("[data] streaming the training pairs")
+        return (
+            tokenizer,
+            corpus.splits,
+            partial(streaming.streaming_step_batches, epoch_batches, collator, accumulation),
+        )
+
+    corpus = prepare.load_or_prepare(args, accelerator)
+    accelerator.print("\n".join(corpus.summary()))
+    if args.prepared_data:  # the model card names the prepared corpus's languages
+        args.source_lang, args.target_lang = (
+            corpus.manifest["key"]["source_lang"],
+            corpus.manifest["key"]["target_lang"],
+        )
+    train_examples = TokenizedPairs(corpus.splits["train"])
+    sampler = TokenBatchSampler(
+        train_examples.source_lengths,
+        train_examples.target_lengths,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        num_replicas=accelerator.num_processes,
+        rank=accelerator.process_index,
+    )
+    collator = TranslationCollator(corpus.tokenizer.pad_token_id)
+    stats = padding_statistics(sampler.epoch_batches(), sampler.source_lengths, sampler.target_lengths)
+    accelerator.print(
+        f"[data] {len(train_examples)} training pairs, {len(sampler)} batches per process per epoch, "
+        f"padding waste {stats['padding_fraction']:.1%}"
+    )
+    evaluation_splits = {split: dataset for split, dataset in corpus.splits.items() if split != "train"}
+
+    def step_stream(position: DataPosition):
+        return optimizer_step_batches(sampler, collator, train_examples, accumulation, position, args.max_epochs)
+
+    return corpus.tokenizer, evaluation_splits, step_stream
 
 
 # --- model -----------------------------------------------------------------------------------------------------
@@ -293,27 +355,9 @@ def main(argv=None) -> None:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
 
-    # data and tokenizer: prepared once (tokenized, filtered, cached on disk), memory-mapped by every process
-    corpus = prepare.load_or_prepare(args, accelerator)
-    accelerator.print("\n".join(corpus.summary()))
-    tokenizer, splits = corpus.tokenizer, corpus.splits
-    train_examples = TokenizedPairs(splits["train"])
+    tokenizer, splits, step_stream = load_training_data(args, accelerator)
     validation = splits.get("validation")
     validation = validation.select(range(min(len(validation), args.eval_max_sentences))) if validation else None
-    sampler = TokenBatchSampler(
-        train_examples.source_lengths,
-        train_examples.target_lengths,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-        num_replicas=accelerator.num_processes,
-        rank=accelerator.process_index,
-    )
-    collator = TranslationCollator(tokenizer.pad_token_id)
-    stats = padding_statistics(sampler.epoch_batches(), sampler.source_lengths, sampler.target_lengths)
-    accelerator.print(
-        f"[data] {len(train_examples)} training pairs, {len(sampler)} batches per process per epoch, "
-        f"padding waste {stats['padding_fraction']:.1%}"
-    )
 
     # model, optimizer (5.3), schedule (equation 3)
     config = build_config(args, tokenizer)
@@ -356,13 +400,7 @@ def main(argv=None) -> None:
     window_loss, window_tokens, window_start, last_saved_step = 0.0, 0.0, time.time(), step
     device = accelerator.device
     stop_reason = "max_epochs"
-    steps = prefetch(
-        optimizer_step_batches(
-            sampler, collator, train_examples, args.gradient_accumulation_steps, position, args.max_epochs
-        ),
-        depth=args.prefetch_batches,
-        pin_memory=device.type == "cuda",
-    )
+    steps = prefetch(step_stream(position), depth=args.prefetch_batches, pin_memory=device.type == "cuda")
     for step_batches, position_after_step in steps:
         if args.max_steps is not None and step >= args.max_steps:
             stop_reason = "max_steps"

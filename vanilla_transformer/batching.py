@@ -36,8 +36,8 @@ class TokenBatchSampler:
         num_replicas: int = 1,
         rank: int = 0,
     ):
-        self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
-        self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
+        self.source_lengths = np.asarray(source_lengths, dtype=np.int32)
+        self.target_lengths = np.asarray(target_lengths, dtype=np.int32)
         if self.source_lengths.ndim != 1 or self.source_lengths.shape != self.target_lengths.shape:
             raise ValueError(
                 f"source_lengths and target_lengths must be flat and of equal size, got {len(source_lengths)} and "

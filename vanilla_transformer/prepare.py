@@ -258,7 +258,7 @@ def token_filter(source_lengths: np.ndarray, target_lengths: np.ndarray, args, r
     return keep
 
 
-def _tokenize_split(raw, tokenizer, split: str, args, report: DataReport):
+def _tokenize_split(raw, tokenizer, split: str, args, report: DataReport, workers: int | None):
     import datasets
 
     features = {"input_ids": datasets.List(datasets.Value("int32")), "labels": datasets.List(datasets.Value("int32"))}
@@ -268,7 +268,7 @@ def _tokenize_split(raw, tokenizer, split: str, args, report: DataReport):
         _encode,
         batched=True,
         fn_kwargs={"tokenizer": tokenizer},
-        num_proc=args.preprocessing_num_workers if (args.preprocessing_num_workers or 1) > 1 else None,
+        num_proc=workers,
         remove_columns=["source", "target"] if split == "train" else None,
         features=datasets.Features(features),
         desc=f"tokenizing {split}",
@@ -278,6 +278,18 @@ def _tokenize_split(raw, tokenizer, split: str, args, report: DataReport):
         if not keep.all():
             tokenized = tokenized.select(np.flatnonzero(keep))
     return tokenized
+
+
+def _progress(start: float, seconds: bool = True) -> str:
+    """` (N s, peak RSS M MB)`: the preparation's time so far and this process's memory high-water mark."""
+    parts = [f"{time.time() - start:.0f} s"] if seconds else []
+    try:
+        import resource
+
+        parts.append(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")  # KiB on Linux
+    except ImportError:  # not on Windows
+        pass
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def prepare_corpus(args, sources: dict[str, dict], folder: Path, key: dict, tokenizer=None, log=print) -> Path:
@@ -303,18 +315,21 @@ def prepare_corpus(args, sources: dict[str, dict], folder: Path, key: dict, toke
             if report.kept == 0:
                 raise DataError(f"{', '.join(report.sources)}: no translation pairs found")
             reports[split], raw[split] = report, datasets.Dataset.from_file(str(staging / "raw" / f"{split}.arrow"))
-        log(
-            f"[prepare] read {', '.join(f'{s}: {len(d)} pairs' for s, d in raw.items())} ({time.time() - start:.0f} s)"
-        )
+        log(f"[prepare] read {', '.join(f'{s}: {len(d)} pairs' for s, d in raw.items())}{_progress(start)}")
         if tokenizer is None:
             tokenizer = train_shared_tokenizer(
                 sample_texts(raw["train"], args.tokenizer_train_pairs, args.data_seed), vocab_size=args.vocab_size
             )
-            log(f"[prepare] trained a {len(tokenizer)}-token BPE vocabulary ({time.time() - start:.0f} s)")
+            log(f"[prepare] trained a {len(tokenizer)}-token BPE vocabulary{_progress(start)}")
+            # the sample touched pages all over the memory-mapped training file: map it afresh, so they leave RSS
+            raw = {split: datasets.Dataset.from_file(str(staging / "raw" / f"{split}.arrow")) for split in raw}
         tokenizer.save_pretrained(staging / TOKENIZER_FOLDER)
+        workers = args.preprocessing_num_workers if (args.preprocessing_num_workers or 1) > 1 else None
         for split in raw:
-            _tokenize_split(raw[split], tokenizer, split, args, reports[split]).save_to_disk(str(staging / split))
-            log(f"[prepare] tokenized {split} ({time.time() - start:.0f} s)")
+            tokenized = _tokenize_split(raw[split], tokenizer, split, args, reports[split], workers)
+            tokenized.save_to_disk(str(staging / split), num_proc=workers)  # written by the workers, when there are
+            del tokenized
+            log(f"[prepare] tokenized {split}{_progress(start)}")
         del raw
         shutil.rmtree(staging / "raw")
         manifest = {"key": key,
@@ -328,7 +343,7 @@ def prepare_corpus(args, sources: dict[str, dict], folder: Path, key: dict, toke
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    log(f"[prepare] prepared {folder} in {time.time() - start:.0f} s")
+    log(f"[prepare] prepared {folder} in {time.time() - start:.0f} s{_progress(start, seconds=False)}")
     return folder
 
 

@@ -1,0 +1,91 @@
+"""--streaming: the same pairs as the prepared path, split between processes, exact replay on resume, end to end."""
+
+import json
+from itertools import islice
+
+import pytest
+
+from train_accelerate import parse_args
+from vanilla_transformer import prepare, streaming
+from vanilla_transformer.batching import TranslationCollator
+from vanilla_transformer.tokenization import train_shared_tokenizer
+from vanilla_transformer.training import DataPosition
+
+from .test_prepare import SOURCES, TARGETS, corpus_dir  # noqa: F401 (a fixture)
+from .test_training import train
+
+STREAM = ["--streaming", "--max_tokens", "200", "--shuffle_buffer_size", "7", "--stream_pool_batches", "3"]
+
+
+def corpus_args(corpus_dir, cache_dir, *extra: str):  # noqa: F811
+    """The training script's arguments for the test corpus."""
+    return parse_args(["--data_dir", str(corpus_dir), "--validation_split", "val", "--vocab_size", "300",
+                       "--max_source_tokens", "40", "--data_cache_dir", str(cache_dir), *extra])  # fmt: skip
+
+
+@pytest.fixture
+def stream_args(corpus_dir, tmp_path):  # noqa: F811
+    tokenizer = train_shared_tokenizer([*SOURCES, *TARGETS], vocab_size=300)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    return corpus_args(
+        corpus_dir, tmp_path / "cache", "--tokenizer_name_or_path", str(tmp_path / "tokenizer"), *STREAM
+    )
+
+
+def rows(examples) -> list[tuple]:
+    return sorted((tuple(e["input_ids"]), tuple(e["labels"])) for e in examples)
+
+
+def test_one_pass_of_the_stream_over_two_processes_yields_the_prepared_pairs_once(stream_args):
+    corpus = prepare.load_or_prepare(stream_args)
+    prepared = rows({"input_ids": s, "labels": t} for s, t in zip(*corpus.splits["train"][:].values(), strict=True))
+    tokenizer = streaming.load_or_train_tokenizer(stream_args)
+    shares = []
+    for rank in (0, 1):
+        batches = list(streaming.epoch_batches_factory(stream_args, tokenizer, rank, 2)(0))
+        for batch in batches:
+            assert len(batch) * max(max(len(e["input_ids"]), len(e["labels"])) for e in batch) <= 200
+        shares.append(rows(example for batch in batches for example in batch))
+    assert 0 < len(shares[0]) < len(prepared) and len(shares[0]) + len(shares[1]) == len(prepared) == 60
+    assert sorted(shares[0] + shares[1]) == prepared  # the empty and the over-long pair filtered, as when prepared
+
+
+def test_streaming_resume_replays_the_epoch_to_the_same_batches(stream_args):
+    tokenizer = streaming.load_or_train_tokenizer(stream_args)
+    epoch_batches = streaming.epoch_batches_factory(stream_args, tokenizer, 0, 1)
+    collator = TranslationCollator(tokenizer.pad_token_id)
+    straight = list(islice(streaming.streaming_step_batches(epoch_batches, collator, 2, DataPosition()), 12))
+    assert straight[-1][1].epoch >= 2  # crosses epochs
+    first_epoch = [b["input_ids"].tolist() for batches, p in straight if p.epoch == 0 for b in batches]
+    second_epoch = [b["input_ids"].tolist() for batches, p in straight if p.epoch == 1 for b in batches]
+    assert first_epoch != second_epoch  # reshuffled every epoch
+    for cut in (1, 4):
+        resumed = streaming.streaming_step_batches(epoch_batches, collator, 2, straight[cut][1])
+        for (expected, expected_position), (batches, position) in zip(straight[cut + 1 :], resumed, strict=False):
+            assert position == expected_position
+            assert all(a["labels"].equal(b["labels"]) for a, b in zip(expected, batches, strict=True))
+
+
+def test_streaming_tokenizer_is_trained_once_on_the_stream_and_cached(corpus_dir, tmp_path):  # noqa: F811
+    args = corpus_args(corpus_dir, tmp_path / "cache", *STREAM, "--tokenizer_train_pairs", "30")
+    tokenizer = streaming.load_or_train_tokenizer(args)
+    assert len(tokenizer) == 300
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [next((tmp_path / "cache").iterdir()).name]
+    assert streaming.load_or_train_tokenizer(args).get_vocab() == tokenizer.get_vocab()
+
+
+def test_two_processes_stream_for_equal_steps_across_uneven_epochs(corpus_dir, tmp_path):  # noqa: F811
+    output_dir = tmp_path / "run"
+    train(output_dir, "--data_dir", str(corpus_dir), "--validation_split", "val", "--test_split", "none",
+          *STREAM, "--max_tokens", "300", "--max_steps", "7", "--save_steps", "7", "--average_last", "1",
+          "--data_cache_dir", str(tmp_path / "cache"), processes=2)  # fmt: skip
+    results = json.loads((output_dir / "results.json").read_text())
+    assert results["steps"] == 7 and results["processes"] == 2
+    assert set(results["results"]) == {"validation"}
+    steps = [json.loads(line)["step"] for line in (output_dir / "train_log.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 8))
+
+
+def test_streaming_refuses_max_epochs(tmp_path):
+    result = train(tmp_path / "run", "--streaming", "--max_epochs", "1", check=False)
+    assert result.returncode != 0 and "--streaming" in result.stderr

@@ -1,0 +1,173 @@
+"""Streaming (`--streaming`): train on a corpus larger than the disk or memory, read, shuffled and tokenized as it goes.
+
+    accelerate launch ... train_accelerate.py --dataset_name wmt14 --dataset_config fr-en --streaming \
+        --source_lang en --target_lang fr --tokenizer_name_or_path TOKENIZER --max_steps 300000 ...
+
+Per process: the training pairs (a Hub dataset opened with `streaming=True`, or local files read lazily) go through a
+seeded shuffle buffer (`--shuffle_buffer_size`, reshuffled every epoch), are split between processes
+(`datasets.distributed.split_dataset_by_node`: whole shards when they divide evenly, else every n-th pair), tokenized,
+filtered like the prepared path (`--max_source_tokens`, `--max_length_ratio`), and gathered into pools of about
+`--stream_pool_batches` batches' worth of tokens; each pool is sorted by length, cut into `--max_tokens` batches and
+shuffled with `TokenBatchSampler`, as the prepared path does for a whole epoch.
+
+Processes see different numbers of pairs, so an epoch is a per-process notion here: each process starts its next epoch
+when its share runs out, every process takes the same number of optimizer steps, and training ends at `--max_steps`
+or `--max_minutes` (`--max_epochs` is refused).
+
+Resume (`--resume_from_checkpoint`) restores the model, optimizer, schedule, RNG states and the data position (epoch,
+batches done in it), and continues with exactly the batches an uninterrupted run would have taken: the stream is
+deterministic given the seed and the epoch, so the epoch is read again from its start and the batches already trained
+on are skipped (they are read and tokenized, not trained on: resuming late in a long epoch costs that reading time).
+
+The tokenizer is `--tokenizer_name_or_path`, or a BPE trained on the first `--tokenizer_train_pairs` pairs of the
+shuffled stream, cached like a prepared corpus. The validation and test splits are small: they are prepared as usual.
+"""
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+from . import data, prepare
+from .batching import TokenBatchSampler
+from .data import DataError
+from .training import DataPosition
+
+
+def add_streaming_arguments(parser) -> None:
+    group = parser.add_argument_group("streaming (corpora larger than the disk or memory)")
+    group.add_argument("--streaming", action="store_true", help="read the training pairs as they are needed")
+    group.add_argument("--shuffle_buffer_size", type=int, default=100_000, help="pairs in the shuffle buffer")
+    group.add_argument("--stream_pool_batches", type=int, default=100, help="batches sorted and cut together")
+
+
+def _local_pairs(source: str, source_lang: str, target_lang: str) -> Iterator[dict]:
+    for pair in prepare.iter_source_pairs("train", json.loads(source), source_lang, target_lang):
+        yield {"source": pair[0], "target": pair[1]}
+
+
+def raw_stream(args):
+    """The training pairs as an `IterableDataset` of `{"source", "target"}`, empty sides dropped."""
+    import datasets
+
+    source = prepare.split_sources(args, ["train"]).get("train")
+    if source is None:
+        raise DataError("no training data: give --data_dir, --train_file or --dataset_name")
+    if source["kind"] == "hub":
+        label = data.hub_dataset_label(source["name"], source["config"], source["split"])
+        stream = data.open_hub_dataset(source["name"], source["config"], source["split"], streaming=True)
+
+        def to_pairs(batch):
+            pairs = list(data.translation_pairs(batch["translation"], label, args.source_lang, args.target_lang))
+            return {"source": [s for s, _ in pairs], "target": [t for _, t in pairs]}
+
+        stream = stream.map(to_pairs, batched=True, remove_columns=stream.column_names)
+    else:  # local files (or the embedded task), read lazily; one shard
+        stream = datasets.IterableDataset.from_generator(
+            _local_pairs,
+            gen_kwargs={
+                "source": json.dumps(source),
+                "source_lang": args.source_lang,
+                "target_lang": args.target_lang,
+            },
+        )
+    return stream.filter(lambda pair: bool(pair["source"]) and bool(pair["target"]))
+
+
+def shuffled_shard(stream, seed: int, buffer_size: int, rank: int, world_size: int):
+    """The same seeded shuffle on every process, then this process's share of it."""
+    from datasets.distributed import split_dataset_by_node
+
+    return split_dataset_by_node(stream.shuffle(seed=seed, buffer_size=buffer_size), rank, world_size)
+
+
+def load_or_train_tokenizer(args, accelerator=None):
+    """`--tokenizer_name_or_path`, or a BPE trained on the first `--tokenizer_train_pairs` pairs of the shuffled
+    stream, cached under `--data_cache_dir` by the stream and tokenizer settings (the local main process trains)."""
+    from transformers import AutoTokenizer
+
+    from .tokenization import train_shared_tokenizer
+
+    if args.tokenizer_name_or_path:
+        return AutoTokenizer.from_pretrained(args.tokenizer_name_or_path)
+    key = {**prepare.corpus_key(args, prepare.split_sources(args, ["train"])), "streaming": args.shuffle_buffer_size}
+    folder = Path(args.data_cache_dir or prepare.default_cache_dir()) / f"tokenizer-{prepare.key_hash(key)}"
+
+    def train():
+        stream = raw_stream(args).shuffle(seed=args.data_seed, buffer_size=args.shuffle_buffer_size)
+        texts = (text for pair in islice(iter(stream), args.tokenizer_train_pairs) for text in pair.values())
+        train_shared_tokenizer(texts, vocab_size=args.vocab_size).save_pretrained(folder)
+
+    if accelerator is None:
+        if not (folder / "tokenizer.json").is_file():
+            train()
+    else:
+        with accelerator.local_main_process_first():
+            if accelerator.is_local_main_process and not (folder / "tokenizer.json").is_file():
+                train()
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def tokenized_examples(pairs: Iterable[dict], tokenizer, args, batch_size: int = 1000) -> Iterator[dict]:
+    """`{"input_ids", "labels"}` of each pair, filtered by the prepared path's rules (`prepare.token_filter`)."""
+    while chunk := list(islice(pairs, batch_size)):
+        encoded = prepare._encode({"source": [p["source"] for p in chunk], "target": [p["target"] for p in chunk]},
+                                  tokenizer)  # fmt: skip
+        source_lengths = np.array([len(ids) for ids in encoded["input_ids"]])
+        target_lengths = np.array([len(ids) for ids in encoded["labels"]])
+        keep = prepare.token_filter(source_lengths, target_lengths, args, prepare.DataReport())
+        for index in np.flatnonzero(keep):
+            yield {"input_ids": encoded["input_ids"][index], "labels": encoded["labels"][index]}
+
+
+def pooled_token_batches(examples: Iterable[dict], max_tokens: int, pool_batches: int, seed: int) -> Iterator[list]:
+    """Lists of examples: each pool of about `pool_batches * max_tokens` tokens sorted by length, cut into batches
+    that fit `max_tokens` and shuffled (`TokenBatchSampler`, seeded by `seed` and the pool's number)."""
+    examples = iter(examples)
+    for pool_number in range(10**18):
+        pool, tokens = [], 0
+        for example in examples:
+            pool.append(example)
+            tokens += max(len(example["input_ids"]), len(example["labels"]))
+            if tokens >= pool_batches * max_tokens:
+                break
+        if not pool:
+            return
+        sampler = TokenBatchSampler([len(e["input_ids"]) for e in pool], [len(e["labels"]) for e in pool],
+                                    max_tokens=max_tokens, seed=seed)  # fmt: skip
+        sampler.set_epoch(pool_number)
+        for batch in sampler.epoch_batches():
+            yield [pool[index] for index in batch]
+
+
+def epoch_batches_factory(args, tokenizer, rank: int, world_size: int) -> Callable[[int], Iterator[list]]:
+    """epoch -> this process's token batches (lists of examples) of that epoch of the stream."""
+    stream = shuffled_shard(raw_stream(args), args.seed, args.shuffle_buffer_size, rank, world_size)
+
+    def epoch_batches(epoch: int) -> Iterator[list]:
+        stream.set_epoch(epoch)
+        examples = tokenized_examples(iter(stream), tokenizer, args)
+        yield from pooled_token_batches(examples, args.max_tokens, args.stream_pool_batches, seed=args.seed + epoch)
+
+    return epoch_batches
+
+
+def streaming_step_batches(
+    epoch_batches: Callable[[int], Iterable[list]], collator, accumulation_steps: int, start: DataPosition
+) -> Iterator[tuple[list[dict], DataPosition]]:
+    """Like `training.optimizer_step_batches`, for a stream: per optimizer step, `accumulation_steps` collated
+    batches and the position after them; epochs without end. From `start`, the epoch is replayed and its first
+    `start.batches_done_in_epoch` batches skipped, so a resumed run takes the batches an uninterrupted one would."""
+    epoch, skip = start.epoch, start.batches_done_in_epoch
+    while True:
+        done = 0
+        batches = iter(epoch_batches(epoch))
+        while len(group := list(islice(batches, accumulation_steps))) == accumulation_steps:
+            done += accumulation_steps
+            if done > skip:
+                yield [collator(batch) for batch in group], DataPosition(epoch, done)
+        if done == 0:
+            raise DataError(f"this process's share of the stream has fewer than {accumulation_steps} batches")
+        epoch, skip = epoch + 1, 0
