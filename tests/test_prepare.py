@@ -105,14 +105,18 @@ def test_cache_is_reused_and_any_change_of_data_tokenizer_or_filters_prepares_an
     assert not [path for path in cache.iterdir() if path.name.startswith(".incomplete")]
 
 
-def test_tokenizer_sample_is_seeded_bounded_and_whole_when_small():
-    pairs = datasets.Dataset.from_dict({"source": SOURCES, "target": TARGETS})
-    sample = list(prepare.sample_texts(pairs, 10, seed=0))
-    assert len(sample) == 20 and set(sample) <= set(SOURCES) | set(TARGETS)
-    assert sample == list(prepare.sample_texts(pairs, 10, seed=0))
-    assert sample != list(prepare.sample_texts(pairs, 10, seed=1))
-    whole = list(prepare.sample_texts(pairs, 1000, seed=0))
-    assert whole[:4] == [SOURCES[0], TARGETS[0], SOURCES[1], TARGETS[1]] and len(whole) == 120
+def test_tokenizer_sample_is_seeded_bounded_and_whole_when_small(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare, "WRITE_CHUNK_PAIRS", 7)  # several record batches
+    path = tmp_path / "pairs.arrow"
+    assert prepare.write_pairs_arrow(zip(SOURCES, TARGETS, strict=True), path) == 60
+    sample = list(prepare.sample_texts(path, 60, 10, seed=0))
+    assert len(sample) == 20 and len(set(sample)) == 20
+    pairs = set(zip(sample[::2], sample[1::2], strict=True))
+    assert pairs <= set(zip(SOURCES, TARGETS, strict=True))
+    assert sample == list(prepare.sample_texts(path, 60, 10, seed=0))
+    assert sample != list(prepare.sample_texts(path, 60, 10, seed=1))
+    whole = list(prepare.sample_texts(path, 60, 1000, seed=0))
+    assert whole == [text for pair in zip(SOURCES, TARGETS, strict=True) for text in pair]
 
 
 def test_bad_data_is_named_when_preparing(tmp_path):
