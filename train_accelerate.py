@@ -327,6 +327,7 @@ def evaluate_only(args, accelerator) -> None:
     corpus = prepare.load_or_prepare(args, accelerator, splits=("validation", "test"), tokenizer=tokenizer)
     if prepare.tokenizer_fingerprint(corpus.tokenizer) != prepare.tokenizer_fingerprint(tokenizer):
         raise data.DataError(f"{corpus.folder} was tokenized with another tokenizer than {args.model_name_or_path}'s")
+    accelerator.print("\n".join(corpus.summary()))  # which files were scored
     for split, dataset in corpus.splits.items():
         if split == "train":
             continue

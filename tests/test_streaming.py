@@ -89,3 +89,24 @@ def test_two_processes_stream_for_equal_steps_across_uneven_epochs(corpus_dir, t
 def test_streaming_refuses_max_epochs(tmp_path):
     result = train(tmp_path / "run", "--streaming", "--max_epochs", "1", check=False)
     assert result.returncode != 0 and "--streaming" in result.stderr
+
+
+def test_hub_datasets_stream_through_their_translation_column(monkeypatch, tmp_path):
+    import datasets
+
+    rows = {
+        "translation": [{"en": s, "de": t} for s, t in zip(SOURCES, TARGETS, strict=True)] + [{"en": "", "de": "x"}]
+    }
+    opened = []
+
+    def load_dataset(name, config, split, streaming):
+        opened.append((name, config, split, streaming))
+        return datasets.Dataset.from_dict(rows).to_iterable_dataset(num_shards=2)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    args = parse_args(["--dataset_name", "wmt14", "--dataset_config", "de-en", "--streaming"])
+    pairs = [(pair["source"], pair["target"]) for pair in streaming.raw_stream(args)]
+    assert opened == [("wmt14", "de-en", "train", True)]
+    assert sorted(pairs) == sorted(zip(SOURCES, TARGETS, strict=True))  # the empty side dropped
+    shares = [list(streaming.shuffled_shard(streaming.raw_stream(args), 0, 10, rank, 2)) for rank in (0, 1)]
+    assert sorted(p["source"] for share in shares for p in share) == sorted(SOURCES)  # one shard each

@@ -148,6 +148,15 @@ def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
     train(tmp_path / "evaluation", "--evaluate_only", "--model_name_or_path", str(output_dir))
     assert (tmp_path / "evaluation" / "test.hyp.txt").read_text() == (output_dir / "test.hyp.txt").read_text()
 
+    # ... and with a file named, scores exactly that file (not the embedded task) and says so
+    named = tmp_path / "named.tsv"
+    named.write_text("the red dog sleeps\tter roder hunt slafet\na bird\taine fogel\n")
+    run = train(tmp_path / "named", "--evaluate_only", "--model_name_or_path", str(output_dir), "--validation_file",
+                str(named))  # fmt: skip
+    assert len((tmp_path / "named" / "validation.hyp.txt").read_text().splitlines()) == 2
+    assert not (tmp_path / "named" / "test.hyp.txt").exists()
+    assert "named.tsv: kept 2 pairs" in run.stdout
+
 
 def test_bf16_run_records_its_precision_and_scores_the_saved_float32_model(tmp_path):
     output_dir = tmp_path / "run"

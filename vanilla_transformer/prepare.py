@@ -241,7 +241,7 @@ def sample_texts(path: Path, total_pairs: int, sample_pairs: int, seed: int) -> 
                 yield target
 
 
-def _encode(batch: dict, tokenizer) -> dict:
+def encode_pairs_batch(batch: dict, tokenizer) -> dict:
     return {
         "input_ids": tokenizer(batch["source"], return_attention_mask=False)["input_ids"],
         "labels": tokenizer(batch["target"], return_attention_mask=False)["input_ids"],
@@ -277,7 +277,7 @@ def _tokenize_split(raw, tokenizer, split: str, args, report: DataReport, worker
     if split != "train":
         features = {"source": datasets.Value("string"), "target": datasets.Value("string"), **features}
     tokenized = raw.map(
-        _encode,
+        encode_pairs_batch,
         batched=True,
         fn_kwargs={"tokenizer": tokenizer},
         num_proc=workers,

@@ -23,6 +23,7 @@ The tokenizer is `--tokenizer_name_or_path`, or a BPE trained on the first `--to
 shuffled stream, cached like a prepared corpus. The validation and test splits are small: they are prepared as usual.
 """
 
+import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
@@ -92,7 +93,9 @@ def load_or_train_tokenizer(args, accelerator=None):
 
     if args.tokenizer_name_or_path:
         return AutoTokenizer.from_pretrained(args.tokenizer_name_or_path)
-    key = {**prepare.corpus_key(args, prepare.split_sources(args, ["train"])), "streaming": args.shuffle_buffer_size}
+    corpus_key = prepare.corpus_key(args, prepare.split_sources(args, ["train"]))
+    key = {name: corpus_key[name] for name in ("format", "source_lang", "target_lang", "sources", "tokenizer")}
+    key["shuffle_buffer_size"] = args.shuffle_buffer_size  # the sample is the stream's first pairs
     folder = Path(args.data_cache_dir or prepare.default_cache_dir()) / f"tokenizer-{prepare.key_hash(key)}"
 
     def train():
@@ -113,8 +116,8 @@ def load_or_train_tokenizer(args, accelerator=None):
 def tokenized_examples(pairs: Iterable[dict], tokenizer, args, batch_size: int = 1000) -> Iterator[dict]:
     """`{"input_ids", "labels"}` of each pair, filtered by the prepared path's rules (`prepare.token_filter`)."""
     while chunk := list(islice(pairs, batch_size)):
-        encoded = prepare._encode({"source": [p["source"] for p in chunk], "target": [p["target"] for p in chunk]},
-                                  tokenizer)  # fmt: skip
+        texts = {"source": [pair["source"] for pair in chunk], "target": [pair["target"] for pair in chunk]}
+        encoded = prepare.encode_pairs_batch(texts, tokenizer)
         source_lengths = np.array([len(ids) for ids in encoded["input_ids"]])
         target_lengths = np.array([len(ids) for ids in encoded["labels"]])
         keep = prepare.token_filter(source_lengths, target_lengths, args, prepare.DataReport())
@@ -126,7 +129,7 @@ def pooled_token_batches(examples: Iterable[dict], max_tokens: int, pool_batches
     """Lists of examples: each pool of about `pool_batches * max_tokens` tokens sorted by length, cut into batches
     that fit `max_tokens` and shuffled (`TokenBatchSampler`, seeded by `seed` and the pool's number)."""
     examples = iter(examples)
-    for pool_number in range(10**18):
+    for pool_number in itertools.count():
         pool, tokens = [], 0
         for example in examples:
             pool.append(example)
