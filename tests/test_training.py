@@ -235,3 +235,13 @@ def test_bad_data_gets_a_clear_error_without_a_traceback(tmp_path, make_data, me
     result = train(tmp_path / "out", "--data_dir", str(tmp_path), "--max_steps", "1", check=False)
     assert result.returncode != 0
     assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+def test_bad_data_stops_every_process_instead_of_leaving_them_waiting(tmp_path):
+    """One process prepares while the other waits: its error must end both, not leave one at the barrier."""
+    (tmp_path / "train.en").write_text("a\nb\n")
+    (tmp_path / "train.de").write_text("x\n")
+    result = train(tmp_path / "out", "--data_dir", str(tmp_path), "--max_steps", "1",
+                   "--data_cache_dir", str(tmp_path / "cache"), processes=2, timeout=120, check=False)  # fmt: skip
+    assert result.returncode != 0
+    assert "has 2 lines but" in result.stderr and "failed on another process" in result.stderr, result.stderr[-3000:]

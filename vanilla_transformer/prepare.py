@@ -34,6 +34,7 @@ from itertools import islice
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from . import data
 from .data import DataError, DataReport, Pair
@@ -378,6 +379,23 @@ class PreparedCorpus:
         ]
 
 
+def main_process_only(accelerator, work) -> None:
+    """Run `work` on each machine's first process while the others wait; an error there is raised after the wait on
+    every process (the others get a `DataError` that points to it), so no process is left waiting for ever."""
+    failure = None
+    with accelerator.local_main_process_first():
+        if accelerator.is_local_main_process:
+            try:
+                work()
+            except Exception as error:  # raised below, once every process has left the barrier
+                failure = error
+    failed = accelerator.reduce(torch.tensor(float(failure is not None), device=accelerator.device), "sum").item()
+    if failure is not None:
+        raise failure
+    if failed:
+        raise DataError("preparing the data failed on another process: see its error above")
+
+
 def load_prepared(folder: str | Path) -> PreparedCorpus:
     import datasets
     from transformers import AutoTokenizer
@@ -410,13 +428,15 @@ def load_or_prepare(args, accelerator=None, splits: Iterable[str] = SPLITS, toke
         raise DataError("no training data: give --data_dir, --train_file or --dataset_name")
     key = corpus_key(args, sources, tokenizer)
     folder = Path(args.data_cache_dir or default_cache_dir()) / key_hash(key)
-    if accelerator is None:
+
+    def prepare_if_missing():
         if not (folder / MANIFEST).is_file():
             prepare_corpus(args, sources, folder, key, tokenizer)
+
+    if accelerator is None:
+        prepare_if_missing()
         return load_prepared(folder)
-    with accelerator.local_main_process_first():
-        if accelerator.is_local_main_process and not (folder / MANIFEST).is_file():
-            prepare_corpus(args, sources, folder, key, tokenizer)
+    main_process_only(accelerator, prepare_if_missing)
     corpus = load_prepared(folder)
     if accelerator.is_main_process:
         print(f"[data] prepared corpus: {folder}")

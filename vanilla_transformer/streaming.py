@@ -107,9 +107,7 @@ def load_or_train_tokenizer(args, accelerator=None):
         if not (folder / "tokenizer.json").is_file():
             train()
     else:
-        with accelerator.local_main_process_first():
-            if accelerator.is_local_main_process and not (folder / "tokenizer.json").is_file():
-                train()
+        prepare.main_process_only(accelerator, lambda: (folder / "tokenizer.json").is_file() or train())
     return AutoTokenizer.from_pretrained(folder)
 
 
