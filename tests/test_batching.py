@@ -151,3 +151,19 @@ def test_collator_without_labels_for_translation():
     batch = TranslationCollator(pad_token_id=0)([{"input_ids": [7, 2]}, {"input_ids": [2]}])
     assert set(batch) == {"input_ids", "attention_mask"}
     assert batch["input_ids"].tolist() == [[7, 2], [2, 0]]
+
+
+def test_batches_are_cut_exactly_as_the_greedy_rule_says():
+    """Walk the sorted examples one by one: a new batch starts when one more example would not fit."""
+    rng = random.Random(5)
+    for max_tokens in (40, 64, 300):
+        sources = [rng.randint(1, 40) for _ in range(700)]
+        targets = [rng.randint(1, 40) for _ in range(700)]
+        sampler = TokenBatchSampler(sources, targets, max_tokens=max_tokens, shuffle=False)
+        expected, size, longest = [], 0, 0
+        for position, (s, t) in enumerate(sorted(zip(sources, targets, strict=True))):
+            if size and (size + 1) * max(longest, s, t) > max_tokens:
+                expected.append(position)
+                size, longest = 0, 0
+            size, longest = size + 1, max(longest, s, t)
+        assert sampler._batch_ends == [*expected, 700]

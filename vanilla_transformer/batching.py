@@ -72,7 +72,9 @@ class TokenBatchSampler:
 
     def _sorted_order(self, rng: np.random.Generator | None) -> np.ndarray:
         """Example indices sorted by (source length, target length); ties in random order when `rng` is given."""
-        order = rng.permutation(len(self.source_lengths)) if rng is not None else np.arange(len(self.source_lengths))
+        count = len(self.source_lengths)
+        order = rng.permutation(count) if rng is not None else np.arange(count)
+        order = order.astype(np.int32) if count < 2**31 else order  # half the memory at WMT sizes
         by_length = np.lexsort((self.target_lengths[order], self.source_lengths[order]))  # stable: keeps tie order
         return order[by_length]
 
@@ -83,19 +85,18 @@ class TokenBatchSampler:
         epoch.
         """
         order = self._sorted_order(rng=None)
-        batch_ends = []
-        size = longest_source = longest_target = 0
-        for position, (source_length, target_length) in enumerate(
-            zip(self.source_lengths[order].tolist(), self.target_lengths[order].tolist(), strict=True)
-        ):
-            new_source = max(longest_source, source_length)
-            new_target = max(longest_target, target_length)
-            if size and (size + 1) * max(new_source, new_target) > self.max_tokens:
-                batch_ends.append(position)
-                size, new_source, new_target = 0, source_length, target_length
-            size += 1
-            longest_source, longest_target = new_source, new_target
-        batch_ends.append(len(order))
+        longest = np.maximum(self.source_lengths[order], self.target_lengths[order])
+        del order
+        # Greedy, one batch at a time: a batch of n examples from `start` is padded to the running maximum of
+        # `longest`; it ends before the first n with n * running_max > max_tokens. No batch holds more than
+        # max_tokens examples (each has a token), so a window of max_tokens positions decides it.
+        counts = np.arange(1, self.max_tokens + 1)
+        batch_ends, start = [], 0
+        while start < len(longest):
+            window = np.maximum.accumulate(longest[start : start + self.max_tokens])
+            too_many = np.flatnonzero(counts[: len(window)] * window > self.max_tokens)
+            start += int(too_many[0]) if len(too_many) else len(window)
+            batch_ends.append(start)
         return batch_ends
 
     def set_epoch(self, epoch: int) -> None:
