@@ -139,6 +139,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--hub_model_id")
     group.add_argument("--hub_private", action="store_true")
     args = parser.parse_args(argv)
+    check_arguments(parser, args)
+    return args
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill the defaults that depend on the data, and refuse combinations that cannot work (parser.error)."""
     other_limit = args.max_epochs is not None or args.max_minutes is not None
     for name, value in (EMBEDDED_TASK_DEFAULTS if is_synthetic(args) else REAL_DATA_DEFAULTS).items():
         if getattr(args, name) is None and not (name == "max_steps" and other_limit):
@@ -157,7 +163,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--push_to_hub needs --hub_model_id")
     if args.average_last > args.save_total_limit > 0:
         parser.error("--average_last cannot exceed --save_total_limit: the checkpoints to average must be kept")
-    return args
 
 
 def is_synthetic(args) -> bool:
@@ -322,21 +327,29 @@ def evaluate_only(args, accelerator) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=True)
     model = accelerator.prepare(model)
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-    metric = load_bleu_metric()
-    generation_kwargs = {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "do_sample": False}
     corpus = prepare.load_or_prepare(args, accelerator, splits=("validation", "test"), tokenizer=tokenizer)
     if prepare.tokenizer_fingerprint(corpus.tokenizer) != prepare.tokenizer_fingerprint(tokenizer):
         raise data.DataError(f"{corpus.folder} was tokenized with another tokenizer than {args.model_name_or_path}'s")
     accelerator.print("\n".join(corpus.summary()))  # which files were scored
-    for split, dataset in corpus.splits.items():
-        if split == "train":
-            continue
-        loader = prepared_loader(accelerator, tokenizer, dataset, args.eval_batch_size)
-        hypotheses_file = Path(args.output_dir) / f"{split}.hyp.txt"
-        result = evaluate_split(
-            accelerator, model, tokenizer, dataset, loader, metric, generation_kwargs, hypotheses_file
-        )
-        accelerator.print(f"[{split}] BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  {result['signature']}")
+    score_splits(accelerator, model, tokenizer, corpus.splits, args)
+
+
+def score_splits(accelerator, model, tokenizer, splits: dict, args) -> dict:
+    """The paper's decoding (6.1: beam 4, length penalty 0.6, input + 50) of the validation and test splits there are;
+    writes `<split>.hyp.txt` into the output folder; returns BLEU, chrF and the signature per split."""
+    metric = load_bleu_metric()
+    generation_kwargs = {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "do_sample": False}
+    results = {}
+    for split in ("validation", "test"):
+        if split in splits:
+            loader = prepared_loader(accelerator, tokenizer, splits[split], args.eval_batch_size)
+            hypotheses_file = Path(args.output_dir) / f"{split}.hyp.txt"
+            result = evaluate_split(
+                accelerator, model, tokenizer, splits[split], loader, metric, generation_kwargs, hypotheses_file
+            )
+            results[split] = {k: result[k] for k in ("bleu", "chrf", "signature")}
+            accelerator.print(f"[{split}] BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  {result['signature']}")
+    return results
 
 
 # --- main ------------------------------------------------------------------------------------------------------
@@ -467,17 +480,7 @@ def main(argv=None) -> None:
     # in float32 with the default attention, as users will run the saved model (no mixed-precision wrapper)
     model = final_model(accelerator, model, default_attention)
     averaged = load_averaged_weights(model, args, accelerator)  # in place
-    generation_kwargs = {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "do_sample": False}
-    results = {}
-    for split in ("validation", "test"):
-        if split in splits:
-            loader = prepared_loader(accelerator, tokenizer, splits[split], args.eval_batch_size)
-            hypotheses_file = output_dir / f"{split}.hyp.txt"
-            result = evaluate_split(
-                accelerator, model, tokenizer, splits[split], loader, metric, generation_kwargs, hypotheses_file
-            )
-            results[split] = {k: result[k] for k in ("bleu", "chrf", "signature")}
-            accelerator.print(f"[{split}] BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  {result['signature']}")
+    results = score_splits(accelerator, model, tokenizer, splits, args)
     accelerator.log({f"final/{split}_bleu": r["bleu"] for split, r in results.items()}, step=step)
 
     if accelerator.is_main_process:

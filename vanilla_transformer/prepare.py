@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from . import data
+from .batching import TokenizedPairs
 from .data import DataError, DataReport, Pair
 
 FORMAT_VERSION = 1
@@ -249,14 +250,6 @@ def encode_pairs_batch(batch: dict, tokenizer) -> dict:
     }
 
 
-def list_lengths(dataset, column: str) -> np.ndarray:
-    """Lengths of a list column, from the Arrow offsets (no rows are read)."""
-    chunks = dataset.data.table.column(column).chunks
-    if not chunks:
-        return np.zeros(0, dtype=np.int64)
-    return np.concatenate([np.diff(chunk.offsets.to_numpy()) for chunk in chunks]).astype(np.int64)
-
-
 def token_filter(source_lengths: np.ndarray, target_lengths: np.ndarray, args, report: DataReport) -> np.ndarray:
     """Mask of the training pairs to keep: no side longer than --max_source_tokens, no length ratio above
     --max_length_ratio (both in tokens, `</s>` included); counts the dropped pairs in `report`."""
@@ -287,7 +280,8 @@ def _tokenize_split(raw, tokenizer, split: str, args, report: DataReport, worker
         desc=f"tokenizing {split}",
     )
     if split == "train":
-        keep = token_filter(list_lengths(tokenized, "input_ids"), list_lengths(tokenized, "labels"), args, report)
+        pairs = TokenizedPairs(tokenized)  # lengths from the Arrow offsets: no row is read
+        keep = token_filter(pairs.source_lengths, pairs.target_lengths, args, report)
         if not keep.all():
             tokenized = tokenized.select(np.flatnonzero(keep))
     return tokenized
@@ -379,9 +373,12 @@ class PreparedCorpus:
         ]
 
 
-def main_process_only(accelerator, work) -> None:
+def main_process_only(accelerator, work):
     """Run `work` on each machine's first process while the others wait; an error there is raised after the wait on
-    every process (the others get a `DataError` that points to it), so no process is left waiting for ever."""
+    every process (the others get a `DataError` that points to it), so no process is left waiting for ever.
+    Without an accelerator (one process), just run `work`."""
+    if accelerator is None:
+        return work()
     failure = None
     with accelerator.local_main_process_first():
         if accelerator.is_local_main_process:
@@ -433,12 +430,9 @@ def load_or_prepare(args, accelerator=None, splits: Iterable[str] = SPLITS, toke
         if not (folder / MANIFEST).is_file():
             prepare_corpus(args, sources, folder, key, tokenizer)
 
-    if accelerator is None:
-        prepare_if_missing()
-        return load_prepared(folder)
     main_process_only(accelerator, prepare_if_missing)
     corpus = load_prepared(folder)
-    if accelerator.is_main_process:
+    if accelerator is not None and accelerator.is_main_process:
         print(f"[data] prepared corpus: {folder}")
     return corpus
 

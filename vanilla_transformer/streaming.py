@@ -103,11 +103,11 @@ def load_or_train_tokenizer(args, accelerator=None):
         texts = (text for pair in islice(iter(stream), args.tokenizer_train_pairs) for text in pair.values())
         train_shared_tokenizer(texts, vocab_size=args.vocab_size).save_pretrained(folder)
 
-    if accelerator is None:
+    def train_if_missing():
         if not (folder / "tokenizer.json").is_file():
             train()
-    else:
-        prepare.main_process_only(accelerator, lambda: (folder / "tokenizer.json").is_file() or train())
+
+    prepare.main_process_only(accelerator, train_if_missing)
     return AutoTokenizer.from_pretrained(folder)
 
 
