@@ -15,14 +15,17 @@ optimizer, loop, evaluation, saving.
 import argparse
 import datetime
 import json
-import signal
+import math
 import sys
 import time
+import uuid
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import torch
-from accelerate.utils import InitProcessGroupKwargs, set_seed
+from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list, set_seed
+from accelerate.utils import load as load_with_weights_only
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -30,9 +33,21 @@ from configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer import checkpoints, data, prepare, streaming
 from vanilla_transformer.batching import TokenBatchSampler, TokenizedPairs, TranslationCollator, padding_statistics
+from vanilla_transformer.cli import (
+    at_least,
+    non_negative_float,
+    non_negative_int,
+    number_in,
+    positive_float,
+    positive_int,
+    probability,
+)
+from vanilla_transformer.hub import push_folder_to_hub, render_model_card, save_model_folder
 from vanilla_transformer.metrics import load_bleu_metric
+from vanilla_transformer.output_folder import OutputDirError, claim_evaluation_dir, claim_output_dir
 from vanilla_transformer.training import (
     DataPosition,
+    StopSignals,
     count_target_tokens,
     evaluation_loader,
     final_model,
@@ -45,7 +60,8 @@ from vanilla_transformer.training import (
     validation_loss,
 )
 
-TRAINER_STATE = "trainer_state.json"
+# config fields that are training settings, not what the model is: a resumed run may change them
+NOT_MODEL_IDENTITY = {"transformers_version", "label_smoothing", "use_cache"}
 # Flags left unset take these values: the embedded task trains in a few minutes on a laptop CPU, real data follows
 # the paper (warm-up 4000) with the CPU-sized model unless --preset says otherwise.
 EMBEDDED_TASK_DEFAULTS = {"preset": "tiny", "max_steps": 400, "warmup_steps": 200, "save_steps": 80, "eval_steps": 200}
@@ -67,13 +83,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--ddp_timeout",
-        type=int,
+        type=positive_int,
         default=1800,
         help="seconds a process waits at a collective, e.g. while the main process prepares the corpus (torch's "
         "NCCL default is 600; prepare large corpora beforehand with python -m vanilla_transformer.prepare)",
     )
     parser.add_argument(
-        "--prefetch_batches", type=int, default=2, help="optimizer steps collated ahead in a thread; 0 = inline"
+        "--prefetch_batches",
+        type=non_negative_int,
+        default=2,
+        help="optimizer steps collated ahead in a thread; 0 = inline",
     )
 
     group = parser.add_argument_group("model")
@@ -82,20 +101,26 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=sorted(PRESETS),
         help="Table 3 base/big, or small/tiny (default: small; tiny for the embedded task)",
     )
-    group.add_argument("--d_model", type=int)
-    group.add_argument("--layers", type=int, help="encoder and decoder layers (N)")
-    group.add_argument("--heads", type=int)
-    group.add_argument("--ffn_dim", type=int)
-    group.add_argument("--dropout", type=float, help="P_drop; default: the preset's")
+    group.add_argument("--d_model", type=positive_int)
+    group.add_argument("--layers", type=positive_int, help="encoder and decoder layers (N)")
+    group.add_argument("--heads", type=positive_int)
+    group.add_argument("--ffn_dim", type=positive_int)
+    group.add_argument("--dropout", type=probability, help="P_drop; default: the preset's")
     group.add_argument("--position_embedding_type", choices=["sinusoidal", "learned"], default="sinusoidal")
 
     group = parser.add_argument_group("optimisation (paper section 5)")
-    group.add_argument("--max_tokens", type=int, default=4096, help="source and target tokens per batch per process")
-    group.add_argument("--gradient_accumulation_steps", type=int, default=1)
-    group.add_argument("--warmup_steps", type=int, help="default: 4000 (the paper); 200 for the embedded task")
-    group.add_argument("--learning_rate_scale", type=float, default=1.0, help="factor on equation (3)")
-    group.add_argument("--label_smoothing", type=float, default=0.1)
-    group.add_argument("--max_grad_norm", type=float, default=0.0, help="clip gradients; 0 = off (the paper)")
+    group.add_argument(
+        "--max_tokens", type=at_least(2), default=4096, help="source and target tokens per batch per process"
+    )
+    group.add_argument("--gradient_accumulation_steps", type=positive_int, default=1)
+    group.add_argument(
+        "--warmup_steps", type=positive_int, help="default: 4000 (the paper); 200 for the embedded task"
+    )
+    group.add_argument("--learning_rate_scale", type=positive_float, default=1.0, help="factor on equation (3)")
+    group.add_argument("--label_smoothing", type=probability, default=0.1)
+    group.add_argument(
+        "--max_grad_norm", type=non_negative_float, default=0.0, help="clip gradients; 0 = off (the paper)"
+    )
     group.add_argument(
         "--mixed_precision",
         choices=["no", "fp16", "bf16"],
@@ -108,32 +133,54 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="attention kernel while training; on CPUs with bf16, eager is faster (docs/BENCHMARKS.md)",
     )
     group.add_argument(
-        "--max_steps", type=int, help="default: 100000 (400 for the embedded task) unless another limit is given"
+        "--max_steps",
+        type=positive_int,
+        help="default: 100000 (400 for the embedded task) unless another limit is given",
     )
-    group.add_argument("--max_epochs", type=int, default=None)
-    group.add_argument("--max_minutes", type=float, default=None, help="wall-clock budget of the training loop")
-    group.add_argument("--seed", type=int, default=42, help="initialisation, dropout, batch order")
+    group.add_argument("--max_epochs", type=positive_int, default=None)
+    group.add_argument(
+        "--max_minutes", type=positive_float, default=None, help="wall-clock budget of the training loop"
+    )
+    group.add_argument("--seed", type=non_negative_int, default=42, help="initialisation, dropout, batch order")
 
     group = parser.add_argument_group("evaluation")
     group.add_argument(
-        "--eval_steps", type=int, help="validation loss and greedy BLEU every N steps (default 1000; 200)"
+        "--eval_steps", type=positive_int, help="validation loss and greedy BLEU every N steps (default 1000; 200)"
     )
-    group.add_argument("--eval_max_sentences", type=int, default=500, help="validation sentences for BLEU in training")
-    group.add_argument("--eval_batch_size", type=int, default=64)
-    group.add_argument("--num_beams", type=int, default=4, help="final decoding (paper: 4)")
-    group.add_argument("--length_penalty", type=float, default=0.6, help="final decoding (paper: 0.6)")
+    group.add_argument(
+        "--eval_max_sentences", type=positive_int, default=500, help="validation sentences for BLEU in training"
+    )
+    group.add_argument("--eval_batch_size", type=positive_int, default=64)
+    group.add_argument(
+        "--max_eval_source_tokens",
+        type=at_least(2),
+        default=1024,
+        help="evaluation truncates longer sources and targets (counted), bounding its memory",
+    )
+    group.add_argument("--num_beams", type=positive_int, default=4, help="final decoding (paper: 4)")
+    group.add_argument("--length_penalty", type=number_in(-math.inf), default=0.6, help="final decoding (paper: 0.6)")
     group.add_argument("--evaluate_only", action="store_true", help="translate and score with a saved model")
     group.add_argument("--model_name_or_path", help="saved model folder for --evaluate_only")
 
     group = parser.add_argument_group("checkpoints, logging, sharing")
     group.add_argument("--output_dir", default="outputs/vanilla-transformer")
     group.add_argument(
-        "--save_steps", type=int, help="checkpoint every N steps (default 1000; 80 for the embedded task)"
+        "--overwrite_output_dir",
+        action="store_true",
+        help="delete an earlier run's checkpoints, logs and model in --output_dir first (else such a folder is "
+        "refused, unless resumed)",
     )
-    group.add_argument("--save_total_limit", type=int, default=5, help="keep the last K checkpoints")
-    group.add_argument("--average_last", type=int, default=5, help="average the last K checkpoints (paper: 5/20)")
+    group.add_argument(
+        "--save_steps", type=positive_int, help="checkpoint every N steps (default 1000; 80 for the embedded task)"
+    )
+    group.add_argument(
+        "--save_total_limit", type=non_negative_int, default=5, help="keep the last K checkpoints (0: all)"
+    )
+    group.add_argument(
+        "--average_last", type=positive_int, default=5, help="average the last K checkpoints (paper: 5/20)"
+    )
     group.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or `latest`")
-    group.add_argument("--logging_steps", type=int, default=50)
+    group.add_argument("--logging_steps", type=positive_int, default=50)
     group.add_argument("--report_to", default="none", help="an accelerate tracker, e.g. tensorboard")
     group.add_argument("--push_to_hub", action="store_true")
     group.add_argument("--hub_model_id")
@@ -145,6 +192,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Fill the defaults that depend on the data, and refuse combinations that cannot work (parser.error)."""
+    prepare.check_data_arguments(parser, args)
+    if args.resume_from_checkpoint and args.overwrite_output_dir:
+        parser.error("--resume_from_checkpoint continues the run in --output_dir; --overwrite_output_dir deletes it")
     other_limit = args.max_epochs is not None or args.max_minutes is not None
     for name, value in (EMBEDDED_TASK_DEFAULTS if is_synthetic(args) else REAL_DATA_DEFAULTS).items():
         if getattr(args, name) is None and not (name == "max_steps" and other_limit):
@@ -250,43 +300,115 @@ def build_config(args, tokenizer) -> VanillaTransformerConfig:
 # --- checkpoints -----------------------------------------------------------------------------------------------
 
 
-def save_checkpoint(accelerator, args, step: int, position: DataPosition, elapsed_seconds: float) -> None:
-    """accelerator.save_state into a staging folder, renamed into place once complete; keeps the last K."""
+@dataclass
+class RunState:
+    """Where the run stands; saved in each checkpoint's trainer_state.json beside accelerate's state."""
+
+    run_id: str | None  # the run that owns the checkpoints it prunes and averages (None: saved before ids existed)
+    step: int = 0
+    position: DataPosition = field(default_factory=DataPosition)
+    elapsed_seconds: float = 0.0
+
+
+def new_run_id(accelerator) -> str:
+    run_id = [uuid.uuid4().hex]
+    broadcast_object_list(run_id)  # the main process's id, on every process
+    return run_id[0]
+
+
+def run_identity(config, tokenizer) -> dict:
+    """What a checkpoint must share with the run that resumes it: the model (its config without training settings)
+    and the tokenizer."""
+    model_config = {k: v for k, v in config.to_diff_dict().items() if k not in NOT_MODEL_IDENTITY}
+    return {"model_config": model_config, "tokenizer": prepare.tokenizer_fingerprint(tokenizer)}
+
+
+def save_checkpoint(accelerator, args, state: RunState, schedule, identity: dict) -> None:
+    """accelerator.save_state into a staging folder, renamed into place once complete (with checksums); keeps the
+    run's last K. The schedule and the data position go into JSON (nothing of ours is pickled)."""
     root = Path(args.output_dir) / "checkpoints"
-    staging = checkpoints.staging_dir(root, step)
+    staging = checkpoints.staging_dir(root, state.step)
     accelerator.save_state(str(staging))
     if accelerator.is_main_process:
-        state = {"step": step, "epoch": position.epoch, "batches_done_in_epoch": position.batches_done_in_epoch,
-                 "elapsed_seconds": elapsed_seconds}  # fmt: skip
-        (staging / TRAINER_STATE).write_text(json.dumps(state, indent=2))
+        trainer_state = {"run_id": state.run_id, "step": state.step, "epoch": state.position.epoch,
+                         "batches_done_in_epoch": state.position.batches_done_in_epoch,
+                         "elapsed_seconds": state.elapsed_seconds, "schedule": schedule.state_dict(), **identity}  # fmt: skip
+        (staging / checkpoints.TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        checkpoints.finalize_checkpoint(staging, checkpoints.checkpoint_dir(root, step))
-        checkpoints.prune_checkpoints(root, args.save_total_limit)
+        checkpoints.finalize_checkpoint(staging, checkpoints.checkpoint_dir(root, state.step))
+        checkpoints.prune_checkpoints(root, args.save_total_limit, run_id=state.run_id)
     accelerator.wait_for_everyone()
 
 
-def resume(accelerator, args) -> tuple[int, DataPosition, float]:
-    """Restore model, optimizer, schedule and RNG states; return (step, data position, elapsed seconds)."""
-    root = Path(args.output_dir) / "checkpoints"
-    path = checkpoints.latest_checkpoint(root) if args.resume_from_checkpoint == "latest" else None
-    path = path or Path(args.resume_from_checkpoint)
-    if args.resume_from_checkpoint == "latest" and not checkpoints.is_complete_checkpoint(path):
-        accelerator.print(f"[resume] no checkpoint in {root}; starting from scratch")
-        return 0, DataPosition(), 0.0
-    if not checkpoints.is_complete_checkpoint(path):
-        raise FileNotFoundError(f"{path} is not a complete checkpoint (a step_* folder with model.safetensors).")
+def find_resume_checkpoint(args, accelerator) -> Path | None:
+    """The given checkpoint, which must be intact; or with `latest`, the newest intact one in --output_dir (damaged
+    newer ones are named and skipped); None when the folder has no checkpoint at all."""
+    if args.resume_from_checkpoint != "latest":
+        path = Path(args.resume_from_checkpoint)
+        if problem := checkpoints.checkpoint_problem(path):
+            raise checkpoints.CheckpointError(f"cannot resume from {path}: {problem}")
+        return path
+    candidates = checkpoints.list_checkpoints(Path(args.output_dir) / "checkpoints")
+    for path in reversed(candidates):
+        if (problem := checkpoints.checkpoint_problem(path)) is None:
+            return path
+        accelerator.print(f"[resume] skipping {path.name}: {problem}")
+    if candidates:
+        raise checkpoints.CheckpointError(f"no intact checkpoint in {Path(args.output_dir) / 'checkpoints'}")
+    return None
+
+
+def check_checkpoint_matches(path: Path, identity: dict, model) -> None:
+    """Refuse a checkpoint of another model or tokenizer, naming what differs, before anything is loaded (checkpoints
+    saved before the model's config was recorded are compared by their weights' shapes)."""
+    saved = checkpoints.trainer_state(path)
+    if "model_config" in saved:
+        there, here = saved["model_config"], identity["model_config"]
+        differing = [k for k in sorted(there.keys() | here.keys()) if there.get(k) != here.get(k)]
+        differences = [f"{k}: {there.get(k)!r} there, {here.get(k)!r} here" for k in differing]
+    else:
+        there, here = checkpoints.weight_shapes(path), {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        differing = [k for k in there if there[k] != here.get(k)][:3]
+        differences = [f"{k}: shape {there[k]} there, {here.get(k)} here" for k in differing]
+    if differences:
+        raise checkpoints.CheckpointError(
+            f"{path} is a checkpoint of another model ({'; '.join(differences)}): resume with the model flags it was "
+            "trained with, or start a new run in another --output_dir"
+        )
+    if saved.get("tokenizer", identity["tokenizer"]) != identity["tokenizer"]:
+        raise checkpoints.CheckpointError(
+            f"{path} was trained with another tokenizer (other data, --vocab_size or --tokenizer_name_or_path): "
+            "resume with the data flags it was trained with"
+        )
+
+
+def resume(accelerator, args, model, schedule, identity: dict) -> RunState | None:
+    """Restore model, optimizer, RNG states (accelerate), schedule and data position (ours, JSON)."""
+    path = find_resume_checkpoint(args, accelerator)
+    if path is None:
+        accelerator.print(f"[resume] no checkpoint in {Path(args.output_dir) / 'checkpoints'}; starting from scratch")
+        return None
+    check_checkpoint_matches(path, identity, accelerator.unwrap_model(model))
     accelerator.load_state(str(path))
-    state = json.loads((path / TRAINER_STATE).read_text())
-    accelerator.print(f"[resume] from {path} at step {state['step']}")
-    return state["step"], DataPosition(state["epoch"], state["batches_done_in_epoch"]), state["elapsed_seconds"]
+    saved = checkpoints.trainer_state(path)
+    if "schedule" in saved:
+        schedule.load_state_dict(saved["schedule"])
+    else:  # saved before the schedule went into trainer_state.json: accelerate's pickle, read with weights_only
+        schedule.load_state_dict(load_with_weights_only(path / "custom_checkpoint_0.pkl"))
+    accelerator.print(f"[resume] from {path} at step {saved['step']}")
+    position = DataPosition(saved["epoch"], saved["batches_done_in_epoch"])
+    return RunState(saved.get("run_id"), saved["step"], position, saved["elapsed_seconds"])
 
 
-def load_averaged_weights(model, args, accelerator) -> int:
-    """Section 6.1: average the last K checkpoints into the final model; returns how many were averaged."""
-    paths = checkpoints.list_checkpoints(Path(args.output_dir) / "checkpoints")[-args.average_last :]
+def load_averaged_weights(model, args, accelerator, run_id) -> int:
+    """Section 6.1: average this run's last K checkpoints into the final model; returns how many were averaged."""
+    paths = checkpoints.list_checkpoints(Path(args.output_dir) / "checkpoints", run_id)[-args.average_last :]
     if len(paths) < 2:
         return len(paths)
+    for path in paths:
+        if problem := checkpoints.checkpoint_problem(path, only=(checkpoints.WEIGHTS_NAME,)):
+            raise checkpoints.CheckpointError(f"cannot average {path}: {problem}")
     averaged = checkpoints.average_checkpoints(paths)
     missing, unexpected = model.load_state_dict(averaged, strict=False)
     tied = set(model.get_expanded_tied_weights_keys(all_submodels=True)) | {
@@ -301,10 +423,23 @@ def load_averaged_weights(model, args, accelerator) -> int:
 # --- evaluation ------------------------------------------------------------------------------------------------
 
 
-def prepared_loader(accelerator, tokenizer, dataset, batch_size: int):
-    """An evaluation loader over a prepared split, sharded over processes by Accelerate."""
+def max_eval_tokens(args, config) -> int:
+    """--max_eval_source_tokens, lowered so that input + 50 output tokens fit a learned position table."""
+    if config.position_embedding_type == "learned":
+        return min(args.max_eval_source_tokens, config.max_position_embeddings - 50)
+    return args.max_eval_source_tokens
+
+
+def prepared_loader(accelerator, tokenizer, dataset, args, config, split: str):
+    """An evaluation loader over a prepared split, sharded over processes by Accelerate; over-long lines are
+    truncated and counted."""
     collator = TranslationCollator(tokenizer.pad_token_id)
-    return accelerator.prepare(evaluation_loader(TokenizedPairs(dataset), collator, batch_size))
+    max_tokens = max_eval_tokens(args, config)
+    loader, truncated = evaluation_loader(TokenizedPairs(dataset), collator, args.eval_batch_size, max_tokens)
+    if truncated:
+        accelerator.print(f"[{split}] {truncated} of {len(dataset)} pairs have a side longer than {max_tokens} "
+                          "tokens; truncated (see --max_eval_source_tokens)")  # fmt: skip
+    return accelerator.prepare(loader)
 
 
 def evaluate_split(accelerator, model, tokenizer, dataset, loader, metric, generation_kwargs, write_to=None) -> dict:
@@ -323,6 +458,9 @@ def evaluate_split(accelerator, model, tokenizer, dataset, loader, metric, gener
 
 
 def evaluate_only(args, accelerator) -> None:
+    prepare.main_process_only(
+        accelerator, partial(claim_evaluation_dir, args.output_dir, args.overwrite_output_dir), "checking --output_dir"
+    )
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=True)
     model = accelerator.prepare(model)
@@ -331,7 +469,10 @@ def evaluate_only(args, accelerator) -> None:
     if prepare.tokenizer_fingerprint(corpus.tokenizer) != prepare.tokenizer_fingerprint(tokenizer):
         raise data.DataError(f"{corpus.folder} was tokenized with another tokenizer than {args.model_name_or_path}'s")
     accelerator.print("\n".join(corpus.summary()))  # which files were scored
-    score_splits(accelerator, model, tokenizer, corpus.splits, args)
+    results = score_splits(accelerator, accelerator.unwrap_model(model), tokenizer, corpus.splits, args)
+    if accelerator.is_main_process:
+        scored = {"model": args.model_name_or_path, "data": corpus.summary(), "results": results}
+        (Path(args.output_dir) / "eval_results.json").write_text(json.dumps(scored, indent=2))
 
 
 def score_splits(accelerator, model, tokenizer, splits: dict, args) -> dict:
@@ -342,7 +483,7 @@ def score_splits(accelerator, model, tokenizer, splits: dict, args) -> dict:
     results = {}
     for split in ("validation", "test"):
         if split in splits:
-            loader = prepared_loader(accelerator, tokenizer, splits[split], args.eval_batch_size)
+            loader = prepared_loader(accelerator, tokenizer, splits[split], args, model.config, split)
             hypotheses_file = Path(args.output_dir) / f"{split}.hyp.txt"
             result = evaluate_split(
                 accelerator, model, tokenizer, splits[split], loader, metric, generation_kwargs, hypotheses_file
@@ -352,7 +493,118 @@ def score_splits(accelerator, model, tokenizer, splits: dict, args) -> dict:
     return results
 
 
+# --- the loop --------------------------------------------------------------------------------------------------
+
+
+class TrainingLog:
+    """Every --logging_steps: the mean loss per target token and tokens/s since the last line, into
+    train_log.jsonl (main process), accelerate's trackers and the progress bar."""
+
+    def __init__(self, accelerator, args, progress):
+        self.accelerator, self.progress = accelerator, progress
+        self.file = Path(args.output_dir) / "train_log.jsonl"
+        self.loss, self.tokens, self.start = 0.0, 0.0, time.time()
+
+    def add(self, step_loss: float, step_tokens: float) -> None:
+        self.loss, self.tokens = self.loss + step_loss, self.tokens + step_tokens
+
+    def write(self, step: int, lr: float, epoch: int) -> None:
+        loss_per_token = (self.accelerator.reduce(self.loss, "sum") / self.tokens).item()
+        tokens_per_second = self.tokens / (time.time() - self.start)
+        record = {"step": step, "loss": loss_per_token, "lr": lr, "target_tokens_per_second": tokens_per_second,
+                  "epoch": epoch}  # fmt: skip
+        self.progress.set_postfix(loss=f"{loss_per_token:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
+        self.accelerator.log({"train/" + k: v for k, v in record.items() if k != "step"}, step=step)
+        if self.accelerator.is_main_process:
+            with self.file.open("a") as log:
+                log.write(json.dumps(record) + "\n")
+        self.loss, self.tokens, self.start = 0.0, 0.0, time.time()
+
+
+def periodic_evaluation(accelerator, model, tokenizer, validation, loader, step: int, progress) -> None:
+    """Validation loss and greedy BLEU on the first --eval_max_sentences validation pairs."""
+    losses = validation_loss(accelerator, model, loader)
+    bleu = evaluate_split(accelerator, model, tokenizer, validation, loader, load_bleu_metric(), {"num_beams": 1})
+    if accelerator.is_main_process:
+        progress.write(f"[eval] step {step}: nll {losses['nll']:.3f}  greedy BLEU {bleu['bleu']:.2f}")
+    accelerator.log({"eval/nll": losses["nll"], "eval/bleu_greedy": bleu["bleu"]}, step=step)
+
+
+def train_loop(accelerator, args, run, state: RunState, stop_signals: StopSignals) -> str:
+    """Section 5: optimizer steps until a limit or a stop request; returns why it stopped. `state` advances in place
+    and is checkpointed every --save_steps and at the end."""
+    model, optimizer, schedule = run["model"], run["optimizer"], run["schedule"]
+    progress = tqdm(
+        total=args.max_steps, initial=state.step, disable=not accelerator.is_local_main_process, desc="train"
+    )
+    log = TrainingLog(accelerator, args, progress)
+    start_time, last_saved_step, stop_reason = time.time() - state.elapsed_seconds, state.step, "max_epochs"
+    steps = prefetch(run["step_stream"](state.position), args.prefetch_batches, accelerator.device.type == "cuda")
+    for step_batches, position_after_step in steps:
+        if args.max_steps is not None and state.step >= args.max_steps:
+            stop_reason = "max_steps"
+            break
+        # One collective per step: the step's global target-token count, and whether any process must stop.
+        out_of_time = args.max_minutes is not None and time.time() - start_time > args.max_minutes * 60
+        local = [sum(count_target_tokens(b) for b in step_batches), float(stop_signals.requested or out_of_time)]
+        global_tokens, stop_votes = accelerator.reduce(
+            torch.tensor(local, dtype=torch.float64, device=accelerator.device)
+        ).tolist()
+        if stop_votes:
+            stop_reason = "signal" if stop_signals.requested else "max_minutes"
+            break
+        model.train()
+        log.add(forward_backward(accelerator, model, step_batches, global_tokens), global_tokens)
+        if args.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        state.step, state.position = state.step + 1, position_after_step
+        state.elapsed_seconds = time.time() - start_time
+        progress.update(1)
+        if state.step % args.logging_steps == 0:
+            log.write(state.step, schedule.get_last_lr()[0], state.position.epoch)
+        if state.step % args.eval_steps == 0 and run["validation"]:
+            periodic_evaluation(accelerator, model, run["tokenizer"], run["validation"], run["validation_loader"],
+                                state.step, progress)  # fmt: skip
+        if state.step % args.save_steps == 0:
+            save_checkpoint(accelerator, args, state, schedule, run["identity"])
+            last_saved_step = state.step
+    steps.close()
+    progress.close()
+    state.elapsed_seconds = time.time() - start_time
+    if state.step != last_saved_step:
+        save_checkpoint(accelerator, args, state, schedule, run["identity"])
+    return stop_reason
+
+
 # --- main ------------------------------------------------------------------------------------------------------
+
+
+def set_up_run(args, accelerator) -> tuple[dict, RunState]:
+    """Data, model, optimizer (5.3) and schedule (equation 3); resumed from a checkpoint when asked."""
+    tokenizer, splits, step_stream = load_training_data(args, accelerator)
+    config = build_config(args, tokenizer)
+    model = VanillaTransformerForConditionalGeneration(config)
+    default_attention = model.config._attn_implementation  # what the saved model will use (sdpa)
+    model.set_attn_implementation(args.attn_implementation)
+    accelerator.print(f"[model] {args.preset}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    optimizer, schedule = make_optimizer_and_schedule(
+        model, config.d_model, args.warmup_steps, args.learning_rate_scale
+    )
+    # The schedule is not prepared: accelerate would step it once per process, and equation (3) counts steps.
+    # Nor registered for checkpointing: accelerate pickles registered objects; ours go into trainer_state.json.
+    model, optimizer = accelerator.prepare(model, optimizer)
+    validation = splits.get("validation")
+    validation = validation.select(range(min(len(validation), args.eval_max_sentences))) if validation else None
+    run = {"tokenizer": tokenizer, "splits": splits, "step_stream": step_stream, "model": model,
+           "optimizer": optimizer, "schedule": schedule, "default_attention": default_attention,
+           "identity": run_identity(config, tokenizer), "validation": validation,
+           "validation_loader": validation and prepared_loader(accelerator, tokenizer, validation, args, config,
+                                                               "validation")}  # fmt: skip
+    state = args.resume_from_checkpoint and resume(accelerator, args, model, schedule, run["identity"])
+    return run, state or RunState(new_run_id(accelerator))
 
 
 def main(argv=None) -> None:
@@ -365,139 +617,60 @@ def main(argv=None) -> None:
     )
     if args.evaluate_only:
         return evaluate_only(args, accelerator)
+    # before any data is prepared: the output folder is this run's (or refused)
+    prepare.main_process_only(accelerator, partial(claim_output_dir, args), "checking --output_dir")
     set_seed(args.seed)
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-
-    tokenizer, splits, step_stream = load_training_data(args, accelerator)
-    validation = splits.get("validation")
-    validation = validation.select(range(min(len(validation), args.eval_max_sentences))) if validation else None
-
-    # model, optimizer (5.3), schedule (equation 3)
-    config = build_config(args, tokenizer)
-    model = VanillaTransformerForConditionalGeneration(config)
-    default_attention = model.config._attn_implementation  # what the saved model will use (sdpa)
-    model.set_attn_implementation(args.attn_implementation)
-    accelerator.print(f"[model] {args.preset}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
-    optimizer, schedule = make_optimizer_and_schedule(
-        model, config.d_model, args.warmup_steps, args.learning_rate_scale
-    )
-    # The schedule is not prepared: accelerate would step it once per process, and equation (3) counts steps.
-    model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(schedule)
-    validation_loader = (
-        prepared_loader(accelerator, tokenizer, validation, args.eval_batch_size) if validation else None
-    )
-    metric = load_bleu_metric()
-
-    step, position, elapsed_before = 0, DataPosition(), 0.0
-    if args.resume_from_checkpoint:
-        step, position, elapsed_before = resume(accelerator, args)
+    run, state = set_up_run(args, accelerator)
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     if accelerator.is_main_process and args.report_to != "none":
         hyperparameters = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers("vanilla_transformer", config=hyperparameters)
 
-    # SIGTERM/SIGINT: finish the current step, save a checkpoint, exit. All processes stop at the same step.
-    stop_signal = {"number": 0}
-
-    def request_stop(number, frame):
-        stop_signal["number"] = number
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-
-    # the loop
-    log_file = output_dir / "train_log.jsonl"
-    progress = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process, desc="train")
-    start_time = time.time() - elapsed_before
-    # the logged loss and tokens/s are means over the steps since the last log line
-    window_loss, window_tokens, window_start, last_saved_step = 0.0, 0.0, time.time(), step
-    device = accelerator.device
-    stop_reason = "max_epochs"
-    steps = prefetch(step_stream(position), depth=args.prefetch_batches, pin_memory=device.type == "cuda")
-    for step_batches, position_after_step in steps:
-        if args.max_steps is not None and step >= args.max_steps:
-            stop_reason = "max_steps"
-            break
-        # One collective per step: the step's global target-token count, and whether any process must stop.
-        out_of_time = args.max_minutes is not None and time.time() - start_time > args.max_minutes * 60
-        local = [sum(count_target_tokens(b) for b in step_batches), float(stop_signal["number"] or out_of_time)]
-        global_tokens, stop_votes = accelerator.reduce(
-            torch.tensor(local, dtype=torch.float64, device=device)
-        ).tolist()
-        if stop_votes:
-            stop_reason = "signal" if stop_signal["number"] else "max_minutes"
-            break
-
-        model.train()
-        step_loss = forward_backward(accelerator, model, step_batches, global_tokens)
-        if args.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        step, position = step + 1, position_after_step
-        progress.update(1)
-        window_loss, window_tokens = window_loss + step_loss, window_tokens + global_tokens
-
-        if step % args.logging_steps == 0:
-            loss_per_token = (accelerator.reduce(window_loss, "sum") / window_tokens).item()
-            tokens_per_second = window_tokens / (time.time() - window_start)
-            record = {"step": step, "loss": loss_per_token, "lr": schedule.get_last_lr()[0],
-                      "target_tokens_per_second": tokens_per_second, "epoch": position.epoch}  # fmt: skip
-            progress.set_postfix(
-                loss=f"{loss_per_token:.3f}", lr=f"{record['lr']:.2e}", tok_s=f"{tokens_per_second:.0f}"
-            )
-            accelerator.log({"train/" + k: v for k, v in record.items() if k != "step"}, step=step)
-            if accelerator.is_main_process:
-                with log_file.open("a") as log:
-                    log.write(json.dumps(record) + "\n")
-            window_loss, window_tokens, window_start = 0.0, 0.0, time.time()
-        if step % args.eval_steps == 0 and validation:
-            losses = validation_loss(accelerator, model, validation_loader)
-            bleu = evaluate_split(
-                accelerator, model, tokenizer, validation, validation_loader, metric, {"num_beams": 1}
-            )
-            if accelerator.is_main_process:
-                progress.write(f"[eval] step {step}: nll {losses['nll']:.3f}  greedy BLEU {bleu['bleu']:.2f}")
-            accelerator.log({"eval/nll": losses["nll"], "eval/bleu_greedy": bleu["bleu"]}, step=step)
-        if step % args.save_steps == 0:
-            save_checkpoint(accelerator, args, step, position, time.time() - start_time)
-            last_saved_step = step
-    steps.close()
-    progress.close()
-    training_seconds = time.time() - start_time
-
-    if step != last_saved_step:
-        save_checkpoint(accelerator, args, step, position, training_seconds)
+    stop_signals = StopSignals()
+    stop_reason = train_loop(accelerator, args, run, state, stop_signals)
     if stop_reason == "signal":
-        accelerator.print(f"[stop] signal {stop_signal['number']} at step {step}: checkpoint saved; "
+        accelerator.print(f"[stop] signal {stop_signals.number} at step {state.step}: checkpoint saved; "
                           "continue with --resume_from_checkpoint latest")  # fmt: skip
-        accelerator.end_training()
-        return
-
-    # final model: averaged checkpoints (6.1), the paper's decoding (beam 4, length penalty 0.6, input + 50),
-    # in float32 with the default attention, as users will run the saved model (no mixed-precision wrapper)
-    model = final_model(accelerator, model, default_attention)
-    averaged = load_averaged_weights(model, args, accelerator)  # in place
-    results = score_splits(accelerator, model, tokenizer, splits, args)
-    accelerator.log({f"final/{split}_bleu": r["bleu"] for split, r in results.items()}, step=step)
-
-    if accelerator.is_main_process:
-        summary = {"steps": step, "processes": accelerator.num_processes, "stop_reason": stop_reason, "training_minutes": training_seconds / 60,
-                   "mixed_precision": accelerator.mixed_precision,
-                   "checkpoints_averaged": averaged, "results": results, "preset": args.preset,
-                   "parameters": sum(p.numel() for p in model.parameters())}  # fmt: skip
-        (output_dir / "results.json").write_text(json.dumps(summary, indent=2))
-        save_final_model(model, tokenizer, args, summary)
-    accelerator.wait_for_everyone()
+    else:
+        finish(accelerator, args, run, state, stop_reason, stop_signals)
     accelerator.end_training()
 
 
-def save_final_model(model, tokenizer, args, summary: dict) -> None:
-    """The output folder becomes a Hub-ready model repo (weights, config, code, tokenizer, card)."""
-    from vanilla_transformer.hub import push_folder_to_hub, save_model_folder
+def finish(accelerator, args, run, state: RunState, stop_reason: str, stop_signals: StopSignals) -> None:
+    """The final model: averaged checkpoints (6.1), saved as a Hub-ready folder, then the paper's decoding of the
+    validation and test sets (beam 4, length penalty 0.6, input + 50) in float32 with the default attention, as users
+    run the saved model. The folder and results.json are written before evaluating, so a crash or a Ctrl-C there
+    loses nothing; a signal while saving is acted on once the folder is complete."""
+    model = final_model(accelerator, run["model"], run["default_attention"])
+    summary = {"steps": state.step, "processes": accelerator.num_processes, "stop_reason": stop_reason,
+               "training_minutes": state.elapsed_seconds / 60, "mixed_precision": accelerator.mixed_precision,
+               "checkpoints_averaged": load_averaged_weights(model, args, accelerator, state.run_id),
+               "results": {}, "preset": args.preset, "parameters": sum(p.numel() for p in model.parameters())}  # fmt: skip
+    if accelerator.is_main_process:
+        save_final_model(model, run["tokenizer"], args, summary)
+    accelerator.wait_for_everyone()
+    if stop_signals.requested:
+        accelerator.print(f"[stop] signal {stop_signals.number}: the model folder is saved, the final evaluation "
+                          f"skipped; score it with --evaluate_only --model_name_or_path {args.output_dir}")  # fmt: skip
+        return
+    stop_signals.restore_defaults()
+    try:
+        summary["results"] = score_splits(accelerator, model, run["tokenizer"], run["splits"], args)
+    except KeyboardInterrupt:
+        sys.exit(f"[stop] interrupted during the final evaluation; the model folder {args.output_dir} is saved; "
+                 f"score it with --evaluate_only --model_name_or_path {args.output_dir}")  # fmt: skip
+    accelerator.log({f"final/{split}_bleu": r["bleu"] for split, r in summary["results"].items()}, step=state.step)
+    if accelerator.is_main_process:
+        save_final_model(model, run["tokenizer"], args, summary, card_only=True)
+        if args.push_to_hub:
+            push_folder_to_hub(args.output_dir, args.hub_model_id, private=args.hub_private)
+    accelerator.wait_for_everyone()
 
+
+def save_final_model(model, tokenizer, args, summary: dict, card_only: bool = False) -> None:
+    """results.json and the Hub-ready model folder (weights, config, code, tokenizer, card); `card_only` rewrites
+    the card and results.json once the scores are known."""
+    (Path(args.output_dir) / "results.json").write_text(json.dumps(summary, indent=2))
     card_values = {
         "source_lang": args.source_lang,
         "target_lang": args.target_lang,
@@ -518,14 +691,14 @@ def save_final_model(model, tokenizer, args, summary: dict) -> None:
         card_values[f"{split}_bleu"] = round(result["bleu"], 2)
         card_values[f"{split}_chrf"] = round(result["chrf"], 2)
         card_values["bleu_signature"] = result["signature"]
-    folder = save_model_folder(model, tokenizer, args.output_dir, card_values=card_values)
-    print(f"[save] model folder: {folder}")
-    if args.push_to_hub:
-        push_folder_to_hub(folder, args.hub_model_id, private=args.hub_private)
+    if card_only:
+        (Path(args.output_dir) / "README.md").write_text(render_model_card(model, card_values), encoding="utf-8")
+    else:
+        print(f"[save] model folder: {save_model_folder(model, tokenizer, args.output_dir, card_values=card_values)}")
 
 
 if __name__ == "__main__":
     try:
         main()
-    except (data.DataError, FileNotFoundError) as error:
+    except (data.DataError, FileNotFoundError, checkpoints.CheckpointError, OutputDirError) as error:
         sys.exit(f"error: {error}")

@@ -16,8 +16,15 @@ into place when done, so an interrupted save never looks like a checkpoint:
     accelerator.wait_for_everyone()
 
 The weights are only ever read with safetensors (no pickle).
+
+Integrity: `finalize_checkpoint` first writes `checksums.json` (size and sha256 of every file), and
+`checkpoint_problem` compares a folder against it, so a truncated or damaged file is named before anything is
+loaded. Ownership: `trainer_state.json` (written by the training script) carries the run's id; listing, pruning
+and averaging take `run_id` and only ever touch that run's checkpoints.
 """
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -25,9 +32,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 WEIGHTS_NAME = "model.safetensors"
+CHECKSUMS_NAME = "checksums.json"
+TRAINER_STATE = "trainer_state.json"
+ANY_RUN = object()  # `run_id` that matches every checkpoint
+
+
+class CheckpointError(Exception):
+    """A checkpoint is damaged, or belongs to another model or run; the message names the folder or file."""
 CHECKPOINT_PREFIX = "step_"
 STAGING_PREFIX = ".incomplete_"
 _CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
@@ -51,6 +66,7 @@ def finalize_checkpoint(tmp_dir: str | Path, final_dir: str | Path) -> Path:
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
     if not (tmp_dir / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(f"{tmp_dir} has no {WEIGHTS_NAME}; refusing to finalize an incomplete save.")
+    write_checksums(tmp_dir)
     if final_dir.exists():
         replaced_dir = final_dir.with_name(f"{STAGING_PREFIX}replaced_{final_dir.name}")
         shutil.rmtree(replaced_dir, ignore_errors=True)
@@ -73,28 +89,37 @@ def is_complete_checkpoint(path: str | Path) -> bool:
     return checkpoint_step(path) is not None and path.is_dir() and (path / WEIGHTS_NAME).is_file()
 
 
-def list_checkpoints(checkpoint_root: str | Path) -> list[Path]:
-    """Complete checkpoints under `checkpoint_root`, oldest first (by step number)."""
+def trainer_state(path: str | Path) -> dict:
+    """The training script's `trainer_state.json` of a checkpoint ({} if it has none)."""
+    state_file = Path(path) / TRAINER_STATE
+    return json.loads(state_file.read_text()) if state_file.is_file() else {}
+
+
+def list_checkpoints(checkpoint_root: str | Path, run_id=ANY_RUN) -> list[Path]:
+    """Complete checkpoints under `checkpoint_root` (of the run `run_id` only, if given), oldest first."""
     root = Path(checkpoint_root)
     if not root.is_dir():
         return []
     checkpoints = [path for path in root.iterdir() if is_complete_checkpoint(path)]
+    if run_id is not ANY_RUN:
+        checkpoints = [path for path in checkpoints if trainer_state(path).get("run_id") == run_id]
     return sorted(checkpoints, key=checkpoint_step)
 
 
-def latest_checkpoint(checkpoint_root: str | Path) -> Path | None:
-    checkpoints = list_checkpoints(checkpoint_root)
+def latest_checkpoint(checkpoint_root: str | Path, run_id=ANY_RUN) -> Path | None:
+    checkpoints = list_checkpoints(checkpoint_root, run_id)
     return checkpoints[-1] if checkpoints else None
 
 
-def prune_checkpoints(checkpoint_root: str | Path, keep_last: int | None) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints and return the deleted folders.
+def prune_checkpoints(checkpoint_root: str | Path, keep_last: int | None, run_id=ANY_RUN) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints (of the run `run_id` only, if given) and return
+    the deleted folders.
 
     `keep_last` of None or <= 0 keeps everything. Incomplete folders are left alone.
     """
     if keep_last is None or keep_last <= 0:
         return []
-    to_delete = list_checkpoints(checkpoint_root)[:-keep_last]
+    to_delete = list_checkpoints(checkpoint_root, run_id)[:-keep_last]
     for path in to_delete:
         shutil.rmtree(path)
     return to_delete
@@ -154,3 +179,84 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     return {
         key: (total / count).to(dtypes[key]) if dtypes[key].is_floating_point else total for key, total in sums.items()
     }
+
+
+# --- integrity ---------------------------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _checkpoint_files(folder: Path) -> list[Path]:
+    return sorted(path for path in folder.rglob("*") if path.is_file() and path.name != CHECKSUMS_NAME)
+
+
+def write_checksums(folder: str | Path) -> None:
+    """Record the size and sha256 of every file of a checkpoint folder in `checksums.json`."""
+    folder = Path(folder)
+    entries = {
+        str(path.relative_to(folder)): {"size": path.stat().st_size, "sha256": _sha256(path)}
+        for path in _checkpoint_files(folder)
+    }
+    (folder / CHECKSUMS_NAME).write_text(json.dumps(entries, indent=1))
+
+
+def checkpoint_problem(folder: str | Path, only: Sequence[str] | None = None) -> str | None:
+    """Why the checkpoint folder cannot be trusted (naming the file), or None when it is intact.
+
+    Against `checksums.json` when it has one: every recorded file must be there with its size and sha256. Folders
+    saved before checksums were recorded are checked for structure: the weights must parse as safetensors and
+    every pickle must load with `weights_only=True` (never executing code). `only`: check just these files.
+    """
+    folder = Path(folder)
+    if not is_complete_checkpoint(folder):
+        return f"{folder} is not a complete checkpoint (a step_* folder with {WEIGHTS_NAME})"
+    checksums_file = folder / CHECKSUMS_NAME
+    if not checksums_file.is_file():
+        return _legacy_checkpoint_problem(folder, only)
+    try:
+        entries = json.loads(checksums_file.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        return f"{checksums_file} is damaged ({error})"
+    for name, entry in entries.items():
+        if only is not None and name not in only:
+            continue
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != entry["size"]:
+            return f"{path} has {path.stat().st_size} bytes, {entry['size']} were written (truncated or replaced)"
+        if _sha256(path) != entry["sha256"]:
+            return f"{path} does not match the sha256 recorded when it was written (damaged)"
+    return None
+
+
+def _legacy_checkpoint_problem(folder: Path, only: Sequence[str] | None) -> str | None:
+    from accelerate.utils import load  # torch.load with weights_only=True and only numpy's array types allowed
+
+    for path in _checkpoint_files(folder):
+        if only is not None and path.name not in only:
+            continue
+        try:
+            if path.suffix == ".safetensors":
+                with safe_open(path, "pt") as weights:
+                    for key in weights.keys():
+                        weights.get_slice(key)
+            elif path.suffix in (".pkl", ".bin"):
+                load(path, map_location="cpu")
+            elif path.suffix == ".json":
+                json.loads(path.read_text())
+        except (SafetensorError, OSError, RuntimeError, ValueError, EOFError) as error:
+            return f"{path} cannot be read ({type(error).__name__}: {str(error)[:200]})"
+    return None
+
+
+def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes of a checkpoint's weights, read from the safetensors header (no tensor is loaded)."""
+    with safe_open(find_weights_file(path), "pt") as weights:
+        return {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}

@@ -38,6 +38,7 @@ import torch
 
 from . import data
 from .batching import TokenizedPairs
+from .cli import at_least, non_negative_int, number_in, positive_int
 from .data import DataError, DataReport, Pair
 
 FORMAT_VERSION = 1
@@ -61,30 +62,44 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--test_split", default="test")
     group.add_argument("--source_lang", default="en")
     group.add_argument("--target_lang", default="de")
-    group.add_argument("--synthetic_pairs", type=int, default=30000, help="size of the embedded task")
-    group.add_argument("--max_source_tokens", type=int, default=256, help="drop training pairs with a longer side")
+    group.add_argument("--synthetic_pairs", type=at_least(10), default=30000, help="size of the embedded task")
+    group.add_argument(
+        "--max_source_tokens", type=at_least(2), default=256, help="drop training pairs with a longer side"
+    )
     group.add_argument(
         "--max_length_ratio",
-        type=float,
+        type=number_in(1),
         help="drop training pairs whose longer side has more than this many times the tokens of the shorter one "
         "(corpus cleaning; e.g. 3 for WMT; default: off)",
     )
     group.add_argument("--tokenizer_name_or_path", help="an existing tokenizer; default: train one")
-    group.add_argument("--vocab_size", type=int, default=8000, help="shared BPE vocabulary (paper: 37000)")
+    group.add_argument("--vocab_size", type=at_least(16), default=8000, help="shared BPE vocabulary (paper: 37000)")
     group.add_argument(
         "--tokenizer_train_pairs",
-        type=int,
+        type=positive_int,
         default=1_000_000,
         help="train the BPE on a seeded random sample of this many training pairs (all of them if fewer)",
     )
     group.add_argument(
-        "--data_seed", type=int, default=42, help="the tokenizer's sample and the embedded task (not training's seed)"
+        "--data_seed",
+        type=non_negative_int,
+        default=42,
+        help="the tokenizer's sample and the embedded task (not training's seed)",
     )
-    group.add_argument("--preprocessing_num_workers", type=int, help="processes that tokenize (default: 1)")
+    group.add_argument("--preprocessing_num_workers", type=positive_int, help="processes that tokenize (default: 1)")
     group.add_argument(
         "--data_cache_dir",
         help="where prepared corpora are cached (default: $HF_HOME/vanilla_transformer/prepared)",
     )
+
+
+def check_data_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse data flags that cannot describe a translation task (parser.error names the flags)."""
+    if args.source_lang == args.target_lang:
+        parser.error(
+            f"--source_lang and --target_lang are both {args.source_lang!r}: the model would learn to copy its "
+            "input; name two different languages (the file suffixes or the keys of the two sides)"
+        )
 
 
 def is_synthetic(args) -> bool:
@@ -373,7 +388,7 @@ class PreparedCorpus:
         ]
 
 
-def main_process_only(accelerator, work):
+def main_process_only(accelerator, work, what: str = "preparing the data"):
     """Run `work` on each machine's first process while the others wait; an error there is raised after the wait on
     every process (the others get a `DataError` that points to it), so no process is left waiting for ever.
     Without an accelerator (one process), just run `work`."""
@@ -390,7 +405,7 @@ def main_process_only(accelerator, work):
     if failure is not None:
         raise failure
     if failed:
-        raise DataError("preparing the data failed on another process: see its error above")
+        raise DataError(f"{what} failed on another process: see its error above")
 
 
 def load_prepared(folder: str | Path) -> PreparedCorpus:
@@ -442,6 +457,7 @@ def main(argv=None) -> None:
     add_data_arguments(parser)
     parser.add_argument("--output_dir", required=True, help="the prepared folder to write (must not exist)")
     args = parser.parse_args(argv)
+    check_data_arguments(parser, args)
     folder = Path(args.output_dir)
     if folder.exists():
         parser.error(f"--output_dir {folder} exists; choose a new folder (a prepared corpus is never overwritten)")

@@ -33,6 +33,7 @@ import numpy as np
 
 from . import data, prepare
 from .batching import TokenBatchSampler
+from .cli import positive_int
 from .data import DataError
 from .training import DataPosition
 
@@ -40,8 +41,8 @@ from .training import DataPosition
 def add_streaming_arguments(parser) -> None:
     group = parser.add_argument_group("streaming (corpora larger than the disk or memory)")
     group.add_argument("--streaming", action="store_true", help="read the training pairs as they are needed")
-    group.add_argument("--shuffle_buffer_size", type=int, default=100_000, help="pairs in the shuffle buffer")
-    group.add_argument("--stream_pool_batches", type=int, default=100, help="batches sorted and cut together")
+    group.add_argument("--shuffle_buffer_size", type=positive_int, default=100_000, help="pairs in the shuffle buffer")
+    group.add_argument("--stream_pool_batches", type=positive_int, default=100, help="batches sorted and cut together")
 
 
 def _local_pairs(source: str, source_lang: str, target_lang: str) -> Iterator[dict]:

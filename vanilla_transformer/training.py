@@ -5,10 +5,12 @@ import contextlib
 import math
 import os
 import queue
+import signal
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -176,6 +178,29 @@ def prefetch(iterable: Iterable, depth: int, pin_memory: bool = False) -> Iterat
         thread.join(timeout=5)
 
 
+class StopSignals:
+    """SIGTERM and SIGINT (Ctrl-C) while training are requests: the loop finishes its step, saves a checkpoint and
+    exits, every process at the same step (`requested` goes into the step's vote). `restore_defaults()` ends that
+    once the model folder is saved: a Ctrl-C then stops the program at once (KeyboardInterrupt), as usual."""
+
+    def __init__(self):
+        self.number = 0
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, self._request)
+
+    def _request(self, number, frame):
+        self.number = number
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.number)
+
+    @staticmethod
+    def restore_defaults():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 # --- evaluation ---------------------------------------------------------------------------------------------
 
 
@@ -241,15 +266,26 @@ def translate_for_evaluation(accelerator, model, loader, tokenizer, generation_k
     return [hypotheses[i] for i in range(len(hypotheses))]
 
 
-def evaluation_loader(examples: Sequence[dict], collator: TranslationCollator, batch_size: int):
-    """A plain DataLoader (to be prepared by Accelerate) whose batches carry each example's index."""
+def evaluation_loader(examples: Sequence[dict], collator: TranslationCollator, batch_size: int, max_tokens: int):
+    """A plain DataLoader (to be prepared by Accelerate) whose batches carry each example's index, and how many
+    examples were truncated: sources and targets longer than `max_tokens` keep their first `max_tokens - 1` tokens
+    and their last (`</s>`), so one over-long line cannot blow up evaluation's memory (the text references stay
+    whole, so such a sentence scores as translated from its truncated source)."""
 
     def collate_with_index(items):
         batch = collator([item for _, item in items])
         batch["example_index"] = torch.tensor([index for index, _ in items])
         return batch
 
+    def truncated(ids):
+        return ids if len(ids) <= max_tokens else np.concatenate([ids[: max_tokens - 1], ids[-1:]])
+
     # Sorting by length keeps padding low; indices restore the original order afterwards.
     order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
-    indexed = [(i, examples[i]) for i in order]
-    return torch.utils.data.DataLoader(indexed, batch_size=batch_size, shuffle=False, collate_fn=collate_with_index)
+    indexed, too_long = [], 0
+    for i in order:
+        example = examples[i]
+        too_long += max(len(example["input_ids"]), len(example["labels"])) > max_tokens
+        indexed.append((i, {name: truncated(example[name]) for name in ("input_ids", "labels")}))
+    loader = torch.utils.data.DataLoader(indexed, batch_size=batch_size, shuffle=False, collate_fn=collate_with_index)
+    return loader, too_long

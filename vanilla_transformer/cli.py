@@ -1,0 +1,51 @@
+"""Argument types that check numeric flags where they enter, naming the flag and the allowed range.
+
+parser.add_argument("--warmup_steps", type=at_least(1))
+$ python train_accelerate.py --warmup_steps -5
+error: argument --warmup_steps: must be an integer >= 1, got -5
+"""
+
+import argparse
+import math
+
+
+def at_least(minimum: int):
+    """An integer type for argparse: whole numbers >= `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def number_in(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False):
+    """A float type for argparse: finite numbers in [low, high] (an end is excluded when `*_open`)."""
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open or high == math.inf else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number in {interval}, got {text!r}") from None
+        too_low = value <= low if low_open else value < low
+        too_high = value >= high if high_open else value > high
+        if math.isnan(value) or math.isinf(value) or too_low or too_high:
+            raise argparse.ArgumentTypeError(f"must be a number in {interval}, got {text}")
+        return value
+
+    parse.__name__ = f"number in {interval}"
+    return parse
+
+
+positive_int = at_least(1)
+non_negative_int = at_least(0)
+positive_float = number_in(0, low_open=True)
+non_negative_float = number_in(0)
+probability = number_in(0, 1, high_open=True)  # dropout, label smoothing: 1 would zero everything

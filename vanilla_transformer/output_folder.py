@@ -1,0 +1,105 @@
+"""A training run's output folder: a new run never mixes with, or silently replaces, an earlier one.
+
+`claim_output_dir` runs at start, before any data is prepared, and decides what a run may do with its folder:
+
+- a missing or empty folder is used;
+- `--resume_from_checkpoint` continues the run in the folder (the checkpoint is then checked against this run's
+  model and tokenizer before anything is loaded, pruned or averaged); `latest` in a folder that holds files but no
+  checkpoint is refused, as that would start a new run over an old one;
+- `--overwrite_output_dir` deletes what an earlier run wrote there (`RUN_FILES`: checkpoints, logs, hypotheses,
+  results, the model folder) and leaves every other file alone;
+- anything else is refused, with what the folder holds and the three ways on.
+
+Each checkpoint records its run's id (`trainer_state.json`), and the script prunes and averages only the
+checkpoints of its own run.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+from . import checkpoints
+from .hub import REQUIRED_FILES
+
+HYPOTHESES_FILES = ("validation.hyp.txt", "test.hyp.txt")
+EVALUATION_FILES = (*HYPOTHESES_FILES, "eval_results.json")
+RUN_FILES = (
+    "checkpoints",
+    "train_log.jsonl",
+    "results.json",
+    "vanilla_transformer",  # accelerate's tracker logs (--report_to), named after the project
+    *EVALUATION_FILES,
+    checkpoints.WEIGHTS_NAME,
+    *REQUIRED_FILES,
+)
+
+
+class OutputDirError(Exception):
+    """The output folder holds work that this run would replace or mix with; the message says what to do."""
+
+
+def describe(folder: Path) -> str:
+    """What an earlier run left in `folder`, in a few words."""
+    results = folder / "results.json"
+    if results.is_file():
+        try:
+            return f"a finished run ({json.loads(results.read_text())['steps']} steps, results.json)"
+        except (ValueError, KeyError):
+            return "a finished run (results.json)"
+    latest = checkpoints.latest_checkpoint(folder / "checkpoints")
+    if latest is not None:
+        return f"an unfinished run (checkpoints up to {latest.name})"
+    names = sorted(path.name for path in folder.iterdir())
+    return f"{len(names)} entries ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+
+
+def claim_output_dir(args) -> None:
+    """Check (and with --overwrite_output_dir, clear) --output_dir before a training run, saying what was deleted.
+    Raises OutputDirError when the folder holds work this run must not touch."""
+    folder, overwrite, resume_from_checkpoint = (
+        Path(args.output_dir),
+        args.overwrite_output_dir,
+        args.resume_from_checkpoint,
+    )
+    if folder.exists() and not folder.is_dir():
+        raise OutputDirError(f"--output_dir {folder} is a file, not a folder")
+    if not folder.exists() or not any(folder.iterdir()):
+        return
+    if overwrite:
+        if deleted := clear_run_files(folder):
+            print(f"[output] --overwrite_output_dir: deleted {', '.join(deleted)} from {folder}")
+        return
+    has_checkpoint = checkpoints.latest_checkpoint(folder / "checkpoints") is not None
+    if resume_from_checkpoint and (resume_from_checkpoint != "latest" or has_checkpoint):
+        return
+    raise OutputDirError(
+        f"--output_dir {folder} already holds {describe(folder)}. Continue that run with --resume_from_checkpoint "
+        "latest" + ("" if has_checkpoint else " (it has no checkpoint left)") + ", replace it with "
+        "--overwrite_output_dir (deletes its checkpoints, logs and model), or choose another --output_dir."
+    )
+
+
+def clear_run_files(folder: Path) -> list[str]:
+    """Delete what a training run writes into `folder` (RUN_FILES) and return their names; other files stay."""
+    deleted = []
+    for name in RUN_FILES:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        deleted.append(name)
+    return deleted
+
+
+def claim_evaluation_dir(output_dir: str | Path, overwrite: bool) -> None:
+    """--evaluate_only writes hypotheses and scores into `output_dir`: never over an earlier run's."""
+    folder = Path(output_dir)
+    existing = [name for name in EVALUATION_FILES if (folder / name).exists()]
+    if existing and not overwrite:
+        raise OutputDirError(
+            f"--output_dir {folder} already holds {', '.join(existing)}; choose another --output_dir for this "
+            "evaluation, or replace them with --overwrite_output_dir"
+        )
