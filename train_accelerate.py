@@ -598,6 +598,10 @@ def set_up_run(args, accelerator) -> tuple[dict, RunState]:
     model, optimizer = accelerator.prepare(model, optimizer)
     validation = splits.get("validation")
     validation = validation.select(range(min(len(validation), args.eval_max_sentences))) if validation else None
+    for split in ("validation", "test"):
+        if split not in splits:
+            accelerator.print(f"[data] no {split} split: training goes on without scoring one (give --{split}_file, "
+                              f"or --{split}_split with --data_dir/--dataset_name)")  # fmt: skip
     run = {"tokenizer": tokenizer, "splits": splits, "step_stream": step_stream, "model": model,
            "optimizer": optimizer, "schedule": schedule, "default_attention": default_attention,
            "identity": run_identity(config, tokenizer), "validation": validation,

@@ -408,7 +408,8 @@ def run_launch(launch: Launch, args, corpus: Path, cache: Path, output_dir: Path
         shutil.rmtree(cache, ignore_errors=True)
     shutil.rmtree(output_dir, ignore_errors=True)
     output_dir.mkdir(parents=True)
-    command = launch_command(launch, args, corpus, cache, output_dir)
+    run_dir = output_dir / "run"  # the training's own folder: it refuses one that already holds files (launch.log)
+    command = launch_command(launch, args, corpus, cache, run_dir)
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     log_path = output_dir / "launch.log"
     with log_path.open("wb") as log:
@@ -416,10 +417,10 @@ def run_launch(launch: Launch, args, corpus: Path, cache: Path, output_dir: Path
         process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT)
         try:
             memory, milestones = TreeMemory(process.pid, args.pss_interval), LogMilestones(log_path, started)
-            seconds, outcome = watch(process, output_dir / "train_log.jsonl", memory, milestones, args.launch_timeout)
+            seconds, outcome = watch(process, run_dir / "train_log.jsonl", memory, milestones, args.launch_timeout)
         finally:
             terminate_tree(process)
-    shutil.rmtree(output_dir / "checkpoints", ignore_errors=True)  # the final checkpoint it may have saved
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the final checkpoint it may have saved
     text = log_path.read_text(errors="replace")
     result = {"launch": launch.name, "processes": launch.processes, "command": command, "outcome": outcome,
               "seconds_to_first_step": None if seconds is None else round(seconds, 1),

@@ -79,3 +79,21 @@ def test_command_rejects_a_folder_that_is_not_a_model(tmp_path, capsys):
     assert attention_maps.main([str(tmp_path), "--source", "a sentence", "--output_dir", str(tmp_path / "maps")]) == 1
     assert "is not a model folder" in capsys.readouterr().err
     assert not (tmp_path / "maps").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--num_beams", "0", "must be an integer >= 1, got 0"),
+        ("--max_new_tokens", "-3", "must be an integer >= 1, got -3"),
+        ("--dpi", "0", "must be an integer >= 1, got 0"),
+        ("--dpi", "1e3", "must be an integer >= 1, got '1e3'"),
+    ],
+)
+def test_bad_numbers_are_refused_when_the_flags_are_parsed(tmp_path, capsys, flag, value, message):
+    argv = [str(tmp_path), "--source", "a sentence", "--output_dir", str(tmp_path / "maps"), flag, value]
+    with pytest.raises(SystemExit) as exit_info:
+        attention_maps.main(argv)
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "maps").exists()

@@ -1,18 +1,26 @@
 """CTranslate2 export: the converted model decodes exactly the tokens of our `generate()` (float32)."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.export_ctranslate2 import convert_to_ctranslate2, main, vocabulary
 
 from .conftest import TINY
 
-ctranslate2 = pytest.importorskip("ctranslate2")
-
-from vanilla_transformer.export_ctranslate2 import convert_to_ctranslate2, main, vocabulary  # noqa: E402
+try:
+    import ctranslate2
+except ImportError:  # the checks of the output folder run without it
+    ctranslate2 = None
+needs_ctranslate2 = pytest.mark.skipif(ctranslate2 is None, reason="the export needs ctranslate2")
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 NEW_TOKENS = 12
 
@@ -108,6 +116,7 @@ def generate_and_translate(model, converted_dir, sources, num_beams: int) -> tup
     return ctranslate2_ids(results), generated.sequences[:, 1:].tolist()
 
 
+@needs_ctranslate2
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_ctranslate2_decodes_the_same_tokens_as_generate(reversal_model, converted, padded_sources, num_beams):
     translated, generated = generate_and_translate(reversal_model, converted, padded_sources, num_beams)
@@ -115,6 +124,7 @@ def test_ctranslate2_decodes_the_same_tokens_as_generate(reversal_model, convert
     assert len({tuple(row) for row in generated}) == len(generated)  # the outputs are not trivial
 
 
+@needs_ctranslate2
 def test_other_architecture_options_convert_exactly(padded_sources, tmp_path):
     """Learned positions, an untied output projection, GELU, unscaled embeddings, a larger LayerNorm epsilon."""
     options = dict(position_embedding_type="learned", tie_word_embeddings=False, activation_function="gelu")
@@ -136,6 +146,7 @@ def test_beam_search_finds_other_outputs_than_greedy(reversal_model, padded_sour
     assert not torch.equal(greedy, beam)
 
 
+@needs_ctranslate2
 def test_command_line_writes_an_int8_model_that_translates(reversal_model, converted, padded_sources, tmp_path):
     model_dir = str(converted).replace("ct2", "model")
     main([model_dir, str(tmp_path / "int8"), "--quantization", "int8"])
@@ -143,8 +154,12 @@ def test_command_line_writes_an_int8_model_that_translates(reversal_model, conve
     _, _, tokens = padded_sources
     results = translator.translate_batch(tokens, beam_size=2, max_decoding_length=NEW_TOKENS)
     assert all(1 <= len(result.hypotheses[0]) <= NEW_TOKENS for result in results)
-    with pytest.raises(RuntimeError, match="already exists"):
+    with pytest.raises(SystemExit, match=r"^error: .*int8 already exists: add --force to replace"):
         main([model_dir, str(tmp_path / "int8")])
+    int8_size = (tmp_path / "int8" / "model.bin").stat().st_size
+    main([model_dir, str(tmp_path / "int8"), "--force"])  # --force replaces a previous export, here with float32
+    assert (tmp_path / "int8" / "model.bin").stat().st_size > 2 * int8_size
+    ctranslate2.Translator(str(tmp_path / "int8"), intra_threads=1).translate_batch(tokens[:1], max_decoding_length=2)
 
 
 def tiny_tokenizer():
@@ -163,6 +178,7 @@ def test_vocabulary_comes_from_the_saved_tokenizer_else_placeholders(tmp_path):
     assert tokens[-2:] == [f"id_{len(tokenizer)}", f"id_{len(tokenizer) + 1}"]
 
 
+@needs_ctranslate2
 def test_a_tokenizer_in_the_model_folder_names_the_tokens(reversal_model, converted, padded_sources, tmp_path):
     tokenizer = tiny_tokenizer()  # larger than the tiny model's vocabulary: its first 61 tokens are used
     reversal_model.save_pretrained(tmp_path / "model")
@@ -180,3 +196,105 @@ def test_a_tokenizer_in_the_model_folder_names_the_tokens(reversal_model, conver
     assert [[names.index(token) for token in result.hypotheses[0]] for result in named] == ctranslate2_ids(
         placeholders
     )
+
+
+# The output folder: never the model's own, and --force replaces nothing but a previous export
+
+
+def saved_model(folder: Path) -> dict[str, bytes]:
+    """Save a tiny untrained model into `folder`; returns its files' contents."""
+    VanillaTransformerForConditionalGeneration(VanillaTransformerConfig(**TINY)).save_pretrained(folder)
+    return {path.name: path.read_bytes() for path in folder.iterdir()}
+
+
+def fake_export(folder: Path) -> None:
+    """What the converter writes: model.bin, a config.json of CTranslate2 fields, the vocabulary."""
+    folder.mkdir()
+    (folder / "model.bin").write_bytes(b"weights")
+    (folder / "config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    (folder / "shared_vocabulary.json").write_text("[]")
+
+
+def refusal(argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert isinstance(exit_info.value.code, str) and exit_info.value.code.startswith("error: ")
+    return exit_info.value.code
+
+
+@pytest.mark.parametrize(
+    ("output", "relation"),
+    [("model", "is"), ("./model/../model", "is"), ("link", "is"), ("model/ct2", "is inside"), (".", "holds")],
+)
+def test_an_output_folder_that_is_inside_or_holds_the_model_is_refused(tmp_path, monkeypatch, output, relation):
+    monkeypatch.chdir(tmp_path)
+    files = saved_model(tmp_path / "model")
+    (tmp_path / "link").symlink_to(tmp_path / "model", target_is_directory=True)
+    message = refusal(["model", output, "--force"])
+    assert f"the output folder {output} {relation} the model folder model" in message
+    assert {path.name: path.read_bytes() for path in (tmp_path / "model").iterdir()} == files
+
+
+def write_notes(folder: Path) -> None:
+    folder.mkdir()
+    (folder / "notes.txt").write_text("precious")
+
+
+def export_with_notes(folder: Path) -> None:
+    fake_export(folder)
+    (folder / "notes.txt").write_text("precious")
+
+
+def export_with_a_model_config(folder: Path) -> None:
+    fake_export(folder)
+    (folder / "config.json").write_text(VanillaTransformerConfig(**TINY).to_json_string())
+
+
+@pytest.mark.parametrize(
+    ("make_output", "why"),
+    [
+        (write_notes, "it holds notes.txt"),
+        (export_with_notes, "it holds notes.txt"),
+        (saved_model, "it holds configuration_vanilla_transformer.py, generation_config.json, model.safetensors"),
+        (export_with_a_model_config, "its config.json is not CTranslate2's"),
+        (lambda folder: folder.write_text("precious"), "it is not a folder"),
+    ],
+    ids=["a folder of notes", "an export and notes", "another model", "a model config", "a file"],
+)
+def test_force_refuses_to_replace_what_is_not_a_previous_export(tmp_path, make_output, why):
+    saved_model(tmp_path / "model")
+    output = tmp_path / "out"
+    make_output(output)
+    before = output.read_bytes() if output.is_file() else {path.name: path.read_bytes() for path in output.iterdir()}
+    message = refusal([str(tmp_path / "model"), str(output), "--force"])
+    assert f"--force replaces only a previous CTranslate2 export, and {output} is not one ({why}" in message
+    assert before == (output.read_bytes() if output.is_file() else {p.name: p.read_bytes() for p in output.iterdir()})
+
+
+def test_a_folder_that_is_not_a_model_is_a_clean_error(tmp_path):
+    assert "is not a model folder: it has no config.json" in refusal([str(tmp_path), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_exporting_a_model_over_itself_leaves_it_whole(tmp_path):
+    """The command of the issue, in a fresh process: a message, no traceback, the model still there."""
+    files = saved_model(tmp_path / "model")
+    result = subprocess.run(
+        [sys.executable, "-m", "vanilla_transformer.export_ctranslate2", "model", "model", "--force"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: the output folder model is the model folder model")
+    assert "Traceback" not in result.stderr
+    assert {path.name: path.read_bytes() for path in (tmp_path / "model").iterdir()} == files
+
+
+@pytest.mark.parametrize("value", ["int4", "fp16", ""])
+def test_unknown_quantizations_are_refused_when_the_flags_are_parsed(tmp_path, capsys, value):
+    saved_model(tmp_path / "model")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "model"), str(tmp_path / "out"), "--quantization", value])
+    assert exit_info.value.code == 2
+    assert f"argument --quantization: invalid choice: '{value}'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -190,3 +190,13 @@ def test_prefetch_yields_the_same_items_passes_errors_and_stops_its_thread():
     assert next(stream) == 0
     stream.close()
     assert not [thread for thread in threading.enumerate() if thread.name == "prefetch"]
+
+
+def test_the_readers_repairs_are_counted_in_the_prepared_manifest(tmp_path):
+    folder = tmp_path / "crlf"
+    folder.mkdir()
+    (folder / "train.en").write_bytes(b"\xef\xbb\xbf" + "".join(f"{s}\r\n" for s in SOURCES).encode())
+    (folder / "train.de").write_bytes("".join(f"{t}\r\n" for t in TARGETS).encode())
+    prepare.main(["--data_dir", str(folder), "--vocab_size", "300", "--output_dir", str(tmp_path / "prepared")])
+    report = prepare.load_prepared(tmp_path / "prepared").manifest["reports"]["train"]
+    assert report["crlf_line_endings"] == 2 * len(SOURCES) and report["byte_order_marks"] == 1

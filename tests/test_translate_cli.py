@@ -11,7 +11,8 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from tests.test_hub_folder import ENGLISH, save_tiny_model_folder
-from vanilla_transformer.translate import main, translate_sentences
+from vanilla_transformer import translate
+from vanilla_transformer.translate import main, read_lines, translate_sentences
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ENGLISH[2], ENGLISH[0], ENGLISH[14], ENGLISH[10]]  # lengths differ: sorting must not reorder the output
@@ -51,6 +52,51 @@ def test_stdin_to_stdout_in_a_fresh_process(folder, model_and_tokenizer):
     expected = translate_sentences(*model_and_tokenizer, SOURCES[:2], num_beams=2)  # max length: input + 50
     assert result.stdout == "".join(line + "\n" for line in expected)
     assert "translated 2 sentence(s)" in result.stderr
+
+
+def run_translator(folder: Path, stdin: bytes, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "vanilla_transformer.translate", str(folder), "--device", "cpu", *flags],
+        input=stdin,
+        capture_output=True,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        timeout=120,
+    )
+
+
+def test_undecodable_bytes_on_stdin_are_a_clear_error_naming_the_line(folder):
+    result = run_translator(
+        folder, f"{SOURCES[0]}\n{SOURCES[1]}\n".encode() + b"caf\xe9 au lait\n", "--num_beams", "1"
+    )
+    stderr = result.stderr.decode()
+    assert result.returncode == 1 and result.stdout == b""
+    assert "error: cannot read the input (stdin): invalid UTF-8 on line 3" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_undecodable_bytes_in_an_input_file_name_the_line(folder, tmp_path, capsys):
+    source_file = tmp_path / "source.en"
+    source_file.write_bytes(b"fine\nalso fine\n\xff broken\n")
+    assert main([str(folder), "--input", str(source_file)]) == 1
+    assert f"cannot read the input {source_file}: invalid UTF-8 on line 3" in capsys.readouterr().err
+
+
+def test_stdin_is_read_as_utf8_bytes_without_a_byte_order_mark(monkeypatch):
+    text = "\ufeffStraße\r\nÜbung\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode()), encoding="ascii"))
+    assert read_lines(None) == ["Straße", "Übung"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--num_beams", "0"), ("--batch_size", "0"), ("--max_source_tokens", "-1"), ("--max_new_tokens", "1.5")],
+)
+def test_bad_numbers_are_refused_when_the_flags_are_parsed(tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path), flag, value])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: must be an integer >= 1, got" in capsys.readouterr().err
 
 
 def test_file_to_file_with_an_empty_line_keeps_the_alignment(folder, model_and_tokenizer, tmp_path, capsys):
@@ -122,3 +168,12 @@ def test_bf16_with_eager_attention_translates_with_that_model(folder, tmp_path, 
     assert main(argv) == 0
     assert loaded == {"dtype": torch.bfloat16, "attention": "eager"}
     assert len(output_file.read_text(encoding="utf-8").splitlines()) == 2
+
+
+def test_the_output_file_may_not_be_the_input_file(tmp_path, capsys):
+    sources = tmp_path / "sources.txt"
+    sources.write_text("the red dog\n")
+    with pytest.raises(SystemExit):
+        translate.parse_args(["model", "--input", str(sources), "--output", str(tmp_path / "." / "sources.txt")])
+    assert "would replace the sources" in capsys.readouterr().err
+    assert sources.read_text() == "the red dog\n"

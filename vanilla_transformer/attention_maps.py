@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from vanilla_transformer.cli import positive_int
 from vanilla_transformer.translate import EXTRA_OUTPUT_TOKENS, CommandLineError, load_model_and_tokenizer
 
 # model output name -> (file name, title, query side, key side)
@@ -134,9 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--source", required=True, help="the sentence to encode")
     parser.add_argument("--target", help="its translation (default: the model's own, by beam search)")
     parser.add_argument("--output_dir", required=True, help="where to write the PNG files")
-    parser.add_argument("--num_beams", type=int, default=4, help="beam size when translating (paper: 4)")
-    parser.add_argument("--max_new_tokens", type=int, help="longest translation (default: source length + 50)")
-    parser.add_argument("--dpi", type=int, default=100)
+    parser.add_argument("--num_beams", type=positive_int, default=4, help="beam size when translating (paper: 4)")
+    parser.add_argument(
+        "--max_new_tokens", type=positive_int, help="longest translation (default: source length + 50)"
+    )
+    parser.add_argument("--dpi", type=positive_int, default=100, help="resolution of the PNG files")
     args = parser.parse_args(argv)
     if not args.source.strip():
         parser.error("--source is empty: give a sentence")

@@ -4,11 +4,22 @@ The `iter_*` readers stream (source, target) pairs, so a corpus of any size pass
 (`vanilla_transformer.prepare` writes them into Arrow files); the `read_*` readers return a plain list and a
 `DataReport` that counts what was kept and dropped, for small files. Problems with the data raise `DataError`, whose
 message names the file and line.
+
+Local files are UTF-8 text, one record per line, and only "\n" ends a line (see `_read_lines`). Two repairs are made
+and counted in the report: a CR before "\n" (CRLF line endings) is removed, and so is a UTF-8 byte-order mark at the
+start of a file. A missing final newline loses nothing. Everything else that could shift a line or a column is a
+`DataError` naming the file and line: invalid UTF-8; UTF-16 (a UTF-16 byte-order mark, or NUL bytes); a carriage return
+inside a line (old Mac line endings would make the whole file one line); a TSV line with another column count than
+the file's first line (a tab inside a field); a JSON line that is not an object with a string for each language; a
+`.gz` file that does not decompress. Source and target files with different line counts are an error naming both
+counts (a blank last line counts as a line).
 """
 
+import codecs
 import gzip
 import json
 import random
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import zip_longest
@@ -31,13 +42,17 @@ class DataReport:
     empty_dropped: int = 0
     too_long_dropped: int = 0
     ratio_dropped: int = 0
+    crlf_line_endings: int = 0  # repaired: the CR of a CRLF line ending removed
+    byte_order_marks: int = 0  # repaired: a UTF-8 byte-order mark at the start of a file removed
 
     def summary(self) -> str:
         names = ", ".join(self.sources) or "pairs"
         dropped = f"dropped {self.empty_dropped} with an empty side, {self.too_long_dropped} too long"
         if self.ratio_dropped:
             dropped += f", {self.ratio_dropped} with a bad length ratio"
-        return f"{names}: kept {self.kept} pairs; {dropped}"
+        repairs = [(self.crlf_line_endings, "CRLF line ending"), (self.byte_order_marks, "byte-order mark")]
+        stripped = ", ".join(f"{count} {name}{'s' * (count > 1)}" for count, name in repairs if count)
+        return f"{names}: kept {self.kept} pairs; {dropped}" + (f"; stripped {stripped}" if stripped else "")
 
 
 # Reading local files
@@ -46,26 +61,54 @@ class DataReport:
 def _open_binary(path: Path) -> IO[bytes]:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    try:
+        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    except OSError as error:
+        raise DataError(f"{path}: cannot open the file ({error.strerror or error})") from None
 
 
-def _read_lines(path: Path) -> Iterator[str]:
+def _decode_line(raw_line: bytes, path: Path, line_number: int, report: DataReport) -> str:
+    """The text of line `line_number` of `path` without its line ending ("\\n" or "\\r\\n")."""
+    try:
+        line = raw_line.decode("utf-8").removesuffix("\n")
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}:{line_number}: invalid UTF-8 ({error.reason} at byte {error.start})") from None
+    if line.endswith("\r"):
+        line = line.rstrip("\r")
+        report.crlf_line_endings += 1
+    if "\r" in line:
+        raise DataError(
+            f"{path}:{line_number}: a carriage return (\\r) inside the line, which other tools may take for a line "
+            "end (old Mac files end their lines with \\r): end lines with \\n, or replace it, e.g. with tr '\\r' ' '"
+        )
+    if "\0" in line:
+        raise DataError(f"{path}:{line_number}: a NUL byte: is the file UTF-16? Convert it to UTF-8 (iconv -f UTF-16)")
+    return line
+
+
+def _read_lines(path: Path, report: DataReport | None = None) -> Iterator[str]:
     """Yield the lines of a UTF-8 (optionally gzipped) file without their line ending.
 
     Lines are split on "\\n" only: characters such as U+2028 or form feed inside a sentence do not start a new line
-    (as they would with `str.splitlines`), so line-aligned files stay aligned.
+    (as they would with `str.splitlines`), so line-aligned files stay aligned. The repairs (CRLF endings, a UTF-8
+    byte-order mark) are counted in `report`; the problems listed in the module docstring raise `DataError`.
     """
-    with _open_binary(path) as file:
-        for line_number, raw_line in enumerate(file, start=1):
-            try:
-                line = raw_line.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise DataError(
-                    f"{path}:{line_number}: invalid UTF-8 ({error.reason} at byte {error.start})"
-                ) from None
-            if line_number == 1:
-                line = line.removeprefix("\ufeff")
-            yield line.rstrip("\r\n")
+    report = report if report is not None else DataReport()
+    line_number = 0
+    try:
+        with _open_binary(path) as file:
+            for line_number, raw_line in enumerate(file, start=1):
+                if line_number == 1 and raw_line.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+                    raise DataError(
+                        f"{path}:1: a UTF-16 byte-order mark: the file is UTF-16, not UTF-8. Convert it, e.g. with "
+                        "iconv -f UTF-16 -t UTF-8"
+                    )
+                if line_number == 1 and raw_line.startswith(codecs.BOM_UTF8):
+                    raw_line = raw_line.removeprefix(codecs.BOM_UTF8)
+                    report.byte_order_marks += 1
+                yield _decode_line(raw_line, path, line_number, report)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise DataError(f"{path}:{line_number + 1}: cannot decompress the gzip file ({error})") from None
 
 
 def non_empty_pairs(pairs: Iterable[Pair], report: DataReport) -> Iterator[Pair]:
@@ -85,11 +128,14 @@ def _keep_non_empty(pairs: Iterable[Pair], report: DataReport) -> list[Pair]:
     return kept
 
 
-def iter_parallel_text(source_path: str | Path, target_path: str | Path) -> Iterator[Pair]:
+def iter_parallel_text(
+    source_path: str | Path, target_path: str | Path, report: DataReport | None = None
+) -> Iterator[Pair]:
     """Stream the (stripped) pairs of two line-aligned UTF-8 text files (`.gz` files are decompressed), empty
-    sides included; a difference in line counts raises `DataError` naming both files and counts."""
+    sides included; a difference in line counts raises `DataError` naming both files and counts. The repairs of the
+    module docstring are counted in `report`."""
     source_path, target_path = Path(source_path), Path(target_path)
-    source_lines, target_lines = _read_lines(source_path), _read_lines(target_path)
+    source_lines, target_lines = _read_lines(source_path, report), _read_lines(target_path, report)
     for line_count, (source, target) in enumerate(zip_longest(source_lines, target_lines), start=1):
         if source is None or target is None:
             source_count = line_count - 1 + sum(1 for _ in source_lines) + (source is not None)
@@ -101,12 +147,16 @@ def iter_parallel_text(source_path: str | Path, target_path: str | Path) -> Iter
         yield source.strip(), target.strip()
 
 
-def iter_tsv(path: str | Path, source_column: int = 0, target_column: int = 1) -> Iterator[Pair]:
+def iter_tsv(
+    path: str | Path, source_column: int = 0, target_column: int = 1, report: DataReport | None = None
+) -> Iterator[Pair]:
     """Stream the (stripped) pairs of a tab-separated UTF-8 file (optionally `.gz`) from the given columns; a blank
-    line gives an empty pair."""
+    line gives an empty pair. Each other line must have as many columns as the first (a tab inside a field would shift
+    the fields after it): else `DataError` names the line. Repairs are counted in `report`."""
     path = Path(path)
     needed_columns = max(source_column, target_column) + 1
-    for line_number, line in enumerate(_read_lines(path), start=1):
+    first = None  # (line number, column count) of the first non-blank line
+    for line_number, line in enumerate(_read_lines(path, report), start=1):
         if not line.strip():
             yield "", ""
             continue
@@ -115,14 +165,23 @@ def iter_tsv(path: str | Path, source_column: int = 0, target_column: int = 1) -
             raise DataError(
                 f"{path}:{line_number}: found {len(columns)} tab-separated columns, need at least {needed_columns}"
             )
+        first = first or (line_number, len(columns))
+        if len(columns) != first[1]:
+            raise DataError(
+                f"{path}:{line_number}: found {len(columns)} tab-separated columns but line {first[0]} has "
+                f"{first[1]}: a tab inside a field, or a missing field?"
+            )
         yield columns[source_column].strip(), columns[target_column].strip()
 
 
-def iter_jsonl(path: str | Path, source_lang: str, target_lang: str) -> Iterator[Pair]:
+def iter_jsonl(
+    path: str | Path, source_lang: str, target_lang: str, report: DataReport | None = None
+) -> Iterator[Pair]:
     """Stream the (stripped) pairs of a JSON-lines file (optionally `.gz`); each line is
-    `{"translation": {"en": ..., "de": ...}}` or `{"en": ..., "de": ...}`; a blank line gives an empty pair."""
+    `{"translation": {"en": ..., "de": ...}}` or `{"en": ..., "de": ...}`; a blank line gives an empty pair.
+    Repairs are counted in `report`."""
     path = Path(path)
-    for line_number, line in enumerate(_read_lines(path), start=1):
+    for line_number, line in enumerate(_read_lines(path, report), start=1):
         if not line.strip():
             yield "", ""
             continue
@@ -150,7 +209,7 @@ def read_parallel_text(source_path: str | Path, target_path: str | Path) -> tupl
     Pairs where either side is empty are dropped and counted.
     """
     report = DataReport(sources=[str(source_path), str(target_path)])
-    return _keep_non_empty(iter_parallel_text(source_path, target_path), report), report
+    return _keep_non_empty(iter_parallel_text(source_path, target_path, report), report), report
 
 
 def read_tsv(path: str | Path, source_column: int = 0, target_column: int = 1) -> tuple[list[Pair], DataReport]:
@@ -159,7 +218,7 @@ def read_tsv(path: str | Path, source_column: int = 0, target_column: int = 1) -
     Blank lines and pairs where either side is empty are dropped and counted.
     """
     report = DataReport(sources=[str(path)])
-    return _keep_non_empty(iter_tsv(path, source_column, target_column), report), report
+    return _keep_non_empty(iter_tsv(path, source_column, target_column, report), report), report
 
 
 def read_jsonl(path: str | Path, source_lang: str, target_lang: str) -> tuple[list[Pair], DataReport]:
@@ -169,7 +228,7 @@ def read_jsonl(path: str | Path, source_lang: str, target_lang: str) -> tuple[li
     Blank lines and pairs where either side is empty are dropped and counted.
     """
     report = DataReport(sources=[str(path)])
-    return _keep_non_empty(iter_jsonl(path, source_lang, target_lang), report), report
+    return _keep_non_empty(iter_jsonl(path, source_lang, target_lang, report), report), report
 
 
 def hub_dataset_label(name: str, config: str | None, split: str) -> str:

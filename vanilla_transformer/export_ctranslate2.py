@@ -13,6 +13,9 @@ The model maps one to one onto CTranslate2's `TransformerSpec`:
 The written table has `max_position_embeddings` rows, which bounds source and output lengths in CTranslate2
 (the PyTorch model grows its table on demand).
 
+The output folder may not be the model folder, nor inside it, nor hold it. If it exists, --force replaces it only
+when it is a previous CTranslate2 export (what the converter writes and nothing else): anything else is refused.
+
 Usage:
     python -m vanilla_transformer.export_ctranslate2 MODEL_DIR OUTPUT_DIR [--quantization int8] [--force]
 
@@ -21,14 +24,22 @@ Usage:
     best = translator.translate_batch([tokens], beam_size=4)[0].hypotheses[0]
 """
 
+from __future__ import annotations
+
 import argparse
+import json
 import math
+import sys
 from pathlib import Path
 
 import torch
-from ctranslate2.converters import Converter
-from ctranslate2.specs import common_spec, transformer_spec
 from torch import nn
+
+try:  # the export needs CTranslate2; the checks of the folders do not
+    from ctranslate2.converters import Converter
+    from ctranslate2.specs import common_spec, transformer_spec
+except ImportError:
+    Converter, common_spec, transformer_spec = object, None, None
 
 from modeling_vanilla_transformer import (
     VanillaTransformerAttention,
@@ -39,15 +50,26 @@ from modeling_vanilla_transformer import (
 )
 from vanilla_transformer.tokenization import UNK_TOKEN_ID
 
+# config.activation_function -> the name of CTranslate2's common_spec.Activation
 ACTIVATIONS = {
-    "relu": common_spec.Activation.RELU,
-    "gelu": common_spec.Activation.GELU,
-    "gelu_new": common_spec.Activation.GELUTanh,
-    "silu": common_spec.Activation.SWISH,
-    "swish": common_spec.Activation.SWISH,
-    "tanh": common_spec.Activation.Tanh,
+    "relu": "RELU",
+    "gelu": "GELU",
+    "gelu_new": "GELUTanh",
+    "silu": "SWISH",
+    "swish": "SWISH",
+    "tanh": "Tanh",
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+# what the converter writes into its folder; a folder of these and nothing else is a previous export
+CONVERTER_FILES = {"model.bin", "config.json", "vmap.txt"} | {
+    f"{side}vocabulary.{extension}" for side in ("", "shared_", "source_", "target_") for extension in ("json", "txt")
+}
+CONVERTER_CONFIG_KEYS = {"bos_token", "eos_token", "unk_token"}  # in every config.json it writes
+
+
+class ExportError(RuntimeError):
+    """The model or output folder cannot be used; the message says which and why."""
 
 
 def _weight(tensor: torch.Tensor) -> torch.Tensor:
@@ -96,7 +118,7 @@ def _set_embeddings_and_positions(spec, stack, embed_scale: float) -> None:
 def model_spec(model: VanillaTransformerForConditionalGeneration) -> transformer_spec.TransformerSpec:
     """The CTranslate2 specification of `model`, weights filled in (float32), vocabulary not yet registered."""
     config = model.config
-    activation = ACTIVATIONS[config.activation_function]
+    activation = getattr(common_spec.Activation, ACTIVATIONS[config.activation_function])
     encoder_spec = transformer_spec.TransformerEncoderSpec(
         config.encoder_layers, config.encoder_attention_heads, pre_norm=False, activation=activation
     )
@@ -158,6 +180,52 @@ class VanillaTransformerConverter(Converter):
         return spec
 
 
+def why_not_an_export(folder: Path) -> str | None:
+    """None if `folder` holds a CTranslate2 export and nothing else; else the reason, e.g. "it holds notes.txt"."""
+    if not folder.is_dir():
+        return "it is not a folder"
+    others = sorted(path.name for path in folder.iterdir() if path.name not in CONVERTER_FILES or not path.is_file())
+    if others:
+        return f"it holds {', '.join(others[:5])}" + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    if not (folder / "model.bin").is_file():
+        return "it has no model.bin"
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict) or "model_type" in config or not CONVERTER_CONFIG_KEYS <= config.keys():
+        return "its config.json is not CTranslate2's"
+    return None
+
+
+def check_folders(model_dir: str | Path, output_dir: str | Path, force: bool) -> None:
+    """Raise ExportError unless `model_dir` is a model folder and writing `output_dir` can lose nothing but a previous
+    export (with `force`); symbolic links and relative paths are resolved."""
+    model, output = Path(model_dir).resolve(), Path(output_dir).resolve()
+    if not (model / "config.json").is_file():
+        raise ExportError(f"{model_dir} is not a model folder: it has no config.json")
+    for relation, found in (
+        ("is", output == model),
+        ("is inside", model in output.parents),
+        ("holds", output in model.parents),
+    ):
+        if found:
+            raise ExportError(
+                f"the output folder {output_dir} {relation} the model folder {model_dir}: export to a folder of its "
+                "own, outside the model folder, so that replacing it (--force) can never touch the model"
+            )
+    if not Path(output_dir).exists():
+        return
+    if not force:
+        raise ExportError(f"{output_dir} already exists: add --force to replace a previous CTranslate2 export")
+    why = why_not_an_export(output)
+    if why:
+        raise ExportError(
+            f"--force replaces only a previous CTranslate2 export, and {output_dir} is not one ({why}): move or "
+            "delete it yourself, or choose another output folder"
+        )
+
+
 def convert_to_ctranslate2(
     model_dir: str | Path, output_dir: str | Path, quantization: str | None = None, force: bool = False
 ) -> str:
@@ -165,19 +233,28 @@ def convert_to_ctranslate2(
 
     quantization: weight type of the written model (e.g. "int8", "int8_float32", "float16"); None keeps float32.
         CTranslate2 can also quantize when it loads: `Translator(output_dir, compute_type="int8")`.
-    force: replace `output_dir` if it exists.
+    force: replace `output_dir` if it is a previous CTranslate2 export. ExportError (before anything is written) if
+        it is something else, if it exists without `force`, or if it is, holds or is inside `model_dir`.
     """
-    return VanillaTransformerConverter(model_dir).convert(str(output_dir), quantization=quantization, force=force)
+    check_folders(model_dir, output_dir, force)
+    if transformer_spec is None:
+        raise ImportError("The export needs CTranslate2: pip install 'vanilla-transformer[export]'.")
+    converter = VanillaTransformerConverter(model_dir)
+    converter.convert(str(Path(output_dir).resolve()), quantization=quantization, force=force)
+    return str(output_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dir", help="folder written by save_pretrained (a tokenizer in it is used if present)")
     parser.add_argument("output_dir", help="folder to write the CTranslate2 model to")
-    parser.add_argument("--quantization", default=None, help="e.g. int8, int8_float32, float16 (default: float32)")
-    parser.add_argument("--force", action="store_true", help="replace output_dir if it exists")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, help="weight type written (default: float32)")
+    parser.add_argument("--force", action="store_true", help="replace output_dir if it is a previous export")
     args = parser.parse_args(argv)
-    print(convert_to_ctranslate2(args.model_dir, args.output_dir, args.quantization, args.force))
+    try:
+        print(convert_to_ctranslate2(args.model_dir, args.output_dir, args.quantization, args.force))
+    except (ExportError, ImportError) as error:
+        sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         "(corpus cleaning; e.g. 3 for WMT; default: off)",
     )
     group.add_argument("--tokenizer_name_or_path", help="an existing tokenizer; default: train one")
-    group.add_argument("--vocab_size", type=at_least(16), default=8000, help="shared BPE vocabulary (paper: 37000)")
+    group.add_argument("--vocab_size", type=at_least(260), default=8000, help="shared BPE vocabulary (paper: 37000)")
     group.add_argument(
         "--tokenizer_train_pairs",
         type=positive_int,
@@ -167,19 +167,20 @@ def _synthetic_splits(pairs: int, seed: int) -> dict[str, list[Pair]]:
     return {"train": train, "validation": validation, "test": test}
 
 
-def iter_source_pairs(split: str, source: dict, source_lang: str, target_lang: str) -> Iterator[Pair]:
-    """Stream the pairs of one split (empty sides included); `DataError` names the file and line of bad data."""
+def iter_source_pairs(split: str, source: dict, source_lang: str, target_lang: str, report=None) -> Iterator[Pair]:
+    """Stream the pairs of one split (empty sides included); `DataError` names the file and line of bad data, and
+    the readers' repairs (CRLF endings, byte-order marks) are counted in `report`."""
     kind = source["kind"]
     if kind == "synthetic":
         yield from _synthetic_splits(source["pairs"], source["seed"])[split]
     elif kind == "hub":
         yield from data.iter_hub_dataset(source["name"], source["config"], source["split"], source_lang, target_lang)
     elif kind == "parallel":
-        yield from data.iter_parallel_text(*(entry["path"] for entry in source["files"]))
+        yield from data.iter_parallel_text(*(entry["path"] for entry in source["files"]), report=report)
     elif kind == "jsonl":
-        yield from data.iter_jsonl(source["files"][0]["path"], source_lang, target_lang)
+        yield from data.iter_jsonl(source["files"][0]["path"], source_lang, target_lang, report=report)
     else:
-        yield from data.iter_tsv(source["files"][0]["path"])
+        yield from data.iter_tsv(source["files"][0]["path"], report=report)
 
 
 # --- the cache key ---------------------------------------------------------------------------------------------
@@ -336,7 +337,8 @@ def prepare_corpus(args, sources: dict[str, dict], folder: Path, key: dict, toke
         reports, raw = {}, {}
         for split, source in sources.items():
             report = DataReport(sources=[source_label(source)])
-            pairs = data.non_empty_pairs(iter_source_pairs(split, source, args.source_lang, args.target_lang), report)
+            pairs = iter_source_pairs(split, source, args.source_lang, args.target_lang, report)
+            pairs = data.non_empty_pairs(pairs, report)
             write_pairs_arrow(pairs, raw_path(split))
             if report.kept == 0:
                 raise DataError(f"{', '.join(report.sources)}: no translation pairs found")

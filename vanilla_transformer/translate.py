@@ -9,12 +9,14 @@ bf16 with eager attention translated Multi30k 1.5-1.7x as fast as float32 on a C
 BLEU (docs/BENCHMARKS.md); torch's CPU sdpa kernels are slow in bf16, hence eager there.
 
 Line i of the output translates line i of the input, so the output can be scored against references: an empty input
-line gives an empty output line (with a warning). Lines longer than --max_source_tokens stop the run, naming them.
+line gives an empty output line (with a warning). The input is UTF-8 (a byte-order mark at its start is dropped);
+undecodable bytes stop the run, naming their line. Lines longer than --max_source_tokens stop the run, naming them.
 Decoding follows the model's generation_config.json (the paper: beam 4, length penalty 0.6) with a maximum output
 length of input length + 50 tokens (section 6.1) unless --max_new_tokens is given.
 """
 
 import argparse
+import codecs
 import sys
 import time
 from collections.abc import Sequence
@@ -25,6 +27,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, 
 from transformers.utils import logging
 
 import modeling_vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
+from vanilla_transformer.cli import positive_int
 
 EXTRA_OUTPUT_TOKENS = 50  # section 6.1: maximum output length = input length + 50
 MAX_LINES_NAMED = 10
@@ -94,12 +97,31 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
-def read_lines(path: str | None) -> list[str]:
-    """The lines of a UTF-8 file, or of stdin when `path` is None, without their line endings."""
+def decode_input(content: bytes, name: str) -> str:
+    """`content` decoded as UTF-8 without a leading byte-order mark; CommandLineError names the line of bad bytes."""
+    content = content.removeprefix(codecs.BOM_UTF8)
     try:
-        text = sys.stdin.read() if path is None else Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise CommandLineError(f"cannot read the input {path or '(stdin)'}: {error}") from error
+        return content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = content.count(b"\n", 0, error.start) + 1
+        column = error.start - content.rfind(b"\n", 0, error.start)  # 1-based byte of the line
+        raise CommandLineError(
+            f"cannot read the input {name}: invalid UTF-8 on line {line} ({error.reason} at byte {column} of the "
+            "line): the input must be UTF-8 text"
+        ) from None
+
+
+def read_lines(path: str | None) -> list[str]:
+    """The lines of a UTF-8 file, or of stdin when `path` is None, without their line endings.
+
+    Both are read as bytes and decoded strictly, so that bad bytes are an error naming their line (stdin's own
+    decoding would let them through as lone surrogates, which the tokenizer rejects with a traceback)."""
+    name = path or "(stdin)"
+    try:
+        content = getattr(sys.stdin, "buffer", sys.stdin).read() if path is None else Path(path).read_bytes()
+    except OSError as error:
+        raise CommandLineError(f"cannot read the input {name}: {error}") from error
+    text = decode_input(content, name) if isinstance(content, bytes) else content  # a text stdin without .buffer
     lines = text.split("\n") if text else []  # not splitlines(): it splits on characters other tools keep in a line
     if text.endswith("\n"):
         lines.pop()
@@ -143,18 +165,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("model_dir", help="a saved model folder (config.json, weights, tokenizer)")
     parser.add_argument("--input", help="source sentences, one per line (default: stdin)")
     parser.add_argument("--output", help="where to write the translations (default: stdout)")
-    parser.add_argument("--batch_size", type=int, default=32, help="sentences per batch")
-    parser.add_argument("--num_beams", type=int, help="beam size (default: generation_config.json; paper: 4)")
-    parser.add_argument("--max_new_tokens", type=int, help="output length limit (default: input length + 50)")
-    parser.add_argument("--max_source_tokens", type=int, help="longest input line (default: max_position_embeddings)")
+    parser.add_argument("--batch_size", type=positive_int, default=32, help="sentences per batch")
+    parser.add_argument("--num_beams", type=positive_int, help="beam size (default: generation_config.json; paper: 4)")
+    parser.add_argument("--max_new_tokens", type=positive_int, help="output length limit (default: input length + 50)")
+    parser.add_argument(
+        "--max_source_tokens", type=positive_int, help="longest input line (default: max_position_embeddings)"
+    )
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and computation")
     parser.add_argument("--attn_implementation", choices=["sdpa", "eager"], help="attention (default: the model's)")
     args = parser.parse_args(argv)
-    for name in ("batch_size", "num_beams", "max_new_tokens", "max_source_tokens"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name} must be at least 1, got {value}")
+    if args.input and args.output and Path(args.input).resolve() == Path(args.output).resolve():
+        parser.error(f"--output {args.output} is the --input file: the translations would replace the sources")
     return args
 
 

@@ -1,0 +1,291 @@
+"""A user's work is never lost: output folders, checkpoints (integrity, ownership, no unpickling), the model saved
+before the final evaluation, and flags checked where they enter. End to end through the real script (tiny runs)."""
+
+import hashlib
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from safetensors.torch import save_file
+
+import train_accelerate
+from vanilla_transformer import checkpoints, prepare
+from vanilla_transformer.batching import TranslationCollator
+from vanilla_transformer.output_folder import OutputDirError, claim_evaluation_dir, claim_output_dir
+from vanilla_transformer.training import StopSignals, evaluation_loader
+
+from .test_training import ROOT, TINY_RUN, logged_losses, train
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` with its sha256."""
+    return {str(path.relative_to(folder)): digest(path) for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+# --- output folders ---------------------------------------------------------------------------------------------
+
+
+def test_a_new_run_into_a_finished_runs_folder_is_refused_and_changes_nothing(tmp_path):
+    output_dir = tmp_path / "run"
+    train(output_dir, "--max_steps", "4", "--save_steps", "2")
+    before = snapshot(output_dir)
+
+    again = train(output_dir, "--max_steps", "4", "--save_steps", "2", check=False)
+    assert again.returncode != 0
+    assert "already holds a finished run (4 steps" in again.stderr and "--overwrite_output_dir" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert snapshot(output_dir) == before
+
+
+def test_overwrite_output_dir_replaces_the_earlier_run_and_keeps_other_files(tmp_path):
+    output_dir = tmp_path / "run"
+    train(output_dir, "--max_steps", "6", "--save_steps", "2")
+    old_model = digest(output_dir / "model.safetensors")
+    (output_dir / "notes.txt").write_text("the user's own file")
+
+    result = train(output_dir, "--max_steps", "3", "--save_steps", "1", "--seed", "7", "--overwrite_output_dir")
+    assert "--overwrite_output_dir: deleted checkpoints" in result.stdout
+    assert sorted(path.name for path in (output_dir / "checkpoints").iterdir()) == [
+        "step_000001", "step_000002", "step_000003"
+    ]  # fmt: skip
+    assert json.loads((output_dir / "results.json").read_text())["steps"] == 3
+    assert sorted(logged_losses(output_dir)) == [1, 2, 3]  # the old run's log is gone, not appended to
+    assert digest(output_dir / "model.safetensors") != old_model
+    assert (output_dir / "notes.txt").read_text() == "the user's own file"
+
+
+def test_resuming_with_another_model_or_tokenizer_is_refused_before_anything_is_touched(tmp_path):
+    output_dir = tmp_path / "run"
+    train(output_dir, "--max_steps", "4", "--save_steps", "2")
+    before = snapshot(output_dir)
+    for flags, named in ((["--d_model", "64"], "d_model: 32 there, 64 here"), (["--vocab_size", "320"], "vocab_size")):
+        result = train(output_dir, "--max_steps", "6", "--resume_from_checkpoint", "latest", *flags, check=False)
+        assert result.returncode != 0 and named in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert snapshot(output_dir) == before
+
+
+def test_claiming_an_output_folder(tmp_path):
+    def args(folder, overwrite=False, resume=None):
+        return Namespace(output_dir=str(folder), overwrite_output_dir=overwrite, resume_from_checkpoint=resume)
+
+    claim_output_dir(args(tmp_path / "new"))  # a missing folder is fine, and not created yet
+    (tmp_path / "empty").mkdir()
+    claim_output_dir(args(tmp_path / "empty"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutputDirError, match="is a file"):
+        claim_output_dir(args(tmp_path / "file"))
+
+    finished = tmp_path / "finished"
+    finished.mkdir()
+    (finished / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(OutputDirError, match="no checkpoint left"):  # `latest` would start a new run over it
+        claim_output_dir(args(finished, resume="latest"))
+    with pytest.raises(OutputDirError, match="already holds 1 entries"):
+        claim_output_dir(args(finished))
+
+
+def test_evaluation_never_writes_over_earlier_hypotheses(tmp_path):
+    claim_evaluation_dir(tmp_path, overwrite=False)
+    (tmp_path / "test.hyp.txt").write_text("earlier\n")
+    with pytest.raises(OutputDirError, match="test.hyp.txt"):
+        claim_evaluation_dir(tmp_path, overwrite=False)
+    claim_evaluation_dir(tmp_path, overwrite=True)
+
+
+# --- checkpoints ------------------------------------------------------------------------------------------------
+
+
+def fake_checkpoint(root: Path, step: int, run_id: str | None) -> Path:
+    staging = checkpoints.staging_dir(root, step)
+    staging.mkdir(parents=True)
+    save_file({"weight": torch.full((2,), float(step))}, str(staging / checkpoints.WEIGHTS_NAME))
+    (staging / checkpoints.TRAINER_STATE).write_text(json.dumps({"run_id": run_id, "step": step}))
+    return checkpoints.finalize_checkpoint(staging, checkpoints.checkpoint_dir(root, step))
+
+
+def test_pruning_and_listing_touch_only_the_runs_own_checkpoints(tmp_path):
+    for step in (1, 2, 3):
+        fake_checkpoint(tmp_path, step, "other")
+    for step in (4, 5, 6):
+        fake_checkpoint(tmp_path, step, "mine")
+    assert [p.name for p in checkpoints.list_checkpoints(tmp_path, "mine")] == ["step_000004", "step_000005",
+                                                                               "step_000006"]  # fmt: skip
+    deleted = checkpoints.prune_checkpoints(tmp_path, 1, run_id="mine")
+    assert [p.name for p in deleted] == ["step_000004", "step_000005"]
+    assert len(checkpoints.list_checkpoints(tmp_path, "other")) == 3
+
+
+def test_a_damaged_file_is_named_and_latest_falls_back_to_the_newest_intact_checkpoint(tmp_path):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    common = ["--save_steps", "2", "--average_last", "1", "--preset", "tiny"]
+    train(straight, "--max_steps", "6", *common)
+    train(interrupted, "--max_steps", "4", *common)
+    rng_file = interrupted / "checkpoints" / "step_000004" / "random_states_0.pkl"
+    rng_file.write_bytes(rng_file.read_bytes()[:100])  # truncated, as by a full disk
+
+    explicit = train(interrupted, "--max_steps", "6", *common, "--resume_from_checkpoint", str(rng_file.parent),
+                     check=False)  # fmt: skip
+    assert explicit.returncode != 0 and "random_states_0.pkl has 100 bytes" in explicit.stderr, explicit.stderr
+
+    resumed = train(interrupted, "--max_steps", "6", *common, "--resume_from_checkpoint", "latest")
+    assert "skipping step_000004" in resumed.stdout and "random_states_0.pkl" in resumed.stdout
+    assert "from " + str(interrupted / "checkpoints" / "step_000002") in resumed.stdout
+    expected, losses = logged_losses(straight), logged_losses(interrupted)  # steps 3..6 were trained again
+    for step in range(1, 7):
+        assert losses[step] == pytest.approx(expected[step], rel=1e-5), step
+
+
+def test_checkpoints_hold_no_pickle_of_ours_and_a_crafted_pickle_is_never_executed(tmp_path):
+    output_dir = tmp_path / "run"
+    train(output_dir, "--max_steps", "2", "--save_steps", "2")
+    checkpoint = output_dir / "checkpoints" / "step_000002"
+    assert not list(checkpoint.glob("custom_checkpoint_*"))  # the schedule is in trainer_state.json
+    assert checkpoints.trainer_state(checkpoint)["schedule"]["last_epoch"] == 2
+    assert checkpoints.checkpoint_problem(checkpoint) is None
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    weights = bytearray((checkpoint / checkpoints.WEIGHTS_NAME).read_bytes())
+    weights[-1] ^= 1  # one flipped bit: same size
+    (checkpoint / checkpoints.WEIGHTS_NAME).write_bytes(weights)
+    assert "model.safetensors does not match the sha256" in checkpoints.checkpoint_problem(checkpoint)
+    weights[-1] ^= 1
+    (checkpoint / checkpoints.WEIGHTS_NAME).write_bytes(weights)
+    (checkpoint / "random_states_0.pkl").write_bytes(pickle.dumps(Exploit()))
+    assert "random_states_0.pkl has" in checkpoints.checkpoint_problem(checkpoint)
+    (checkpoint / checkpoints.CHECKSUMS_NAME).unlink()  # as a checkpoint saved before checksums existed
+    assert "random_states_0.pkl cannot be read" in checkpoints.checkpoint_problem(checkpoint)
+    assert not (tmp_path / "pwned").exists()
+
+
+# --- the final evaluation ---------------------------------------------------------------------------------------
+
+
+def test_an_over_long_evaluation_line_is_truncated_and_counted():
+    examples = [{"input_ids": [5, 6, 2], "labels": [7, 2]}, {"input_ids": list(range(3, 10_003)), "labels": [7, 2]}]
+    loader, truncated = evaluation_loader(examples, TranslationCollator(pad_token_id=0), batch_size=2, max_tokens=8)
+    batch = next(iter(loader))
+    assert truncated == 1 and batch["input_ids"].shape == (2, 8)
+    assert batch["input_ids"][1, -1].item() == 10_002  # the last token (</s>) is kept
+
+
+def test_an_over_long_validation_line_does_not_stop_the_run(tmp_path):
+    (tmp_path / "train.tsv").write_text("".join(f"a{i} b c\tx{i} y z\n" for i in range(200)))
+    (tmp_path / "valid.tsv").write_text("a b c\tx y z\n" + " ".join(["a"] * 10_000) + "\t" + "x y\n")
+    result = train(tmp_path / "run", "--train_file", str(tmp_path / "train.tsv"), "--validation_file",
+                   str(tmp_path / "valid.tsv"), "--max_steps", "2", "--max_eval_source_tokens", "16")  # fmt: skip
+    assert "[validation] 1 of 2 pairs have a side longer than 16 tokens; truncated" in result.stdout
+    assert len((tmp_path / "run" / "validation.hyp.txt").read_text().splitlines()) == 2
+
+
+def test_the_model_folder_is_saved_before_a_crash_in_the_final_evaluation(tmp_path, monkeypatch):
+    def crash(*args, **kwargs):
+        raise RuntimeError("evaluation crashed")
+
+    monkeypatch.setattr(train_accelerate, "score_splits", crash)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(RuntimeError, match="evaluation crashed"):
+            train_accelerate.main(["--output_dir", str(tmp_path / "run"), *TINY_RUN, "--max_steps", "2"])
+    finally:  # main ran in this process: leave no accelerator state or signal handler behind
+        AcceleratorState._reset_state(reset_partial_state=True)
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    folder = tmp_path / "run"
+    assert (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
+    assert json.loads((folder / "results.json").read_text())["steps"] == 2
+
+
+def test_signals_are_requests_while_training_and_stop_the_program_once_defaults_are_restored():
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        stop_signals = StopSignals()
+        signal.raise_signal(signal.SIGINT)  # while training, or while the model folder is written: a request
+        assert stop_signals.requested and stop_signals.number == signal.SIGINT
+        stop_signals.restore_defaults()
+        with pytest.raises(KeyboardInterrupt):  # during the final evaluation: stops at once
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+
+def test_ctrl_c_during_the_final_evaluation_stops_the_program_after_the_model_is_saved(tmp_path):
+    output_dir = tmp_path / "run"
+    command = [sys.executable, "-u", str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN,
+               "--synthetic_pairs", "20000", "--max_steps", "2", "--num_beams", "4"]  # fmt: skip
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=environment)  # fmt: skip
+    output = ""
+    for line in process.stdout:  # the final evaluation starts once the folder is saved
+        output += line
+        if line.startswith("[save] model folder"):
+            break
+    time.sleep(1)
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=60)
+    assert process.returncode != 0, output + rest
+    assert "interrupted during the final evaluation" in rest and "Traceback" not in rest, rest[-3000:]
+    assert (output_dir / "model.safetensors").is_file() and not (output_dir / "test.hyp.txt").exists()
+
+
+# --- flags ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--warmup_steps", "-5"], "--warmup_steps: must be an integer >= 1, got -5"),
+        (["--warmup_steps", "0"], "--warmup_steps"),
+        (["--save_steps", "0"], "--save_steps"),
+        (["--logging_steps", "0"], "--logging_steps"),
+        (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps"),
+        (["--average_last", "0"], "--average_last"),
+        (["--max_tokens", "many"], "--max_tokens: must be an integer >= 2, got 'many'"),
+        (["--dropout", "1.5"], "--dropout: must be a number in [0, 1)"),
+        (["--label_smoothing", "nan"], "--label_smoothing"),
+        (["--learning_rate_scale", "0"], "--learning_rate_scale"),
+        (["--max_minutes", "-1"], "--max_minutes"),
+        (["--vocab_size", "100"], "--vocab_size: must be an integer >= 260"),
+        (["--max_length_ratio", "0.5"], "--max_length_ratio"),
+        (["--source_lang", "de", "--target_lang", "de"], "would learn to copy"),
+        (["--resume_from_checkpoint", "latest", "--overwrite_output_dir"], "--overwrite_output_dir deletes it"),
+    ],
+)
+def test_bad_flags_are_refused_when_parsed_naming_the_flag(flags, named, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        train_accelerate.parse_args(flags)
+    assert stopped.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_the_prepare_command_checks_its_flags_too(capsys):
+    for flags in (["--source_lang", "en", "--target_lang", "en"], ["--preprocessing_num_workers", "0"]):
+        with pytest.raises(SystemExit):
+            prepare.main([*flags, "--output_dir", "unused"])
+        assert flags[-2] in capsys.readouterr().err or "copy" in capsys.readouterr().err
+
+
+def test_training_data_without_validation_or_test_split_trains_and_says_so(tmp_path):
+    (tmp_path / "train.tsv").write_text("".join(f"a{i} b c\tx{i} y z\n" for i in range(200)))
+    result = train(tmp_path / "run", "--train_file", str(tmp_path / "train.tsv"), "--max_steps", "2",
+                   "--eval_steps", "1")  # fmt: skip
+    assert "no validation split" in result.stdout and "no test split" in result.stdout
+    assert (tmp_path / "run" / "model.safetensors").is_file()
