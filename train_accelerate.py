@@ -213,6 +213,10 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--push_to_hub needs --hub_model_id")
     if args.average_last > args.save_total_limit > 0:
         parser.error("--average_last cannot exceed --save_total_limit: the checkpoints to average must be kept")
+    try:  # the model the flags describe, checked before any data is read
+        VanillaTransformerConfig.from_preset(args.preset, **model_flags(args))
+    except ValueError as error:
+        parser.error(f"--preset {args.preset} with --d_model/--layers/--heads/--ffn_dim/--dropout: {error}")
 
 
 def is_synthetic(args) -> bool:
@@ -273,7 +277,8 @@ def load_training_data(args, accelerator):
 # --- model -----------------------------------------------------------------------------------------------------
 
 
-def build_config(args, tokenizer) -> VanillaTransformerConfig:
+def model_flags(args) -> dict:
+    """The model flags given (over the preset's values), as config fields."""
     overrides = {
         "d_model": args.d_model,
         "encoder_layers": args.layers,
@@ -284,9 +289,13 @@ def build_config(args, tokenizer) -> VanillaTransformerConfig:
         "decoder_ffn_dim": args.ffn_dim,
         "dropout": args.dropout,
     }
+    return {name: value for name, value in overrides.items() if value is not None}
+
+
+def build_config(args, tokenizer) -> VanillaTransformerConfig:
     return VanillaTransformerConfig.from_preset(
         args.preset,
-        **{name: value for name, value in overrides.items() if value is not None},
+        **model_flags(args),
         vocab_size=len(tokenizer),
         position_embedding_type=args.position_embedding_type,
         label_smoothing=args.label_smoothing,

@@ -266,6 +266,7 @@ def test_ctrl_c_during_the_final_evaluation_stops_the_program_after_the_model_is
         (["--vocab_size", "100"], "--vocab_size: must be an integer >= 260"),
         (["--max_length_ratio", "0.5"], "--max_length_ratio"),
         (["--source_lang", "de", "--target_lang", "de"], "would learn to copy"),
+        (["--d_model", "30", "--heads", "4"], "(30) must be divisible by `encoder_attention_heads` (4)"),
         (["--resume_from_checkpoint", "latest", "--overwrite_output_dir"], "--overwrite_output_dir deletes it"),
     ],
 )
