@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list, set_seed
+from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list, gather_object, set_seed
 from accelerate.utils import load as load_with_weights_only
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -48,6 +48,7 @@ from vanilla_transformer.output_folder import OutputDirError, claim_evaluation_d
 from vanilla_transformer.training import (
     DataPosition,
     StopSignals,
+    UnsupportedSetup,
     count_target_tokens,
     evaluation_loader,
     final_model,
@@ -56,6 +57,7 @@ from vanilla_transformer.training import (
     make_optimizer_and_schedule,
     optimizer_step_batches,
     prefetch,
+    sharded_generation_kwargs,
     translate_for_evaluation,
     validation_loss,
 )
@@ -307,6 +309,37 @@ def build_config(args, tokenizer) -> VanillaTransformerConfig:
 
 
 # --- checkpoints -----------------------------------------------------------------------------------------------
+# Where each process writes: with one filesystem that every process sees, the main process writes checkpoints, logs
+# and the model folder. Machines without a shared filesystem each get their own copy of every checkpoint (each
+# machine's first process writes it: accelerate's save_on_each_node), so that every machine can resume and average;
+# logs and the final model folder are written on the main process's machine only.
+
+
+def output_dir_is_shared(accelerator, args) -> bool:
+    """Whether every process sees the main process's --output_dir: the main process leaves a marker beside it and
+    every process looks for it."""
+    if accelerator.num_processes == 1:
+        return True
+    token = [uuid.uuid4().hex]
+    broadcast_object_list(token)
+    folder = Path(args.output_dir).absolute()
+    marker = folder.parent / f".{folder.name}.shared-{token[0]}"
+
+    def leave_marker():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+
+    prepare.main_process_only(accelerator, leave_marker, "checking --output_dir", accelerator.is_main_process)
+    seen = gather_object([marker.exists()])
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        marker.unlink()
+    return all(seen)
+
+
+def writes_checkpoints(accelerator, args) -> bool:
+    """Whether this process writes the checkpoints (and claims --output_dir) on its machine."""
+    return accelerator.is_local_main_process if args.save_on_each_node else accelerator.is_main_process
 
 
 @dataclass
@@ -338,34 +371,46 @@ def save_checkpoint(accelerator, args, state: RunState, schedule, identity: dict
     root = Path(args.output_dir) / "checkpoints"
     staging = checkpoints.staging_dir(root, state.step)
     accelerator.save_state(str(staging))
-    if accelerator.is_main_process:
+    if writes_checkpoints(accelerator, args):
         trainer_state = {"run_id": state.run_id, "step": state.step, "epoch": state.position.epoch,
                          "batches_done_in_epoch": state.position.batches_done_in_epoch,
                          "elapsed_seconds": state.elapsed_seconds, "schedule": schedule.state_dict(), **identity}  # fmt: skip
         (staging / checkpoints.TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
     accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
+    if writes_checkpoints(accelerator, args):
         checkpoints.finalize_checkpoint(staging, checkpoints.checkpoint_dir(root, state.step))
         checkpoints.prune_checkpoints(root, args.save_total_limit, run_id=state.run_id)
     accelerator.wait_for_everyone()
 
 
 def find_resume_checkpoint(args, accelerator) -> Path | None:
-    """The given checkpoint, which must be intact; or with `latest`, the newest intact one in --output_dir (damaged
-    newer ones are named and skipped); None when the folder has no checkpoint at all."""
+    """The checkpoint every process resumes from, agreed before any loads it: the given one, which must be intact
+    on every machine; or with `latest`, the newest step that every machine holds intact (a newer one missing or
+    damaged somewhere is named and skipped). None when no machine has a checkpoint at all."""
     if args.resume_from_checkpoint != "latest":
         path = Path(args.resume_from_checkpoint)
-        if problem := checkpoints.checkpoint_problem(path):
-            raise checkpoints.CheckpointError(f"cannot resume from {path}: {problem}")
+        problems = [problem for problem in gather_object([checkpoints.checkpoint_problem(path)]) if problem]
+        if problems:
+            raise checkpoints.CheckpointError(f"cannot resume from {path}: {'; '.join(sorted(set(problems)))}")
         return path
-    candidates = checkpoints.list_checkpoints(Path(args.output_dir) / "checkpoints")
-    for path in reversed(candidates):
-        if (problem := checkpoints.checkpoint_problem(path)) is None:
+    root = Path(args.output_dir) / "checkpoints"
+    held = gather_object([[checkpoints.checkpoint_step(path) for path in checkpoints.list_checkpoints(root)]])
+    if not any(held):
+        return None
+    common = set(held[0]).intersection(*held[1:])
+    for step in sorted(common, reverse=True):
+        path = checkpoints.checkpoint_dir(root, step)
+        problems = [problem for problem in gather_object([checkpoints.checkpoint_problem(path)]) if problem]
+        if not problems:
+            if {newer for steps in held for newer in steps if newer > step} - common:
+                accelerator.print(f"[resume] newer checkpoints are not on every machine; resuming from {path.name}")
             return path
-        accelerator.print(f"[resume] skipping {path.name}: {problem}")
-    if candidates:
-        raise checkpoints.CheckpointError(f"no intact checkpoint in {Path(args.output_dir) / 'checkpoints'}")
-    return None
+        accelerator.print(f"[resume] skipping {path.name}: {'; '.join(sorted(set(problems)))}")
+    holdings = "; ".join(f"process {rank}: steps {steps or 'none'}" for rank, steps in enumerate(held))
+    raise checkpoints.CheckpointError(
+        f"no intact checkpoint in {root} that every process holds ({holdings}); on machines without a shared "
+        "filesystem, copy the checkpoint folder to each machine's --output_dir"
+    )
 
 
 def check_checkpoint_matches(path: Path, identity: dict, model) -> None:
@@ -413,10 +458,8 @@ def resume(accelerator, args, model, schedule, identity: dict) -> RunState | Non
 def load_averaged_weights(model, args, accelerator, run_id) -> int:
     """Section 6.1: average this run's last K checkpoints into the final model; returns how many were averaged."""
     paths = checkpoints.list_checkpoints(Path(args.output_dir) / "checkpoints", run_id)[-args.average_last :]
-    if len(paths) < 2:
-        return len(paths)
     for path in paths:
-        if problem := checkpoints.checkpoint_problem(path, only=(checkpoints.WEIGHTS_NAME,)):
+        if problem := checkpoints.checkpoint_problem(path, only=checkpoints.WEIGHTS_NAMES):
             raise checkpoints.CheckpointError(f"cannot average {path}: {problem}")
     averaged = checkpoints.average_checkpoints(paths)
     missing, unexpected = model.load_state_dict(averaged, strict=False)
@@ -425,7 +468,7 @@ def load_averaged_weights(model, args, accelerator, run_id) -> int:
     }
     if unexpected or not set(missing) <= tied:
         raise RuntimeError(f"Averaged checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
-    accelerator.print(f"[average] averaged {len(paths)} checkpoints: {[p.name for p in paths]}")
+    accelerator.print(f"[average] the final model averages {len(paths)} checkpoint(s): {[p.name for p in paths]}")
     return len(paths)
 
 
@@ -533,7 +576,8 @@ class TrainingLog:
 def periodic_evaluation(accelerator, model, tokenizer, validation, loader, step: int, progress) -> None:
     """Validation loss and greedy BLEU on the first --eval_max_sentences validation pairs."""
     losses = validation_loss(accelerator, model, loader)
-    bleu = evaluate_split(accelerator, model, tokenizer, validation, loader, load_bleu_metric(), {"num_beams": 1})
+    generation_kwargs = {"num_beams": 1, **sharded_generation_kwargs(accelerator)}
+    bleu = evaluate_split(accelerator, model, tokenizer, validation, loader, load_bleu_metric(), generation_kwargs)
     if accelerator.is_main_process:
         progress.write(f"[eval] step {step}: nll {losses['nll']:.3f}  greedy BLEU {bleu['bleu']:.2f}")
     accelerator.log({"eval/nll": losses["nll"], "eval/bleu_greedy": bleu["bleu"]}, step=step)
@@ -630,8 +674,13 @@ def main(argv=None) -> None:
     )
     if args.evaluate_only:
         return evaluate_only(args, accelerator)
-    # before any data is prepared: the output folder is this run's (or refused)
-    prepare.main_process_only(accelerator, partial(claim_output_dir, args), "checking --output_dir")
+    # before any data is prepared: the output folder is this run's (or refused), on every machine that writes one
+    args.save_on_each_node = not output_dir_is_shared(accelerator, args)
+    accelerator.project_configuration.save_on_each_node = args.save_on_each_node
+    if args.save_on_each_node:
+        accelerator.print("[output] --output_dir is not shared between the machines: each keeps its own checkpoints")
+    claim = partial(claim_output_dir, args)
+    prepare.main_process_only(accelerator, claim, "checking --output_dir", writes_checkpoints(accelerator, args))
     set_seed(args.seed)
     run, state = set_up_run(args, accelerator)
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
@@ -713,5 +762,5 @@ def save_final_model(model, tokenizer, args, summary: dict, card_only: bool = Fa
 if __name__ == "__main__":
     try:
         main()
-    except (data.DataError, FileNotFoundError, checkpoints.CheckpointError, OutputDirError) as error:
+    except (data.DataError, FileNotFoundError, checkpoints.CheckpointError, OutputDirError, UnsupportedSetup) as error:
         sys.exit(f"error: {error}")

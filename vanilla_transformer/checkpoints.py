@@ -36,6 +36,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 WEIGHTS_NAME = "model.safetensors"
+# FSDP with `fsdp_state_dict_type: FULL_STATE_DICT` saves the whole model as one torch file (read here with
+# `weights_only=True`: tensors only, no code). Sharded FSDP checkpoints are refused at start by the script.
+FSDP_WEIGHTS_NAME = "pytorch_model_fsdp.bin"
+WEIGHTS_NAMES = (WEIGHTS_NAME, FSDP_WEIGHTS_NAME)
 CHECKSUMS_NAME = "checksums.json"
 TRAINER_STATE = "trainer_state.json"
 ANY_RUN = object()  # `run_id` that matches every checkpoint
@@ -43,6 +47,8 @@ ANY_RUN = object()  # `run_id` that matches every checkpoint
 
 class CheckpointError(Exception):
     """A checkpoint is damaged, or belongs to another model or run; the message names the folder or file."""
+
+
 CHECKPOINT_PREFIX = "step_"
 STAGING_PREFIX = ".incomplete_"
 _CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
@@ -64,7 +70,7 @@ def finalize_checkpoint(tmp_dir: str | Path, final_dir: str | Path) -> Path:
     Call on the main process only, after every process has finished `save_state`.
     """
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
-    if not (tmp_dir / WEIGHTS_NAME).is_file():
+    if not any((tmp_dir / name).is_file() for name in WEIGHTS_NAMES):
         raise FileNotFoundError(f"{tmp_dir} has no {WEIGHTS_NAME}; refusing to finalize an incomplete save.")
     write_checksums(tmp_dir)
     if final_dir.exists():
@@ -86,7 +92,7 @@ def checkpoint_step(path: str | Path) -> int | None:
 
 def is_complete_checkpoint(path: str | Path) -> bool:
     path = Path(path)
-    return checkpoint_step(path) is not None and path.is_dir() and (path / WEIGHTS_NAME).is_file()
+    return checkpoint_step(path) is not None and any((path / name).is_file() for name in WEIGHTS_NAMES)
 
 
 def trainer_state(path: str | Path) -> dict:
@@ -126,14 +132,23 @@ def prune_checkpoints(checkpoint_root: str | Path, keep_last: int | None, run_id
 
 
 def find_weights_file(path: str | Path) -> Path:
-    """The model weights of a checkpoint: `path` itself if it is a file, else `path/model.safetensors`."""
+    """The model weights of a checkpoint: `path` itself if it is a file, else its `model.safetensors` (or FSDP's
+    full-state file)."""
     path = Path(path)
     if path.is_file():
         return path
-    weights_file = path / WEIGHTS_NAME
-    if not weights_file.is_file():
-        raise FileNotFoundError(f"No {WEIGHTS_NAME} in {path}")
-    return weights_file
+    for name in WEIGHTS_NAMES:
+        if (path / name).is_file():
+            return path / name
+    raise FileNotFoundError(f"No {WEIGHTS_NAME} in {path}")
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's model weights, from safetensors or (FSDP) a torch file read with `weights_only=True`."""
+    weights_file = find_weights_file(path)
+    if weights_file.suffix == ".safetensors":
+        return load_file(weights_file)
+    return torch.load(weights_file, map_location="cpu", weights_only=True, mmap=True)
 
 
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
@@ -147,7 +162,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
         raise ValueError("average_checkpoints needs at least one checkpoint.")
     weights_files = [find_weights_file(path) for path in paths]
 
-    first = load_file(weights_files[0])
+    first = load_weights(weights_files[0])
     dtypes = {key: tensor.dtype for key, tensor in first.items()}
     sums = {
         key: tensor.to(torch.float64, copy=True) if tensor.is_floating_point() else tensor
@@ -156,7 +171,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     del first
 
     for weights_file in weights_files[1:]:
-        state = load_file(weights_file)
+        state = load_weights(weights_file)
         missing, extra = sorted(sums.keys() - state.keys()), sorted(state.keys() - sums.keys())
         if missing or extra:
             raise ValueError(
@@ -257,6 +272,9 @@ def _legacy_checkpoint_problem(folder: Path, only: Sequence[str] | None) -> str 
 
 
 def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
-    """Tensor shapes of a checkpoint's weights, read from the safetensors header (no tensor is loaded)."""
-    with safe_open(find_weights_file(path), "pt") as weights:
+    """Tensor shapes of a checkpoint's weights (from the safetensors header: no tensor is loaded)."""
+    weights_file = find_weights_file(path)
+    if weights_file.suffix != ".safetensors":
+        return {key: tuple(tensor.shape) for key, tensor in load_weights(weights_file).items()}
+    with safe_open(weights_file, "pt") as weights:
         return {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}

@@ -390,20 +390,26 @@ class PreparedCorpus:
         ]
 
 
-def main_process_only(accelerator, work, what: str = "preparing the data"):
-    """Run `work` on each machine's first process while the others wait; an error there is raised after the wait on
-    every process (the others get a `DataError` that points to it), so no process is left waiting for ever.
-    Without an accelerator (one process), just run `work`."""
+def main_process_only(accelerator, work, what: str = "preparing the data", selected: bool | None = None):
+    """Run `work` on each machine's first process (or where `selected`) while the others wait; an error there is
+    raised after the wait on every process (the others get a `DataError` that points to it), so no process is left
+    waiting for ever. Without an accelerator (one process), just run `work`."""
     if accelerator is None:
         return work()
     failure = None
-    with accelerator.local_main_process_first():
-        if accelerator.is_local_main_process:
-            try:
-                work()
-            except Exception as error:  # raised below, once every process has left the barrier
-                failure = error
-    failed = accelerator.reduce(torch.tensor(float(failure is not None), device=accelerator.device), "sum").item()
+    if accelerator.is_local_main_process if selected is None else selected:
+        try:
+            work()
+        except Exception as error:  # raised below, once every process has reached the collective
+            failure = error
+    # the collective is the barrier: every process waits here until the work is done
+    try:
+        failed = accelerator.reduce(torch.tensor(float(failure is not None), device=accelerator.device), "sum").item()
+    except Exception as error:  # torch raises RuntimeError or DistBackendError, with "timed out" or "Timeout"
+        if failure is None and "time" in str(error).lower() and "out" in str(error).lower():
+            advice = "raise --ddp_timeout, or prepare the corpus beforehand (python -m vanilla_transformer.prepare)"
+            raise DataError(f"a process waited longer than --ddp_timeout for {what} elsewhere: {advice}") from error
+        raise
     if failure is not None:
         raise failure
     if failed:

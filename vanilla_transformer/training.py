@@ -17,14 +17,21 @@ from torch.nn import functional as F
 from .batching import TokenBatchSampler, TranslationCollator
 
 
+class UnsupportedSetup(Exception):
+    """An accelerate set-up this recipe cannot run correctly; the message says what to use instead."""
+
+
 def make_accelerator(**kwargs):
-    """An Accelerator that really is distributed when launched as several processes.
+    """An Accelerator that really is distributed when launched as several processes, refusing set-ups that would
+    train differently from the recipe (DeepSpeed, sharded FSDP checkpoints).
 
     On a machine without an accelerator device, `accelerate launch --multi_gpu --num_processes N` (or torchrun)
     starts N processes; without `cpu=True` each would build a single-process Accelerator and train alone.
     """
     from accelerate import Accelerator
 
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes"):
+        raise UnsupportedSetup(DEEPSPEED_REFUSED)  # before Accelerator() imports and configures DeepSpeed
     has_device = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
     has_device = has_device or torch.backends.mps.is_available()
     accelerator = Accelerator(cpu=not has_device, **kwargs)
@@ -34,7 +41,39 @@ def make_accelerator(**kwargs):
             f"Launched as {launched_as} processes but Accelerate set up {accelerator.num_processes}; "
             "check the launch command and the accelerate config."
         )
+    check_distributed_setup(accelerator)
     return accelerator
+
+
+DEEPSPEED_REFUSED = (
+    "DeepSpeed is not supported: this script accumulates gradients itself (each optimizer step divides the summed "
+    "loss by the step's target tokens over all micro-batches and processes, section 5.1), and DeepSpeed's engine "
+    "would step the optimizer after every micro-batch. Use DDP (configs/accelerate/ddp_8gpu.yaml) or, for models "
+    "past `big`, FSDP (configs/accelerate/fsdp.yaml)."
+)
+
+
+def check_distributed_setup(accelerator) -> None:
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        raise UnsupportedSetup(DEEPSPEED_REFUSED)
+    if accelerator.distributed_type == DistributedType.FSDP:
+        state_dict_type = str(accelerator.state.fsdp_plugin.state_dict_type)
+        if "FULL_STATE_DICT" not in state_dict_type:
+            raise UnsupportedSetup(
+                f"FSDP with fsdp_state_dict_type {state_dict_type}: checkpoints must be FULL_STATE_DICT (one file of "
+                "tensors, read without unpickling), which averaging and the final model need; see "
+                "configs/accelerate/fsdp.yaml"
+            )
+
+
+def sharded_generation_kwargs(accelerator) -> dict:
+    """generate() on an FSDP-sharded model gathers the parameters in every forward, a collective: the processes
+    decode in step until all are done (`synced_gpus`), however long their own sentences are."""
+    from accelerate.utils import DistributedType
+
+    return {"synced_gpus": accelerator.distributed_type == DistributedType.FSDP}
 
 
 # --- 5.3: Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 and the inverse square root schedule ---------------
@@ -206,8 +245,14 @@ class StopSignals:
 
 def final_model(accelerator, model, attn_implementation: str):
     """The bare model (no DDP, no mixed-precision wrapper) with `attn_implementation`, for the final averaging,
-    evaluation and saving: scores are then measured in float32, as users run the saved model."""
+    evaluation and saving: scores are then measured in float32, as users run the saved model. Under FSDP the shards
+    are no model to run or save: a plain model of the same config is built on every process, and the caller loads
+    its weights from the checkpoints (which hold the full state)."""
+    from accelerate.utils import DistributedType
+
     model = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    if accelerator.distributed_type == DistributedType.FSDP:
+        model = type(model)(model.config).to(accelerator.device)
     model.set_attn_implementation(attn_implementation)
     return model
 
@@ -249,20 +294,26 @@ def translate_for_evaluation(accelerator, model, loader, tokenizer, generation_k
     between processes, so they are padded across processes before gathering, and `gather_for_metrics` drops
     the duplicates that pad the last batch (accelerate issues #1326, #1674).
     """
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
     unwrapped = accelerator.unwrap_model(model)
     unwrapped.eval()
     hypotheses: dict[int, str] = {}
-    for batch in loader:
-        max_new_tokens = generation_kwargs.get("max_new_tokens") or paper_max_new_tokens(batch["attention_mask"])
-        generated = unwrapped.generate(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            **{**generation_kwargs, "max_new_tokens": max_new_tokens},
-        )
-        generated = accelerator.pad_across_processes(generated, dim=1, pad_index=tokenizer.pad_token_id)
-        generated, indices = accelerator.gather_for_metrics((generated, batch["example_index"]))
-        for index, tokens in zip(indices.tolist(), generated, strict=True):
-            hypotheses[index] = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    gathered = contextlib.nullcontext()
+    if isinstance(model, FullyShardedDataParallel):  # FSDP1 wraps the root: its shards gathered while decoding
+        gathered = FullyShardedDataParallel.summon_full_params(model, writeback=False)
+    with gathered:
+        for batch in loader:
+            max_new_tokens = generation_kwargs.get("max_new_tokens") or paper_max_new_tokens(batch["attention_mask"])
+            generated = unwrapped.generate(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                **{**generation_kwargs, "max_new_tokens": max_new_tokens},
+            )
+            generated = accelerator.pad_across_processes(generated, dim=1, pad_index=tokenizer.pad_token_id)
+            generated, indices = accelerator.gather_for_metrics((generated, batch["example_index"]))
+            for index, tokens in zip(indices.tolist(), generated, strict=True):
+                hypotheses[index] = tokenizer.decode(tokens, skip_special_tokens=True).strip()
     return [hypotheses[i] for i in range(len(hypotheses))]
 
 

@@ -1,0 +1,149 @@
+"""Past one machine: machines without a shared filesystem resume from the same step (rehearsed on loopback with the
+shipped multi-node config), the collective timeout, DeepSpeed refused, FSDP's full-state checkpoints and synced
+generation."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+import train_accelerate
+from vanilla_transformer import checkpoints
+from vanilla_transformer.training import (
+    UnsupportedSetup,
+    check_distributed_setup,
+    make_accelerator,
+    sharded_generation_kwargs,
+)
+
+from .test_training import ROOT, TINY_RUN, train
+
+ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def two_machines(tmp_path: Path, port: int, *arguments: str) -> list[subprocess.CompletedProcess]:
+    """One `accelerate launch` per "machine" on loopback, each with its own output folder and cache (no shared
+    filesystem), through configs/accelerate/multi_node_ddp.yaml with one CPU process per machine."""
+
+    def launch(rank: int) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                   str(ROOT / "configs" / "accelerate" / "multi_node_ddp.yaml"), "--machine_rank", str(rank),
+                   "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--num_processes", "2",
+                   "--mixed_precision", "no", str(ROOT / "train_accelerate.py"),
+                   "--output_dir", str(tmp_path / f"node{rank}"), *TINY_RUN, *arguments]  # fmt: skip
+        environment = {**ENVIRONMENT, "HF_HOME": str(tmp_path / f"hf_home{rank}")}
+        return subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT, env=environment)
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(launch, (0, 1)))
+
+
+def test_two_machines_without_a_shared_filesystem_resume_from_the_same_step_or_refuse(tmp_path):
+    port = 29700 + os.getpid() % 200
+    first = two_machines(tmp_path, port, "--max_steps", "4", "--save_steps", "2")
+    assert all(run.returncode == 0 for run in first), first[1].stderr[-3000:]
+    assert "not shared between the machines" in first[1].stdout
+    for rank in (0, 1):  # every machine holds every checkpoint, with its own processes' RNG states
+        checkpoint = tmp_path / f"node{rank}" / "checkpoints" / "step_000004"
+        assert checkpoints.checkpoint_problem(checkpoint) is None
+        assert (checkpoint / f"random_states_{rank}.pkl").is_file()
+
+    shutil.rmtree(tmp_path / "node1" / "checkpoints" / "step_000004")  # lost on one machine only
+    resumed = two_machines(tmp_path, port + 1, "--max_steps", "6", "--save_steps", "2", "--resume_from_checkpoint",
+                           "latest")  # fmt: skip
+    assert all(run.returncode == 0 for run in resumed), resumed[0].stderr[-3000:]
+    for rank, run in enumerate(resumed):
+        assert f"[resume] from {tmp_path / f'node{rank}' / 'checkpoints' / 'step_000002'} at step 2" in run.stdout
+    assert "newer checkpoints are not on every machine" in resumed[0].stdout
+    assert json.loads((tmp_path / "node0" / "results.json").read_text())["steps"] == 6
+
+    shutil.rmtree(tmp_path / "node1" / "checkpoints")  # a machine without any: refused everywhere, no hang
+    refused = two_machines(tmp_path, port + 2, "--max_steps", "8", "--resume_from_checkpoint", "latest")
+    for run in refused:
+        assert run.returncode != 0 and "that every process holds" in run.stderr, run.stderr[-3000:]
+
+
+def test_a_process_waiting_past_ddp_timeout_gets_a_clear_error(tmp_path):
+    """The flag reaches the process group: with 1 s, the process waiting while the other prepares gives up."""
+    result = train(tmp_path / "run", "--synthetic_pairs", "60000", "--ddp_timeout", "1", "--max_steps", "1",
+                   processes=2, check=False)  # fmt: skip
+    assert result.returncode != 0
+    assert "waited longer than --ddp_timeout for preparing the data" in result.stderr, result.stderr[-3000:]
+
+
+def test_deepspeed_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(UnsupportedSetup, match="would step the optimizer after every micro-batch"):
+        make_accelerator()
+    with pytest.raises(UnsupportedSetup, match="DeepSpeed is not supported"):
+        check_distributed_setup(SimpleNamespace(distributed_type=DistributedType.DEEPSPEED))
+
+    command = [sys.executable, str(ROOT / "train_accelerate.py"), "--output_dir", str(tmp_path / "run"), *TINY_RUN]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                            env={**ENVIRONMENT, "ACCELERATE_USE_DEEPSPEED": "true"})  # fmt: skip
+    assert result.returncode != 0 and "DeepSpeed is not supported" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def fsdp_accelerator(state_dict_type: str) -> SimpleNamespace:
+    plugin = FullyShardedDataParallelPlugin(state_dict_type=state_dict_type)
+    return SimpleNamespace(distributed_type=DistributedType.FSDP, state=SimpleNamespace(fsdp_plugin=plugin),
+                           device=torch.device("cpu"), unwrap_model=lambda model, **kwargs: model)  # fmt: skip
+
+
+def test_fsdp_needs_full_state_checkpoints_and_decodes_in_step():
+    with pytest.raises(UnsupportedSetup, match="SHARDED_STATE_DICT"):
+        check_distributed_setup(fsdp_accelerator("SHARDED_STATE_DICT"))
+    check_distributed_setup(fsdp_accelerator("FULL_STATE_DICT"))
+    assert sharded_generation_kwargs(fsdp_accelerator("FULL_STATE_DICT")) == {"synced_gpus": True}
+    assert sharded_generation_kwargs(SimpleNamespace(distributed_type=DistributedType.MULTI_GPU)) == {
+        "synced_gpus": False
+    }
+
+
+def test_fsdp_full_state_checkpoints_are_averaged_into_a_plain_final_model(tmp_path, tiny_model):
+    """Under FSDP the final model is a plain model of the same config whose weights come from the checkpoints
+    (`pytorch_model_fsdp.bin`, tensors read with weights_only), as accelerate writes them with FULL_STATE_DICT."""
+    root = tmp_path / "run" / "checkpoints"
+    states = []
+    for step in (1, 2):
+        state = {name: tensor + step for name, tensor in tiny_model.state_dict().items()}
+        staging = checkpoints.staging_dir(root, step)
+        staging.mkdir(parents=True)
+        torch.save(state, staging / checkpoints.FSDP_WEIGHTS_NAME)
+        (staging / checkpoints.TRAINER_STATE).write_text(json.dumps({"run_id": "run", "step": step}))
+        checkpoints.finalize_checkpoint(staging, checkpoints.checkpoint_dir(root, step))
+        states.append(state)
+    accelerator = fsdp_accelerator("FULL_STATE_DICT")
+    accelerator.print = print
+    final = train_accelerate.final_model(accelerator, tiny_model, "sdpa")
+    assert final is not tiny_model and final.config.to_dict() == tiny_model.config.to_dict()
+    args = SimpleNamespace(output_dir=str(tmp_path / "run"), average_last=2)
+    assert train_accelerate.load_averaged_weights(final, args, accelerator, "run") == 2
+    name = "model.encoder.layers.0.self_attn.out_proj.weight"
+    torch.testing.assert_close(final.state_dict()[name], (states[0][name] + states[1][name]) / 2)
+
+
+@torch.no_grad()
+def test_synced_generation_decodes_the_same_tokens(tiny_model, source_batch):
+    """`synced_gpus=True` (FSDP) keeps a process stepping until every process is done: on a process group of one,
+    greedy and beam decoding give exactly the tokens of plain decoding."""
+    input_ids, attention_mask = source_batch
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{29900 + os.getpid() % 90}", rank=0, world_size=1)
+    try:
+        for num_beams in (1, 4):
+            kwargs = dict(attention_mask=attention_mask, max_new_tokens=12, num_beams=num_beams, do_sample=False)
+            plain = tiny_model.generate(input_ids, **kwargs)
+            synced = tiny_model.generate(input_ids, synced_gpus=True, **kwargs)
+            assert torch.equal(plain, synced), num_beams
+    finally:
+        dist.destroy_process_group()
