@@ -597,14 +597,15 @@ def train_loop(accelerator, args, run, state: RunState, stop_signals: StopSignal
         if args.max_steps is not None and state.step >= args.max_steps:
             stop_reason = "max_steps"
             break
-        # One collective per step: the step's global target-token count, and whether any process must stop.
+        # One collective per step: the step's global target-token count, and whether any process must stop (and
+        # why: a signal anywhere stops every process the same way, at the same step).
         out_of_time = args.max_minutes is not None and time.time() - start_time > args.max_minutes * 60
-        local = [sum(count_target_tokens(b) for b in step_batches), float(stop_signals.requested or out_of_time)]
-        global_tokens, stop_votes = accelerator.reduce(
+        local = [sum(count_target_tokens(b) for b in step_batches), float(stop_signals.requested), float(out_of_time)]
+        global_tokens, signal_votes, time_votes = accelerator.reduce(
             torch.tensor(local, dtype=torch.float64, device=accelerator.device)
         ).tolist()
-        if stop_votes:
-            stop_reason = "signal" if stop_signals.requested else "max_minutes"
+        if signal_votes or time_votes:
+            stop_reason = "signal" if signal_votes else "max_minutes"
             break
         model.train()
         log.add(forward_backward(accelerator, model, step_batches, global_tokens), global_tokens)
@@ -691,8 +692,8 @@ def main(argv=None) -> None:
     stop_signals = StopSignals()
     stop_reason = train_loop(accelerator, args, run, state, stop_signals)
     if stop_reason == "signal":
-        accelerator.print(f"[stop] signal {stop_signals.number} at step {state.step}: checkpoint saved; "
-                          "continue with --resume_from_checkpoint latest")  # fmt: skip
+        accelerator.print(f"[stop] a stop signal at step {state.step}: checkpoint saved; continue with "
+                          "--resume_from_checkpoint latest")  # fmt: skip
     else:
         finish(accelerator, args, run, state, stop_reason, stop_signals)
     accelerator.end_training()
@@ -710,10 +711,10 @@ def finish(accelerator, args, run, state: RunState, stop_reason: str, stop_signa
                "results": {}, "preset": args.preset, "parameters": sum(p.numel() for p in model.parameters())}  # fmt: skip
     if accelerator.is_main_process:
         save_final_model(model, run["tokenizer"], args, summary)
-    accelerator.wait_for_everyone()
-    if stop_signals.requested:
-        accelerator.print(f"[stop] signal {stop_signals.number}: the model folder is saved, the final evaluation "
-                          f"skipped; score it with --evaluate_only --model_name_or_path {args.output_dir}")  # fmt: skip
+    # a signal while saving, on any process, skips the evaluation everywhere (every process must agree)
+    if accelerator.reduce(torch.tensor(float(stop_signals.requested), device=accelerator.device), "sum").item():
+        accelerator.print(f"[stop] a stop signal: the model folder is saved, the final evaluation skipped; score it "
+                          f"with --evaluate_only --model_name_or_path {args.output_dir}")  # fmt: skip
         return
     stop_signals.restore_defaults()
     try:

@@ -5,12 +5,14 @@ generation."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -30,46 +32,72 @@ from .test_training import ROOT, TINY_RUN, train
 ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def two_machines(tmp_path: Path, port: int, *arguments: str) -> list[subprocess.CompletedProcess]:
-    """One `accelerate launch` per "machine" on loopback, each with its own output folder and cache (no shared
-    filesystem), through configs/accelerate/multi_node_ddp.yaml with one CPU process per machine."""
-
-    def launch(rank: int) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                   str(ROOT / "configs" / "accelerate" / "multi_node_ddp.yaml"), "--machine_rank", str(rank),
-                   "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--num_processes", "2",
-                   "--mixed_precision", "no", str(ROOT / "train_accelerate.py"),
-                   "--output_dir", str(tmp_path / f"node{rank}"), *TINY_RUN, *arguments]  # fmt: skip
-        environment = {**ENVIRONMENT, "HF_HOME": str(tmp_path / f"hf_home{rank}")}
-        return subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT, env=environment)
-
-    with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(launch, (0, 1)))
+def launch_machine(tmp_path: Path, rank: int, port: int, *arguments: str) -> subprocess.Popen:
+    """One "machine" on loopback: its own `accelerate launch`, output folder and cache (no shared filesystem),
+    through configs/accelerate/multi_node_ddp.yaml with one CPU process per machine; output in machine{rank}.log."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "configs" / "accelerate" / "multi_node_ddp.yaml"), "--machine_rank", str(rank),
+               "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--num_processes", "2",
+               "--mixed_precision", "no", str(ROOT / "train_accelerate.py"),
+               "--output_dir", str(tmp_path / f"node{rank}"), *TINY_RUN, *arguments]  # fmt: skip
+    environment = {**ENVIRONMENT, "HF_HOME": str(tmp_path / f"hf_home{rank}"), "PYTHONUNBUFFERED": "1"}
+    log = open(tmp_path / f"machine{rank}.log", "w")  # the child process holds it; closed when this one exits
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=environment)
 
 
-def test_two_machines_without_a_shared_filesystem_resume_from_the_same_step_or_refuse(tmp_path):
+def two_machines(tmp_path: Path, port: int, *arguments: str, stop_machine_1_after_step: int | None = None):
+    """Run both machines to the end (optionally sending SIGTERM to machine 1's training process once machine 0 has
+    logged that step); returns their exit codes and outputs."""
+    processes = [launch_machine(tmp_path, rank, port, *arguments) for rank in (0, 1)]
+    if stop_machine_1_after_step is not None:
+        log = tmp_path / "node0" / "train_log.jsonl"
+        deadline = time.time() + 120
+        while time.time() < deadline and (
+            not log.is_file() or len(log.read_text().splitlines()) < stop_machine_1_after_step
+        ):
+            time.sleep(0.2)
+        trainers = [child for child in psutil.Process(processes[1].pid).children(recursive=True)
+                    if "train_accelerate.py" in " ".join(child.cmdline())]  # fmt: skip
+        trainers[0].send_signal(signal.SIGTERM)  # a preempted machine: its trainer gets the signal
+    codes = [process.wait(timeout=240) for process in processes]
+    return codes, [(tmp_path / f"machine{rank}.log").read_text() for rank in (0, 1)]
+
+
+def test_two_machines_without_a_shared_filesystem_stop_together_and_resume_from_the_same_step(tmp_path):
     port = 29700 + os.getpid() % 200
-    first = two_machines(tmp_path, port, "--max_steps", "4", "--save_steps", "2")
-    assert all(run.returncode == 0 for run in first), first[1].stderr[-3000:]
-    assert "not shared between the machines" in first[1].stdout
-    for rank in (0, 1):  # every machine holds every checkpoint, with its own processes' RNG states
-        checkpoint = tmp_path / f"node{rank}" / "checkpoints" / "step_000004"
+    codes, outputs = two_machines(tmp_path, port, "--max_steps", "100000", "--save_steps", "100000",
+                                  stop_machine_1_after_step=3)  # fmt: skip
+    assert codes == [0, 0], outputs[1][-3000:]
+    assert "not shared between the machines" in outputs[1]
+    held = [sorted(path.name for path in (tmp_path / f"node{rank}" / "checkpoints").iterdir()) for rank in (0, 1)]
+    assert len(held[0]) == 1 and held[0] == held[1], held  # both stopped at the same step, each saved it
+    stopped = checkpoints.checkpoint_step(held[0][0])
+    for rank in (0, 1):  # every machine holds the checkpoint, with its own processes' RNG states
+        checkpoint = tmp_path / f"node{rank}" / "checkpoints" / held[0][0]
         assert checkpoints.checkpoint_problem(checkpoint) is None
         assert (checkpoint / f"random_states_{rank}.pkl").is_file()
 
-    shutil.rmtree(tmp_path / "node1" / "checkpoints" / "step_000004")  # lost on one machine only
-    resumed = two_machines(tmp_path, port + 1, "--max_steps", "6", "--save_steps", "2", "--resume_from_checkpoint",
-                           "latest")  # fmt: skip
-    assert all(run.returncode == 0 for run in resumed), resumed[0].stderr[-3000:]
-    for rank, run in enumerate(resumed):
-        assert f"[resume] from {tmp_path / f'node{rank}' / 'checkpoints' / 'step_000002'} at step 2" in run.stdout
-    assert "newer checkpoints are not on every machine" in resumed[0].stdout
-    assert json.loads((tmp_path / "node0" / "results.json").read_text())["steps"] == 6
+    codes, outputs = two_machines(tmp_path, port + 1, "--max_steps", str(stopped + 2), "--save_steps", "1",
+                                  "--resume_from_checkpoint", "latest")  # fmt: skip
+    assert codes == [0, 0], outputs[0][-3000:]
+    for rank, output in enumerate(outputs):
+        assert f"[resume] from {tmp_path / f'node{rank}' / 'checkpoints' / held[0][0]} at step {stopped}" in output
+
+    newest = checkpoints.checkpoint_dir(tmp_path / "node1" / "checkpoints", stopped + 2)
+    shutil.rmtree(newest)  # lost on one machine only: both resume from the newest step they share
+    codes, outputs = two_machines(tmp_path, port + 2, "--max_steps", str(stopped + 4), "--save_steps", "1",
+                                  "--resume_from_checkpoint", "latest")  # fmt: skip
+    assert codes == [0, 0], outputs[0][-3000:]
+    for output in outputs:
+        assert f"step_{stopped + 1:06d} at step {stopped + 1}" in output
+    assert "newer checkpoints are not on every machine" in outputs[0]
+    assert json.loads((tmp_path / "node0" / "results.json").read_text())["steps"] == stopped + 4
 
     shutil.rmtree(tmp_path / "node1" / "checkpoints")  # a machine without any: refused everywhere, no hang
-    refused = two_machines(tmp_path, port + 2, "--max_steps", "8", "--resume_from_checkpoint", "latest")
-    for run in refused:
-        assert run.returncode != 0 and "that every process holds" in run.stderr, run.stderr[-3000:]
+    codes, outputs = two_machines(tmp_path, port + 3, "--max_steps", str(stopped + 6), "--resume_from_checkpoint",
+                                  "latest")  # fmt: skip
+    for code, output in zip(codes, outputs, strict=True):
+        assert code != 0 and "that every process holds" in output, output[-3000:]
 
 
 def test_a_process_waiting_past_ddp_timeout_gets_a_clear_error(tmp_path):
