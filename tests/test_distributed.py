@@ -41,8 +41,8 @@ def launch_machine(tmp_path: Path, rank: int, port: int, *arguments: str) -> sub
                "--mixed_precision", "no", str(ROOT / "train_accelerate.py"),
                "--output_dir", str(tmp_path / f"node{rank}"), *TINY_RUN, *arguments]  # fmt: skip
     environment = {**ENVIRONMENT, "HF_HOME": str(tmp_path / f"hf_home{rank}"), "PYTHONUNBUFFERED": "1"}
-    log = open(tmp_path / f"machine{rank}.log", "w")  # the child process holds it; closed when this one exits
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=environment)
+    with open(tmp_path / f"machine{rank}.log", "w") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=environment)
 
 
 def two_machines(tmp_path: Path, port: int, *arguments: str, stop_machine_1_after_step: int | None = None):
