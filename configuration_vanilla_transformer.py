@@ -46,7 +46,13 @@ class VanillaTransformerConfig(PreTrainedConfig):
     layer_norm_eps: epsilon of every LayerNorm.
     init_std: standard deviation of the embedding initialisation; None means d_model ** -0.5, so that the
         scaled embeddings start with unit variance. Linear layers use Xavier-uniform initialisation.
-    label_smoothing: epsilon_ls of the training loss (section 5.4 uses 0.1; 0 gives plain cross-entropy).
+    onednn_linear: run float32 inference on CPU through oneDNN's linear kernel (fast_paths_vanilla_transformer.py;
+        the same products, faster on some CPUs); False: plain nn.functional.linear.
+    grouped_beam_cross_attention: in beam search, keep the encoder-decoder keys and values once per sentence
+        rather than once per beam (fast_paths_vanilla_transformer.py); False: one row per beam, as in BART.
+
+    The training loss's label smoothing is not here: it is how a model is trained, not what it is
+    (`model(..., labels=..., label_smoothing=0.1)`; configs saved with a `label_smoothing` still load, without it).
 
     Example:
         >>> config = VanillaTransformerConfig.from_preset("big", vocab_size=37000)
@@ -78,7 +84,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
     layer_norm_eps: float = 1e-5
     init_std: float | None = None
-    label_smoothing: float | int = 0.0
+    onednn_linear: bool = True
+    grouped_beam_cross_attention: bool = True
     use_cache: bool = True
     is_encoder_decoder: bool = True
     pad_token_id: int | None = 0
@@ -88,13 +95,23 @@ class VanillaTransformerConfig(PreTrainedConfig):
     forced_eos_token_id: int | list[int] | None = None
 
     def __post_init__(self, **kwargs):
+        kwargs.pop("label_smoothing", None)  # a training setting that older saved configs still carry
         self._check_values()
         super().__post_init__(**kwargs)
 
     def _check_values(self):
         """Raise a ValueError naming the field for values the model cannot be built with."""
-        positive = ["vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-                    "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"]  # fmt: skip
+        positive = [
+            "vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "max_position_embeddings",
+        ]
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"`{name}` must be a positive integer, got {getattr(self, name)}.")
@@ -107,8 +124,6 @@ class VanillaTransformerConfig(PreTrainedConfig):
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)}.")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"`label_smoothing` must be in [0, 1), got {self.label_smoothing}.")
         if self.activation_function not in ACTIVATION_FUNCTIONS:
             raise ValueError(
                 f"`activation_function` must be one of {ACTIVATION_FUNCTIONS}, got {self.activation_function!r}."

@@ -1,16 +1,20 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a transformers PreTrainedModel.
 
 Hub-facing: this file is copied beside the weights of every saved model and runs as remote code, so it imports
-only torch, transformers and its own configuration file. Classes go from leaf to top, as the paper's section 3:
-positions (3.5), attention (3.2), feed-forward (3.3), encoder and decoder layers (3.1), the stacks, the model
-with its one shared embedding matrix (3.4).
+only torch, transformers and its sibling files (configuration, the translation pipeline, the speed paths). Classes go
+from leaf to top, as the paper's section 3: positions (3.5), attention (3.2), feed-forward (3.3), encoder and decoder
+layers (3.1), the stacks, the model with its one shared embedding matrix (3.4), the pre-softmax head.
 
 Every sub-layer is post-LN: LayerNorm(x + Dropout(Sublayer(x))).
-Shapes: B = batch, S = source length, T = target length, D = d_model, H = heads, K = D / H.
+Shapes: B = batch, S = source length, T = target length, D = d_model, H = heads, K = D / H, V = vocabulary.
+
+The speed paths (oneDNN linear layers on CPU, beam search's encoder-decoder keys and values kept once per sentence,
+the training loss without logits) live in fast_paths_vanilla_transformer.py, each with a switch.
 """
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -32,90 +36,29 @@ from transformers.utils import can_return_tuple, is_torchdynamo_compiling, loggi
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-try:  # as Hub remote code (a package) or as an installed top-level module
+# Sibling files, relatively imported so that transformers copies them into every saved folder (and fetches them
+# with the model's code from the Hub); the pipeline is the one config.json's `custom_pipelines` names.
+try:  # as Hub remote code (a package)
     from .configuration_vanilla_transformer import VanillaTransformerConfig
-except ImportError:
+    from .fast_paths_vanilla_transformer import (
+        VanillaTransformerLinear,
+        grouped_beam_attention,
+        label_smoothed_cross_entropy,
+        reorder_grouped_cache,
+    )
+    from .pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline  # noqa: F401
+except ImportError:  # as installed top-level modules
     from configuration_vanilla_transformer import VanillaTransformerConfig
+    from fast_paths_vanilla_transformer import (
+        VanillaTransformerLinear,
+        grouped_beam_attention,
+        label_smoothed_cross_entropy,
+        reorder_grouped_cache,
+    )
+    from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline  # noqa: F401
 
 
 logger = logging.get_logger(__name__)
-
-
-def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
-    """Decoder inputs are the labels shifted one step right, starting from `decoder_start_token_id`."""
-    decoder_input_ids = labels.new_empty(labels.shape)
-    decoder_input_ids[:, 1:] = labels[:, :-1]
-    decoder_input_ids[:, 0] = decoder_start_token_id
-    return decoder_input_ids.masked_fill_(decoder_input_ids == -100, pad_token_id)
-
-
-def _check_token_ids(ids: torch.Tensor, vocab_size: int, name: str, allow_ignore_index: bool = False) -> None:
-    """Clear errors for ids the embedding cannot look up (instead of an IndexError deep in torch)."""
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise ValueError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
-    if ids.dim() != 2:
-        raise ValueError(f"`{name}` must have shape (batch, length), got {tuple(ids.shape)}.")
-    if ids.shape[1] == 0:
-        raise ValueError(f"`{name}` is empty (length 0): every sequence needs at least one token, e.g. </s>.")
-    if is_torchdynamo_compiling():
-        return
-    valid = (ids >= 0) & (ids < vocab_size)
-    if allow_ignore_index:
-        valid |= ids == -100
-    if not bool(valid.all()):
-        bad = ids[~valid]
-        raise ValueError(
-            f"`{name}` holds ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()}. "
-            "Was the input made with this model's tokenizer?"
-        )
-
-
-def _check_attention_mask(mask: torch.Tensor | None, expected_shape: tuple, name: str) -> None:
-    if mask is None or mask.dim() != 2:  # a prepared 4D mask is passed through as it is
-        return
-    if tuple(mask.shape) != tuple(expected_shape):
-        raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but the inputs need {tuple(expected_shape)}.")
-
-
-# --- Linear layers: oneDNN for inference on CPU ------------------------------------------------------------------
-# In float32 on CPU, nn.Linear multiplies with MKL's sgemm. oneDNN (part of every CPU build of torch, which uses it
-# for bf16) computes the same float32 products up to 2.7x as fast on some CPUs (AMD Zen 4, docs/BENCHMARKS.md),
-# most of all the skinny multiplies of generation, which read the whole weight matrix for a few rows. Every linear
-# layer goes through `linear()`: oneDNN when nothing needs gradients (inference, generate), nn.functional.linear
-# everywhere else (training, where it measured no faster; GPU; bf16/fp16; autocast; torch.compile; no oneDNN).
-
-
-def _onednn_linear_available() -> bool:
-    try:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    except (AttributeError, RuntimeError):
-        return False
-
-
-ONEDNN_LINEAR = _onednn_linear_available()
-ONEDNN_MIN_WEIGHT_ELEMENTS = 65536  # smaller matrices: oneDNN's fixed cost per call (~30 us vs MKL's ~10) dominates
-
-
-def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """nn.functional.linear (input @ weight^T + bias); through oneDNN for float32 inference on CPU."""
-    if (
-        ONEDNN_LINEAR
-        and input.device.type == "cpu"
-        and input.dtype == weight.dtype == torch.float32
-        and weight.numel() > ONEDNN_MIN_WEIGHT_ELEMENTS
-        and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
-        and not torch.is_autocast_enabled("cpu")
-        and not is_torchdynamo_compiling()
-    ):
-        return torch.ops.mkldnn._linear_pointwise(input, weight, bias, "none", [], "")
-    return F.linear(input, weight, bias)
-
-
-class VanillaTransformerLinear(nn.Linear):
-    """nn.Linear whose multiply runs through `linear()` (oneDNN for float32 on CPU)."""
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return linear(input, self.weight, self.bias)
 
 
 def sinusoidal_position_table(num_positions: int, dim: int) -> torch.Tensor:
@@ -185,57 +128,6 @@ def eager_attention_forward(
     return output, weights
 
 
-def _rows_repeat(tensor: torch.Tensor | None, group: int) -> bool:
-    """Whether the rows (dim 0) of `tensor` come in runs of `group` identical rows (None and one row broadcast)."""
-    if tensor is None or tensor.shape[0] == 1:
-        return True
-    if tensor.shape[0] % group:
-        return False
-    grouped = tensor.reshape(tensor.shape[0] // group, group, -1)
-    return torch.equal(grouped, grouped[:, :1].expand_as(grouped))
-
-
-def _beam_group_size(tensors: list[torch.Tensor]) -> int:
-    """The largest g > 1 such that the rows of every tensor come in runs of g identical rows; 1 if there is none."""
-    first = tensors[0]
-    run = 1
-    while run < first.shape[0] and torch.equal(first[run], first[0]):
-        run += 1
-    for group in range(run, 1, -1):
-        if all(_rows_repeat(tensor, group) for tensor in tensors):
-            return group
-    return 1
-
-
-def _group_beams(
-    query: torch.Tensor, attention_mask: torch.Tensor | None, beams: int
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(B, H, Tq, K) queries -> (B / beams, H, beams * Tq, K): each group of `beams` rows as one row of queries, to
-    attend to keys and values stored once per group. The mask's rows (identical within a group) are taken once."""
-    batch, heads, length, head_dim = query.shape
-    query = query.view(batch // beams, beams, heads, length, head_dim).transpose(1, 2)
-    query = query.reshape(batch // beams, heads, beams * length, head_dim)
-    if attention_mask is not None:  # eager and sdpa masks: (B or 1, 1, Tq or 1, S)
-        if attention_mask.shape[0] == batch:
-            attention_mask = attention_mask[::beams]
-        if attention_mask.shape[2] > 1:
-            attention_mask = attention_mask.repeat(1, 1, beams, 1)
-    return query, attention_mask
-
-
-def _ungroup_beams(
-    output: torch.Tensor, weights: torch.Tensor | None, beams: int
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Undo `_group_beams` on the attention output (B / beams, beams * Tq, H, K) and weights (.., H, beams * Tq, S)."""
-    groups, grouped_length, heads, head_dim = output.shape
-    length = grouped_length // beams
-    output = output.reshape(groups * beams, length, heads, head_dim)
-    if weights is not None:
-        weights = weights.view(groups, heads, beams, length, -1).transpose(1, 2)
-        weights = weights.reshape(groups * beams, heads, length, -1)
-    return output, weights
-
-
 class VanillaTransformerAttention(nn.Module):
     """3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -262,11 +154,11 @@ class VanillaTransformerAttention(nn.Module):
         self.is_causal = is_causal  # read by the sdpa/flash attention functions
         self.layer_idx = layer_idx
         if is_cross_attention:
-            self.q_proj = VanillaTransformerLinear(config.d_model, config.d_model)
-            self.kv_proj = VanillaTransformerLinear(config.d_model, 2 * config.d_model)
+            self.q_proj = VanillaTransformerLinear(config.d_model, config.d_model, config=config)
+            self.kv_proj = VanillaTransformerLinear(config.d_model, 2 * config.d_model, config=config)
         else:
-            self.qkv_proj = VanillaTransformerLinear(config.d_model, 3 * config.d_model)
-        self.out_proj = VanillaTransformerLinear(config.d_model, config.d_model)
+            self.qkv_proj = VanillaTransformerLinear(config.d_model, 3 * config.d_model, config=config)
+        self.out_proj = VanillaTransformerLinear(config.d_model, config.d_model, config=config)
 
     def _split_heads(self, projected: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
         # (B, L, parts * D) -> parts x (B, H, L, K)
@@ -297,16 +189,11 @@ class VanillaTransformerAttention(nn.Module):
                 cache = getattr(past_key_values, "self_attention_cache", past_key_values)
                 key, value = cache.update(key, value, self.layer_idx)
 
-        # Beam search keeps the encoder-decoder keys and values once per sentence (see `_reorder_cache`): the queries
-        # of a sentence's `beams` rows attend to its one row together, as `beams * Tq` queries.
-        beams = query.shape[0] // key.shape[0]
-        if beams > 1 and not _rows_repeat(attention_mask, beams):  # a group's rows have different masks: row by row
-            key, value, beams = key.repeat_interleave(beams, dim=0), value.repeat_interleave(beams, dim=0), 1
-        if beams > 1:
-            query, attention_mask = _group_beams(query, attention_mask, beams)
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
+        if key.shape[0] < query.shape[0]:  # beam search, keys and values kept once per sentence (fast paths)
+            attention_interface = partial(grouped_beam_attention, attention_interface)
         output, weights = attention_interface(
             self,
             query,
@@ -317,8 +204,6 @@ class VanillaTransformerAttention(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )  # output: (B, Tq, H, K)
-        if beams > 1:
-            output, weights = _ungroup_beams(output, weights, beams)
         output = self.out_proj(output.reshape(*hidden_states.shape[:-1], -1))  # Concat(heads) W^O: (B, Tq, D)
         return output, weights
 
@@ -328,8 +213,8 @@ class VanillaTransformerFeedForward(nn.Module):
 
     def __init__(self, config: VanillaTransformerConfig, ffn_dim: int):
         super().__init__()
-        self.fc1 = VanillaTransformerLinear(config.d_model, ffn_dim)
-        self.fc2 = VanillaTransformerLinear(ffn_dim, config.d_model)
+        self.fc1 = VanillaTransformerLinear(config.d_model, ffn_dim, config=config)
+        self.fc2 = VanillaTransformerLinear(ffn_dim, config.d_model, config=config)
         self.activation = ACT2FN[config.activation_function]
         self.activation_dropout = config.activation_dropout
 
@@ -411,68 +296,6 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
         hidden_states = self.final_layer_norm(residual + hidden_states)
         return hidden_states  # (B, T, D)
-
-
-# --- 5.4: the label-smoothed loss, computed a block of target positions at a time -------------------------------
-# Training needs only the loss and its gradient, not the (B, T, V) logits: at the paper's vocabulary (37000) a batch
-# of 64 x 36 targets has 85M logits (340 MB in float32, and as much again for their gradient), and log-softmax over
-# them, forward and backward, took 12% of a base training step on CPU (docs/BENCHMARKS.md). So the training loss
-# projects only non-padding positions, a block at a time, and takes each block's gradient right away:
-# d loss / d logits = softmax(logits) - (1 - eps) onehot(target) - eps / V.
-
-LOSS_BLOCK_LOGITS = 2**23  # logits per block on CPU (32 MiB in float32)
-LOSS_BLOCK_LOGITS_GPU = 2**26  # fewer, larger blocks where each operation is a kernel launch (not measured on GPU)
-
-
-class VanillaTransformerCrossEntropyFunction(torch.autograd.Function):
-    """Summed label-smoothed cross-entropy of `hidden_states @ weight^T` against `targets` (no padding), with both
-    gradients computed in the forward pass, block by block."""
-
-    @staticmethod
-    def forward(ctx, hidden_states, weight, targets, label_smoothing: float):  # (N, D), (V, D), (N,)
-        vocab_size = weight.shape[0]
-        autocast = torch.is_autocast_enabled(hidden_states.device.type)
-        loss = torch.zeros((), dtype=torch.float32, device=hidden_states.device)
-        grad_hidden_states = torch.empty_like(hidden_states)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        block_logits = LOSS_BLOCK_LOGITS if hidden_states.device.type == "cpu" else LOSS_BLOCK_LOGITS_GPU
-        block = max(1, block_logits // vocab_size)
-        for start in range(0, hidden_states.shape[0], block):
-            hidden, target = hidden_states[start : start + block], targets[start : start + block]
-            log_probs = torch.log_softmax(linear(hidden, weight).float(), dim=-1)  # (n, V)
-            nll = -log_probs.gather(1, target[:, None]).sum()
-            loss += (1 - label_smoothing) * nll - label_smoothing / vocab_size * log_probs.sum()
-            grad_logits = log_probs.exp_().sub_(label_smoothing / vocab_size)  # softmax - eps / V
-            grad_logits[torch.arange(len(target), device=target.device), target] -= 1 - label_smoothing
-            grad_logits = grad_logits.to(hidden.dtype)
-            grad_hidden_states[start : start + block] = linear(grad_logits, weight.t())
-            if autocast:  # the low-precision product, accumulated in float32
-                grad_weight += torch.mm(grad_logits.t(), hidden)
-            else:
-                grad_weight.addmm_(grad_logits.t().float(), hidden.float())
-        ctx.save_for_backward(grad_hidden_states, grad_weight.to(weight.dtype))
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad_hidden_states, grad_weight = ctx.saved_tensors
-        return grad_hidden_states * grad_loss.to(grad_hidden_states.dtype), grad_weight * grad_loss, None, None
-
-
-def label_smoothed_cross_entropy(
-    hidden_states: torch.Tensor,  # (B, T, D): the decoder's output
-    weight: torch.Tensor,  # (V, D): the pre-softmax projection (the shared embedding matrix, 3.4)
-    labels: torch.Tensor,  # (B, T), -100 at padding
-    label_smoothing: float,
-    reduction: str = "mean",
-) -> torch.Tensor:
-    """F.cross_entropy(hidden_states @ weight^T, labels, ignore_index=-100, label_smoothing=..., reduction=...),
-    value and gradients, without the (B, T, V) logits. reduction: "mean" over non-padding targets, or "sum"."""
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
-    keep = labels != -100
-    loss = VanillaTransformerCrossEntropyFunction.apply(hidden_states[keep], weight, labels[keep], label_smoothing)
-    return loss / keep.sum() if reduction == "mean" else loss
 
 
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
@@ -596,8 +419,12 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
             raise ValueError("Pass exactly one of `decoder_input_ids` and `decoder_inputs_embeds`.")
         if encoder_hidden_states is None:
             raise ValueError("The decoder needs `encoder_hidden_states` (the encoder output).")
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         if inputs_embeds is None:
-            _check_token_ids(input_ids, self.config.vocab_size, "decoder_input_ids")
+            if past_length == 0:  # the user's ids; generate's cached steps feed back the model's own, unchecked
+                _check_token_ids(input_ids, self.config.vocab_size, "decoder_input_ids")
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale  # 3.4: scaled by sqrt(d_model)
         batch_size, length = inputs_embeds.shape[:2]
         if encoder_hidden_states.shape[0] != batch_size:
@@ -605,10 +432,6 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
                 f"The encoder output has batch size {encoder_hidden_states.shape[0]} but the decoder inputs have "
                 f"{batch_size}."
             )
-
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         _check_attention_mask(attention_mask, (batch_size, past_length + length), "decoder_attention_mask")
         _check_attention_mask(encoder_attention_mask, encoder_hidden_states.shape[:2], "attention_mask")
 
@@ -724,7 +547,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
-        self.lm_head = VanillaTransformerLinear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = VanillaTransformerLinear(config.d_model, config.vocab_size, bias=False, config=config)
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Linear:
@@ -746,15 +569,20 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        label_smoothing: float = 0.0,
+        return_logits: bool = True,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         r"""
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`, *optional*):
             Target token ids; -100 marks padding. The decoder inputs are the labels shifted right from
-            `config.decoder_start_token_id` unless `decoder_input_ids` are given. The loss is the mean
-            cross-entropy over non-padding targets, label-smoothed by `config.label_smoothing` (5.4). In training
-            mode with gradients enabled only the loss is computed (`logits` is None): see
-            `label_smoothed_cross_entropy`. For logits in training, pass no labels and compute the loss yourself.
+            `config.decoder_start_token_id` unless `decoder_input_ids` are given. The loss is the mean cross-entropy
+            over non-padding targets, as in BART and Marian.
+        label_smoothing (`float`, *optional*, defaults to 0):
+            epsilon_ls of the loss (section 5.4 trains with 0.1). A training setting, never saved with the model.
+        return_logits (`bool`, *optional*, defaults to True):
+            False computes the loss without the (B, T, V) logits (`logits` is None), block by block, with the
+            same value and gradients (`label_smoothed_cross_entropy` in the fast paths); the training script's path.
         """
         if labels is not None:
             _check_token_ids(labels, self.config.vocab_size, "labels", allow_ignore_index=True)
@@ -777,10 +605,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         )
         hidden_states = outputs.last_hidden_state  # (B, T, D)
         logits = loss = None
-        if labels is not None and self._training_loss_only():  # 5.4, without the (B, T, V) logits
-            loss = label_smoothed_cross_entropy(
-                hidden_states, self.lm_head.weight, labels, self.config.label_smoothing
-            )
+        if labels is not None and not return_logits and self.lm_head.bias is None:
+            loss = label_smoothed_cross_entropy(hidden_states, self.lm_head.weight, labels, label_smoothing)
         else:
             logits = self.lm_head(hidden_states)  # (B, T, V)
             if labels is not None:
@@ -788,7 +614,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                     logits.float().view(-1, logits.shape[-1]),
                     labels.reshape(-1),
                     ignore_index=-100,
-                    label_smoothing=self.config.label_smoothing,
+                    label_smoothing=label_smoothing,
                 )
         return Seq2SeqLMOutput(
             loss=loss,
@@ -802,50 +628,54 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_attentions=outputs.encoder_attentions,
         )
 
-    def _training_loss_only(self) -> bool:
-        """Training with labels: return the loss (and no logits), computed by `label_smoothed_cross_entropy`."""
-        return (
-            self.training
-            and torch.is_grad_enabled()
-            and type(self.lm_head) is VanillaTransformerLinear
-            and self.lm_head.bias is None
-            and not is_torchdynamo_compiling()
-        )
-
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
-        """Beam search, after each step: row i of the cache continues beam `beam_idx[i]`.
+        """Beam search, after each step: row i of the cache continues beam `beam_idx[i]`. The encoder-decoder keys
+        and values, the same for all beams of a sentence, are kept once per sentence (`reorder_grouped_cache`)."""
+        return reorder_grouped_cache(
+            past_key_values, beam_idx, self.config._attn_implementation, self.config.grouped_beam_cross_attention
+        )
 
-        Only the decoder's own keys and values move. All beams of a sentence share the encoder-decoder keys and
-        values (`generate` repeats each source `num_beams` times), and beams never change sentence, so those never
-        move: after the first step they are kept once per group of identical rows, and the encoder-decoder
-        attention reads each group's row once for all its beams. If a beam ever moves to another group's row, they
-        are expanded back to one row per beam and reordered, as `generate`'s default reorder does.
-        """
-        past_key_values.self_attention_cache.reorder_cache(beam_idx)
-        cross_attention_cache = past_key_values.cross_attention_cache
-        if cross_attention_cache.get_seq_length() == 0:
-            return past_key_values
-        layers = cross_attention_cache.layers
-        rows, stored_rows = len(beam_idx), layers[0].keys.shape[0]
-        if stored_rows < rows:  # already one row per group
-            beams = rows // stored_rows
-        else:
-            beams = _beam_group_size([tensor for layer in layers for tensor in (layer.keys, layer.values)])
-        if beams > 1 and torch.equal(beam_idx // beams, torch.arange(rows, device=beam_idx.device) // beams):
-            # Every beam stays in its group, whose rows are all the same: nothing moves.
-            if stored_rows == rows and self.config._attn_implementation in ("eager", "sdpa"):  # `_group_beams` fits
-                for layer in layers:
-                    layer.keys, layer.values = layer.keys[::beams].contiguous(), layer.values[::beams].contiguous()
-            return past_key_values
-        if stored_rows < rows:
-            for layer in layers:
-                layer.keys = layer.keys.repeat_interleave(beams, dim=0)
-                layer.values = layer.values.repeat_interleave(beams, dim=0)
-        cross_attention_cache.reorder_cache(beam_idx)
-        return past_key_values
+
+# --- inputs ------------------------------------------------------------------------------------------------------
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs are the labels shifted one step right, starting from `decoder_start_token_id`."""
+    decoder_input_ids = labels.new_empty(labels.shape)
+    decoder_input_ids[:, 1:] = labels[:, :-1]
+    decoder_input_ids[:, 0] = decoder_start_token_id
+    return decoder_input_ids.masked_fill_(decoder_input_ids == -100, pad_token_id)
+
+
+def _check_token_ids(ids: torch.Tensor, vocab_size: int, name: str, allow_ignore_index: bool = False) -> None:
+    """Clear errors for ids the embedding cannot look up (instead of an IndexError deep in torch)."""
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
+    if ids.dim() != 2:
+        raise ValueError(f"`{name}` must have shape (batch, length), got {tuple(ids.shape)}.")
+    if ids.shape[1] == 0:
+        raise ValueError(f"`{name}` is empty (length 0): every sequence needs at least one token, e.g. </s>.")
+    if is_torchdynamo_compiling():
+        return
+    valid = (ids >= 0) & (ids < vocab_size)
+    if allow_ignore_index:
+        valid |= ids == -100
+    if not bool(valid.all()):
+        bad = ids[~valid]
+        raise ValueError(
+            f"`{name}` holds ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()}. "
+            "Was the input made with this model's tokenizer?"
+        )
+
+
+def _check_attention_mask(mask: torch.Tensor | None, expected_shape: tuple, name: str) -> None:
+    if mask is None or mask.dim() != 2:  # a prepared 4D mask is passed through as it is
+        return
+    if tuple(mask.shape) != tuple(expected_shape):
+        raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but the inputs need {tuple(expected_shape)}.")
 
 
 def _register_auto_classes() -> None:

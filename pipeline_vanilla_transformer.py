@@ -21,6 +21,12 @@ from transformers.pipelines import PIPELINE_REGISTRY
 EXTRA_OUTPUT_TOKENS = 50  # section 6.1: "maximum output length to input length + 50"
 
 
+def paper_max_new_tokens(attention_mask: torch.Tensor) -> int:
+    """Section 6.1's maximum output length for a batch: its longest source, in tokens (padding excluded), + 50.
+    The one definition, used by this pipeline, `vanilla_transformer.translate` and the training's evaluation."""
+    return int(attention_mask.sum(dim=1).max()) + EXTRA_OUTPUT_TOKENS
+
+
 def _check_text(text, position: int | None = None) -> None:
     where = "" if position is None else f" at position {position}"
     if not isinstance(text, str):
@@ -74,9 +80,8 @@ class VanillaTransformerTranslationPipeline(Pipeline):
         prepared = self._prepare_generate_kwargs(generate_kwargs)
         set_params = self._get_set_generation_params(prepared)
         if "max_new_tokens" not in set_params and "max_length" not in set_params:
-            longest_source = int(attention_mask.sum(dim=1).max())
             prepared = self._prepare_generate_kwargs(
-                generate_kwargs, max_new_tokens=longest_source + EXTRA_OUTPUT_TOKENS
+                generate_kwargs, max_new_tokens=paper_max_new_tokens(attention_mask)
             )
         output_ids = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **prepared)
         # (batch * sequences per input, length) -> (batch, sequences per input, length), unbatched per input

@@ -63,7 +63,13 @@ from vanilla_transformer.training import (
 )
 
 # config fields that are training settings, not what the model is: a resumed run may change them
-NOT_MODEL_IDENTITY = {"transformers_version", "label_smoothing", "use_cache"}
+NOT_MODEL_IDENTITY = {
+    "transformers_version",
+    "label_smoothing",
+    "use_cache",
+    "onednn_linear",
+    "grouped_beam_cross_attention",
+}
 # Flags left unset take these values: the embedded task trains in a few minutes on a laptop CPU, real data follows
 # the paper (warm-up 4000) with the CPU-sized model unless --preset says otherwise.
 EMBEDDED_TASK_DEFAULTS = {"preset": "tiny", "max_steps": 400, "warmup_steps": 200, "save_steps": 80, "eval_steps": 200}
@@ -78,25 +84,42 @@ REAL_DATA_DEFAULTS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # the groups in the order --help lists them
     prepare.add_data_arguments(parser)
     streaming.add_streaming_arguments(parser)
-    parser.add_argument(
+    add_process_arguments(parser)
+    add_model_arguments(parser)
+    add_optimisation_arguments(parser)
+    add_evaluation_arguments(parser)
+    add_output_arguments(parser)
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)
+    return args
+
+
+def add_process_arguments(parser: argparse.ArgumentParser) -> None:
+    """A prepared corpus, and how processes wait and load batches."""
+    group = parser.add_argument_group("prepared data and processes")
+    group.add_argument(
         "--prepared_data", help="a folder made by `python -m vanilla_transformer.prepare` (replaces the data flags)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--ddp_timeout",
         type=positive_int,
         default=1800,
         help="seconds a process waits at a collective, e.g. while the main process prepares the corpus (torch's "
         "NCCL default is 600; prepare large corpora beforehand with python -m vanilla_transformer.prepare)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--prefetch_batches",
         type=non_negative_int,
         default=2,
         help="optimizer steps collated ahead in a thread; 0 = inline",
     )
 
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model: a preset of the paper's Table 3 (or a CPU-sized one) and overrides."""
     group = parser.add_argument_group("model")
     group.add_argument(
         "--preset",
@@ -110,6 +133,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--dropout", type=probability, help="P_drop; default: the preset's")
     group.add_argument("--position_embedding_type", choices=["sinusoidal", "learned"], default="sinusoidal")
 
+
+def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
+    """Section 5: batches, the schedule of equation (3), regularisation, limits."""
     group = parser.add_argument_group("optimisation (paper section 5)")
     group.add_argument(
         "--max_tokens", type=at_least(2), default=4096, help="source and target tokens per batch per process"
@@ -145,6 +171,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     group.add_argument("--seed", type=non_negative_int, default=42, help="initialisation, dropout, batch order")
 
+
+def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
+    """BLEU during and after training, and --evaluate_only."""
     group = parser.add_argument_group("evaluation")
     group.add_argument(
         "--eval_steps", type=positive_int, help="validation loss and greedy BLEU every N steps (default 1000; 200)"
@@ -163,7 +192,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--length_penalty", type=number_in(-math.inf), default=0.6, help="final decoding (paper: 0.6)")
     group.add_argument("--evaluate_only", action="store_true", help="translate and score with a saved model")
     group.add_argument("--model_name_or_path", help="saved model folder for --evaluate_only")
+    group.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="--evaluate_only: run the model folder's own code (Hub models); default: the installed code",
+    )
 
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """The output folder, checkpoints, logs and the Hub."""
     group = parser.add_argument_group("checkpoints, logging, sharing")
     group.add_argument("--output_dir", default="outputs/vanilla-transformer")
     group.add_argument(
@@ -187,9 +224,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--push_to_hub", action="store_true")
     group.add_argument("--hub_model_id")
     group.add_argument("--hub_private", action="store_true")
-    args = parser.parse_args(argv)
-    check_arguments(parser, args)
-    return args
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -202,13 +236,17 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         if getattr(args, name) is None and not (name == "max_steps" and other_limit):
             setattr(args, name, value)
     if args.max_source_tokens and args.max_source_tokens > args.max_tokens:
-        parser.error(f"--max_source_tokens {args.max_source_tokens} exceeds --max_tokens {args.max_tokens}: a kept "
-                     "pair would not fit in a batch; lower the first or raise the second")  # fmt: skip
+        parser.error(
+            f"--max_source_tokens {args.max_source_tokens} exceeds --max_tokens {args.max_tokens}: a kept "
+            "pair would not fit in a batch; lower the first or raise the second"
+        )
     if args.prepared_data and not prepare.is_synthetic(args):
         parser.error("--prepared_data replaces --data_dir/--train_file/--dataset_name: give one or the other")
     if args.streaming and (args.prepared_data or args.max_epochs is not None):
-        parser.error("--streaming reads raw data and ends at --max_steps/--max_minutes: it takes neither "
-                     "--prepared_data nor --max_epochs")  # fmt: skip
+        parser.error(
+            "--streaming reads raw data and ends at --max_steps/--max_minutes: it takes neither "
+            "--prepared_data nor --max_epochs"
+        )
     if args.evaluate_only and not args.model_name_or_path:
         parser.error("--evaluate_only needs --model_name_or_path")
     if args.push_to_hub and not args.hub_model_id:
@@ -300,7 +338,6 @@ def build_config(args, tokenizer) -> VanillaTransformerConfig:
         **model_flags(args),
         vocab_size=len(tokenizer),
         position_embedding_type=args.position_embedding_type,
-        label_smoothing=args.label_smoothing,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -372,9 +409,15 @@ def save_checkpoint(accelerator, args, state: RunState, schedule, identity: dict
     staging = checkpoints.staging_dir(root, state.step)
     accelerator.save_state(str(staging))
     if writes_checkpoints(accelerator, args):
-        trainer_state = {"run_id": state.run_id, "step": state.step, "epoch": state.position.epoch,
-                         "batches_done_in_epoch": state.position.batches_done_in_epoch,
-                         "elapsed_seconds": state.elapsed_seconds, "schedule": schedule.state_dict(), **identity}  # fmt: skip
+        trainer_state = {
+            "run_id": state.run_id,
+            "step": state.step,
+            "epoch": state.position.epoch,
+            "batches_done_in_epoch": state.position.batches_done_in_epoch,
+            "elapsed_seconds": state.elapsed_seconds,
+            "schedule": schedule.state_dict(),
+            **identity,
+        }
         (staging / checkpoints.TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
     accelerator.wait_for_everyone()
     if writes_checkpoints(accelerator, args):
@@ -489,8 +532,10 @@ def prepared_loader(accelerator, tokenizer, dataset, args, config, split: str):
     max_tokens = max_eval_tokens(args, config)
     loader, truncated = evaluation_loader(TokenizedPairs(dataset), collator, args.eval_batch_size, max_tokens)
     if truncated:
-        accelerator.print(f"[{split}] {truncated} of {len(dataset)} pairs have a side longer than {max_tokens} "
-                          "tokens; truncated (see --max_eval_source_tokens)")  # fmt: skip
+        accelerator.print(
+            f"[{split}] {truncated} of {len(dataset)} pairs have a side longer than {max_tokens} "
+            "tokens; truncated (see --max_eval_source_tokens)"
+        )
     return accelerator.prepare(loader)
 
 
@@ -513,8 +558,9 @@ def evaluate_only(args, accelerator) -> None:
     prepare.main_process_only(
         accelerator, partial(claim_evaluation_dir, args.output_dir, args.overwrite_output_dir), "checking --output_dir"
     )
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=True)
+    trust = args.trust_remote_code  # by default the installed code runs, whatever code the folder holds
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, trust_remote_code=trust)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=trust)
     model = accelerator.prepare(model)
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     corpus = prepare.load_or_prepare(args, accelerator, splits=("validation", "test"), tokenizer=tokenizer)
@@ -563,8 +609,13 @@ class TrainingLog:
     def write(self, step: int, lr: float, epoch: int) -> None:
         loss_per_token = (self.accelerator.reduce(self.loss, "sum") / self.tokens).item()
         tokens_per_second = self.tokens / (time.time() - self.start)
-        record = {"step": step, "loss": loss_per_token, "lr": lr, "target_tokens_per_second": tokens_per_second,
-                  "epoch": epoch}  # fmt: skip
+        record = {
+            "step": step,
+            "loss": loss_per_token,
+            "lr": lr,
+            "target_tokens_per_second": tokens_per_second,
+            "epoch": epoch,
+        }
         self.progress.set_postfix(loss=f"{loss_per_token:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
         self.accelerator.log({"train/" + k: v for k, v in record.items() if k != "step"}, step=step)
         if self.accelerator.is_main_process:
@@ -608,7 +659,8 @@ def train_loop(accelerator, args, run, state: RunState, stop_signals: StopSignal
             stop_reason = "signal" if signal_votes else "max_minutes"
             break
         model.train()
-        log.add(forward_backward(accelerator, model, step_batches, global_tokens), global_tokens)
+        step_loss = forward_backward(accelerator, model, step_batches, global_tokens, args.label_smoothing)
+        log.add(step_loss, global_tokens)
         if args.max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizer.step()
@@ -620,8 +672,9 @@ def train_loop(accelerator, args, run, state: RunState, stop_signals: StopSignal
         if state.step % args.logging_steps == 0:
             log.write(state.step, schedule.get_last_lr()[0], state.position.epoch)
         if state.step % args.eval_steps == 0 and run["validation"]:
-            periodic_evaluation(accelerator, model, run["tokenizer"], run["validation"], run["validation_loader"],
-                                state.step, progress)  # fmt: skip
+            periodic_evaluation(
+                accelerator, model, run["tokenizer"], run["validation"], run["validation_loader"], state.step, progress
+            )
         if state.step % args.save_steps == 0:
             save_checkpoint(accelerator, args, state, schedule, run["identity"])
             last_saved_step = state.step
@@ -654,13 +707,23 @@ def set_up_run(args, accelerator) -> tuple[dict, RunState]:
     validation = validation.select(range(min(len(validation), args.eval_max_sentences))) if validation else None
     for split in ("validation", "test"):
         if split not in splits:
-            accelerator.print(f"[data] no {split} split: training goes on without scoring one (give --{split}_file, "
-                              f"or --{split}_split with --data_dir/--dataset_name)")  # fmt: skip
-    run = {"tokenizer": tokenizer, "splits": splits, "step_stream": step_stream, "model": model,
-           "optimizer": optimizer, "schedule": schedule, "default_attention": default_attention,
-           "identity": run_identity(config, tokenizer), "validation": validation,
-           "validation_loader": validation and prepared_loader(accelerator, tokenizer, validation, args, config,
-                                                               "validation")}  # fmt: skip
+            accelerator.print(
+                f"[data] no {split} split: training goes on without scoring one (give --{split}_file, "
+                f"or --{split}_split with --data_dir/--dataset_name)"
+            )
+    run = {
+        "tokenizer": tokenizer,
+        "splits": splits,
+        "step_stream": step_stream,
+        "model": model,
+        "optimizer": optimizer,
+        "schedule": schedule,
+        "default_attention": default_attention,
+        "identity": run_identity(config, tokenizer),
+        "validation": validation,
+        "validation_loader": validation
+        and prepared_loader(accelerator, tokenizer, validation, args, config, "validation"),
+    }
     state = args.resume_from_checkpoint and resume(accelerator, args, model, schedule, run["identity"])
     return run, state or RunState(new_run_id(accelerator))
 
@@ -692,8 +755,10 @@ def main(argv=None) -> None:
     stop_signals = StopSignals()
     stop_reason = train_loop(accelerator, args, run, state, stop_signals)
     if stop_reason == "signal":
-        accelerator.print(f"[stop] a stop signal at step {state.step}: checkpoint saved; continue with "
-                          "--resume_from_checkpoint latest")  # fmt: skip
+        accelerator.print(
+            f"[stop] a stop signal at step {state.step}: checkpoint saved; continue with "
+            "--resume_from_checkpoint latest"
+        )
     else:
         finish(accelerator, args, run, state, stop_reason, stop_signals)
     accelerator.end_training()
@@ -705,23 +770,34 @@ def finish(accelerator, args, run, state: RunState, stop_reason: str, stop_signa
     run the saved model. The folder and results.json are written before evaluating, so a crash or a Ctrl-C there
     loses nothing; a signal while saving is acted on once the folder is complete."""
     model = final_model(accelerator, run["model"], run["default_attention"])
-    summary = {"steps": state.step, "processes": accelerator.num_processes, "stop_reason": stop_reason,
-               "training_minutes": state.elapsed_seconds / 60, "mixed_precision": accelerator.mixed_precision,
-               "checkpoints_averaged": load_averaged_weights(model, args, accelerator, state.run_id),
-               "results": {}, "preset": args.preset, "parameters": sum(p.numel() for p in model.parameters())}  # fmt: skip
+    summary = {
+        "steps": state.step,
+        "processes": accelerator.num_processes,
+        "stop_reason": stop_reason,
+        "training_minutes": state.elapsed_seconds / 60,
+        "mixed_precision": accelerator.mixed_precision,
+        "checkpoints_averaged": load_averaged_weights(model, args, accelerator, state.run_id),
+        "results": {},
+        "preset": args.preset,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
     if accelerator.is_main_process:
         save_final_model(model, run["tokenizer"], args, summary)
     # a signal while saving, on any process, skips the evaluation everywhere (every process must agree)
     if accelerator.reduce(torch.tensor(float(stop_signals.requested), device=accelerator.device), "sum").item():
-        accelerator.print(f"[stop] a stop signal: the model folder is saved, the final evaluation skipped; score it "
-                          f"with --evaluate_only --model_name_or_path {args.output_dir}")  # fmt: skip
+        accelerator.print(
+            f"[stop] a stop signal: the model folder is saved, the final evaluation skipped; score it "
+            f"with --evaluate_only --model_name_or_path {args.output_dir}"
+        )
         return
     stop_signals.restore_defaults()
     try:
         summary["results"] = score_splits(accelerator, model, run["tokenizer"], run["splits"], args)
     except KeyboardInterrupt:
-        sys.exit(f"[stop] interrupted during the final evaluation; the model folder {args.output_dir} is saved; "
-                 f"score it with --evaluate_only --model_name_or_path {args.output_dir}")  # fmt: skip
+        sys.exit(
+            f"[stop] interrupted during the final evaluation; the model folder {args.output_dir} is saved; "
+            f"score it with --evaluate_only --model_name_or_path {args.output_dir}"
+        )
     accelerator.log({f"final/{split}_bleu": r["bleu"] for split, r in summary["results"].items()}, step=state.step)
     if accelerator.is_main_process:
         save_final_model(model, run["tokenizer"], args, summary, card_only=True)

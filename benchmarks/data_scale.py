@@ -51,7 +51,10 @@ import numpy as np
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the shared timing module
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from timing import Stopwatch, timed  # noqa: E402
 
 from vanilla_transformer import prepare  # noqa: E402
 from vanilla_transformer.batching import TokenBatchSampler, TokenizedPairs, TranslationCollator  # noqa: E402
@@ -197,7 +200,7 @@ def ensure_corpus(folder: Path, pairs: int, seed: int, vocabulary_size: int) -> 
     splits = {"train": pairs, "val": HELD_OUT_PAIRS, "test": HELD_OUT_PAIRS}
     if all((folder / f"{split}.{code}").is_file() for split in splits for code in ("en", "de")):
         return None
-    start = time.perf_counter()
+    stopwatch = Stopwatch()
     folder.mkdir(parents=True, exist_ok=True)
     vocabularies = {
         language.code: make_vocabulary(np.random.default_rng([seed, index]), language, vocabulary_size)
@@ -205,7 +208,7 @@ def ensure_corpus(folder: Path, pairs: int, seed: int, vocabulary_size: int) -> 
     }
     for index, (split, count) in enumerate(splits.items()):
         write_split(folder, split, count, np.random.default_rng([seed, 100 + index]), vocabularies)
-    return time.perf_counter() - start
+    return stopwatch.seconds()
 
 
 def corpus_statistics(folder: Path) -> dict:
@@ -233,16 +236,17 @@ def free_port() -> int:
 
 def launch_command(launch: Launch, args, corpus: Path, cache: Path, output_dir: Path) -> list[str]:
     if launch.processes > 1:
-        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-                    str(launch.processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                    "--main_process_port", str(free_port())]  # fmt: skip
+        one_machine = "--num_machines 1 --mixed_precision no --dynamo_backend no".split()
+        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
+        launcher += ["--num_processes", str(launch.processes), *one_machine, "--main_process_port", str(free_port())]
     else:
         launcher = [sys.executable]
-    return [*launcher, "train_accelerate.py", "--data_dir", str(corpus), "--source_lang", "en", "--target_lang", "de",
-            "--validation_split", "val", "--test_split", "test", *launch.preset_args,
-            "--vocab_size", str(args.vocab_size), "--max_tokens", str(args.max_tokens), "--max_steps", "1",
-            "--logging_steps", "1", "--preprocessing_num_workers", str(args.preprocessing_num_workers),
-            "--data_cache_dir", str(cache), "--output_dir", str(output_dir)]  # fmt: skip
+    data = ["--data_dir", str(corpus), *"--source_lang en --target_lang de".split()]
+    data += "--validation_split val --test_split test".split()
+    sizes = ["--vocab_size", str(args.vocab_size), "--max_tokens", str(args.max_tokens), "--max_steps", "1"]
+    workers = ["--logging_steps", "1", "--preprocessing_num_workers", str(args.preprocessing_num_workers)]
+    folders = ["--data_cache_dir", str(cache), "--output_dir", str(output_dir)]
+    return [*launcher, "train_accelerate.py", *data, *launch.preset_args, *sizes, *workers, *folders]
 
 
 def resident_high_water(process: psutil.Process) -> int:
@@ -309,9 +313,12 @@ class TreeMemory:
         def megabytes(values: dict) -> dict:
             return {label: round(value / MB) for label, value in sorted(values.items())}
 
-        return {"peak_rss_mb": megabytes(self.peak_rss), "peak_pss_mb": megabytes(self.peak_pss),
-                "tree_peak_rss_mb": round(self.peak_tree_rss / MB),
-                "tree_peak_pss_mb": round(self.peak_tree_pss / MB) if self.pss_interval > 0 else None}  # fmt: skip
+        return {
+            "peak_rss_mb": megabytes(self.peak_rss),
+            "peak_pss_mb": megabytes(self.peak_pss),
+            "tree_peak_rss_mb": round(self.peak_tree_rss / MB),
+            "tree_peak_pss_mb": round(self.peak_tree_pss / MB) if self.pss_interval > 0 else None,
+        }
 
 
 def has_first_line(log_file: Path) -> bool:
@@ -346,8 +353,8 @@ def terminate_tree(process: subprocess.Popen) -> None:
 class LogMilestones:
     """Seconds from the launch until each of `MILESTONES` first appears in the launch's output (unbuffered)."""
 
-    def __init__(self, log_path: Path, started: float):
-        self.log_path, self.started = log_path, started
+    def __init__(self, log_path: Path, stopwatch: Stopwatch):
+        self.log_path, self.stopwatch = log_path, stopwatch
         self.offset, self.tail, self.seen = 0, "", {}
 
     def update(self) -> None:
@@ -358,7 +365,7 @@ class LogMilestones:
         text = self.tail + new.decode("utf-8", errors="replace")
         for name, marker in MILESTONES.items():
             if name not in self.seen and marker in text:
-                self.seen[name] = round(time.perf_counter() - self.started, 1)
+                self.seen[name] = round(self.stopwatch.seconds(), 1)
         self.tail = text[-200:]
 
 
@@ -369,7 +376,7 @@ def watch(
     while True:
         memory.poll()
         milestones.update()
-        elapsed = time.perf_counter() - milestones.started
+        elapsed = milestones.stopwatch.seconds()
         if has_first_line(train_log):
             memory.poll(force_pss=True)
             milestones.update()
@@ -413,19 +420,26 @@ def run_launch(launch: Launch, args, corpus: Path, cache: Path, output_dir: Path
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     log_path = output_dir / "launch.log"
     with log_path.open("wb") as log:
-        started = time.perf_counter()
+        stopwatch = Stopwatch()
         process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT)
         try:
-            memory, milestones = TreeMemory(process.pid, args.pss_interval), LogMilestones(log_path, started)
+            memory, milestones = TreeMemory(process.pid, args.pss_interval), LogMilestones(log_path, stopwatch)
             seconds, outcome = watch(process, run_dir / "train_log.jsonl", memory, milestones, args.launch_timeout)
         finally:
             terminate_tree(process)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the final checkpoint it may have saved
     text = log_path.read_text(errors="replace")
-    result = {"launch": launch.name, "processes": launch.processes, "command": command, "outcome": outcome,
-              "seconds_to_first_step": None if seconds is None else round(seconds, 1),
-              "seconds_to": milestones.seen, **memory.summary(),
-              **prepared_details(text, cache), "log": str(log_path)}  # fmt: skip
+    result = {
+        "launch": launch.name,
+        "processes": launch.processes,
+        "command": command,
+        "outcome": outcome,
+        "seconds_to_first_step": None if seconds is None else round(seconds, 1),
+        "seconds_to": milestones.seen,
+        **memory.summary(),
+        **prepared_details(text, cache),
+        "log": str(log_path),
+    }
     if launch.fresh_cache and result["prepare_count"] and result.get("manifest_prepared_seconds") is not None:
         result["prepare_seconds"] = result["manifest_prepared_seconds"]
     if seconds is None:
@@ -436,24 +450,26 @@ def run_launch(launch: Launch, args, corpus: Path, cache: Path, output_dir: Path
 # --- 3. the input pipeline without a model ------------------------------------------------------------------------
 
 
+def load_training_pairs(folder: Path) -> tuple[prepare.PreparedCorpus, TokenizedPairs]:
+    corpus = prepare.load_prepared(folder)
+    return corpus, TokenizedPairs(corpus.splits["train"])
+
+
 def pipeline_throughput(folder: Path, seconds: float, max_tokens: int) -> dict:
     """Target tokens per second that `optimizer_step_batches` delivers from a prepared folder (one process), and
     the sampler's set-up times."""
-    started = time.perf_counter()
-    corpus = prepare.load_prepared(folder)
-    examples = TokenizedPairs(corpus.splits["train"])
-    loaded = time.perf_counter()
-    sampler = TokenBatchSampler(examples.source_lengths, examples.target_lengths, max_tokens=max_tokens, seed=1)
-    cut = time.perf_counter()
+    (corpus, examples), load_seconds = timed(lambda: load_training_pairs(folder))
+    sampler, cut_seconds = timed(
+        lambda: TokenBatchSampler(examples.source_lengths, examples.target_lengths, max_tokens=max_tokens, seed=1)
+    )
     sampler.set_epoch(0)
-    epoch_batches = len(sampler.epoch_batches())
-    epoch_built = time.perf_counter()
+    epoch_batches, epoch_seconds = timed(lambda: len(sampler.epoch_batches()))
     collator = TranslationCollator(corpus.tokenizer.pad_token_id)
     steps = optimizer_step_batches(sampler, collator, examples, 1, DataPosition(), max_epochs=None)
     next(steps)  # the first epoch's sampler set-up
     tokens = sentences = batches = 0
-    position, begin = DataPosition(), time.perf_counter()
-    while (elapsed := time.perf_counter() - begin) < seconds:
+    position, stopwatch = DataPosition(), Stopwatch()
+    while (elapsed := stopwatch.seconds()) < seconds:
         step_batches, position = next(steps)
         for batch in step_batches:
             tokens += count_target_tokens(batch)
@@ -461,9 +477,9 @@ def pipeline_throughput(folder: Path, seconds: float, max_tokens: int) -> dict:
             batches += 1
     return {
         "pairs": len(examples),
-        "load_seconds": round(loaded - started, 2),
-        "sampler_cut_seconds": round(cut - loaded, 2),
-        "sampler_epoch_seconds": round(epoch_built - cut, 3),
+        "load_seconds": round(load_seconds, 2),
+        "sampler_cut_seconds": round(cut_seconds, 2),
+        "sampler_epoch_seconds": round(epoch_seconds, 3),
         "batches_per_epoch": epoch_batches,
         "seconds": round(elapsed, 1),
         "batches": batches,
@@ -482,11 +498,20 @@ def machine() -> dict:
     import torch
 
     cpu = platform.processor() or platform.machine()
-    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-             if line.startswith("model name")]  # fmt: skip
-    return {"cpu": names[0] if names else cpu, "cpus": os.cpu_count(),
-            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "python": platform.python_version(),
-            "torch": torch.__version__, "datasets": datasets.__version__, "load": os.getloadavg()}  # fmt: skip
+    names = [
+        line.split(":", 1)[1].strip()
+        for line in Path("/proc/cpuinfo").read_text().splitlines()
+        if line.startswith("model name")
+    ]
+    return {
+        "cpu": names[0] if names else cpu,
+        "cpus": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "datasets": datasets.__version__,
+        "load": os.getloadavg(),
+    }
 
 
 def per_process(values: dict) -> str:
@@ -502,17 +527,21 @@ def cell(value, digits: int = 0) -> str:
 
 
 def markdown_table(sizes: dict) -> str:
-    lines = ["| pairs | launch | s to first step | s to batches cut | peak RSS MB per process | "
-             "peak PSS MB per process | tree peak PSS MB | prepare s | prepare count | cache MB |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| pairs | launch | s to first step | s to batches cut | peak RSS MB per process | "
+        "peak PSS MB per process | tree peak PSS MB | prepare s | prepare count | cache MB |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for pairs, size in sizes.items():
         for row in size["launches"]:
             first_step = cell(row["seconds_to_first_step"], 1) if row["seconds_to_first_step"] else row["outcome"]
-            lines.append(f"| {int(pairs):,} | {row['launch']} | {first_step} | "
-                         f"{cell(row['seconds_to'].get('batches_cut'), 1)} | {per_process(row['peak_rss_mb'])} | "
-                         f"{per_process(row['peak_pss_mb'])} | {cell(row['tree_peak_pss_mb'])} | "
-                         f"{cell(row.get('prepare_seconds'), 1)} | {row['prepare_count']} | "
-                         f"{cell(row.get('cache_mb'), 1)} |")  # fmt: skip
+            lines.append(
+                f"| {int(pairs):,} | {row['launch']} | {first_step} | "
+                f"{cell(row['seconds_to'].get('batches_cut'), 1)} | {per_process(row['peak_rss_mb'])} | "
+                f"{per_process(row['peak_pss_mb'])} | {cell(row['tree_peak_pss_mb'])} | "
+                f"{cell(row.get('prepare_seconds'), 1)} | {row['prepare_count']} | "
+                f"{cell(row.get('cache_mb'), 1)} |"
+            )
     return "\n".join(lines)
 
 
@@ -521,10 +550,12 @@ def throughput_lines(sizes: dict) -> str:
     for pairs, size in sizes.items():
         t = size.get("pipeline")
         if t:
-            lines.append(f"- {int(pairs):,} pairs ({t['pairs']:,} kept): {t['target_tokens_per_second']:,} target "
-                         f"tokens/s, {t['batches_per_second']} batches/s over {t['seconds']} s; load "
-                         f"{t['load_seconds']} s, sampler: cut batches {t['sampler_cut_seconds']} s, one epoch's "
-                         f"{t['batches_per_epoch']:,} batches {t['sampler_epoch_seconds']} s")  # fmt: skip
+            lines.append(
+                f"- {int(pairs):,} pairs ({t['pairs']:,} kept): {t['target_tokens_per_second']:,} target "
+                f"tokens/s, {t['batches_per_second']} batches/s over {t['seconds']} s; load "
+                f"{t['load_seconds']} s, sampler: cut batches {t['sampler_cut_seconds']} s, one epoch's "
+                f"{t['batches_per_epoch']:,} batches {t['sampler_epoch_seconds']} s"
+            )
     return "\n".join(lines)
 
 
@@ -556,12 +587,20 @@ def measure_size(pairs: int, args, work_dir: Path) -> dict:
         output_dir = work_dir / "runs" / str(pairs) / launch.name.replace(",", "").replace(" ", "_")
         results.append(run_launch(launch, args, corpus, cache, output_dir))
         row = results[-1]
-        print(f"[{pairs:,} pairs] {launch.name}: {row['outcome']} after {row['seconds_to_first_step']} s, "
-              f"peak RSS MB {row['peak_rss_mb']}, PSS MB {row['peak_pss_mb']}", flush=True)  # fmt: skip
+        print(
+            f"[{pairs:,} pairs] {launch.name}: {row['outcome']} after {row['seconds_to_first_step']} s, "
+            f"peak RSS MB {row['peak_rss_mb']}, PSS MB {row['peak_pss_mb']}",
+            flush=True,
+        )
     prepared = next((row["prepared_folder"] for row in results if row.get("prepared_folder")), None)
     pipeline = pipeline_throughput(Path(prepared), args.throughput_seconds, args.max_tokens) if prepared else None
-    return {"corpus": str(corpus), "generation_seconds": generation_seconds,
-            "corpus_files": corpus_statistics(corpus), "launches": results, "pipeline": pipeline}  # fmt: skip
+    return {
+        "corpus": str(corpus),
+        "generation_seconds": generation_seconds,
+        "corpus_files": corpus_statistics(corpus),
+        "launches": results,
+        "pipeline": pipeline,
+    }
 
 
 def main() -> None:
@@ -573,8 +612,10 @@ def main() -> None:
     for pairs in args.pairs:
         results["sizes"][str(pairs)] = measure_size(pairs, args, work_dir)
         results_file.write_text(json.dumps(results, indent=2))
-    print(f"\n{results['machine']['cpu']}, {results['machine']['cpus']} CPUs, vocabulary {args.vocab_size}, "
-          f"{args.preprocessing_num_workers} tokenizing workers\n")  # fmt: skip
+    print(
+        f"\n{results['machine']['cpu']}, {results['machine']['cpus']} CPUs, vocabulary {args.vocab_size}, "
+        f"{args.preprocessing_num_workers} tokenizing workers\n"
+    )
     print(markdown_table(results["sizes"]))
     print(f"\nInput pipeline without a model (one process, max_tokens {args.max_tokens}):")
     print(throughput_lines(results["sizes"]))

@@ -32,7 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from speed import median_seconds, padded_batch  # noqa: E402
+from speed import padded_batch  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402

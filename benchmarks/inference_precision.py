@@ -11,12 +11,14 @@ so the table shows how much the machine's speed drifted during the run.
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the shared timing module
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from timing import timed  # noqa: E402
 
 from vanilla_transformer.data import read_parallel_text  # noqa: E402
 from vanilla_transformer.metrics import load_bleu_metric  # noqa: E402
@@ -32,9 +34,7 @@ VARIANTS = {  # name: (dtype, attention)
 def run_variant(model_dir: str, dtype: torch.dtype, attention: str, sources, references, batch_size, metric):
     model, tokenizer = load_model_and_tokenizer(model_dir, dtype=dtype, attn_implementation=attention)
     translate_sentences(model, tokenizer, sources[:batch_size], batch_size=batch_size)  # warm-up
-    start = time.perf_counter()
-    hypotheses = translate_sentences(model, tokenizer, sources, batch_size=batch_size)
-    seconds = time.perf_counter() - start
+    hypotheses, seconds = timed(lambda: translate_sentences(model, tokenizer, sources, batch_size=batch_size))
     output_tokens = sum(len(ids) for ids in tokenizer(hypotheses)["input_ids"])
     scores = metric.compute(predictions=hypotheses, references=[[reference] for reference in references])
     return {

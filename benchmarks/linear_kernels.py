@@ -12,10 +12,15 @@ the largest result (float32 rounding only; neither kernel converts to a lower pr
 
 import argparse
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the shared timing module
+
+from timing import median_seconds  # noqa: E402
 
 SHAPES = {  # (in_features, out_features) of every linear layer kind
     "small": [(256, 768), (256, 256), (256, 1024), (1024, 256), (256, 8000)],
@@ -25,23 +30,18 @@ ROWS = [1, 32, 128, 2304]
 ONEDNN = torch.ops.mkldnn._linear_pointwise  # input @ weight^T + bias
 
 
-def median_microseconds(function, repetitions: int) -> float:
-    function()
-    times = []
-    for _ in range(repetitions):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
-
-
 def compare(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, repetitions: int) -> tuple[float, float]:
-    """Median microseconds per call of MKL and of oneDNN, over three interleaved rounds."""
-    mkl, onednn = [], []
+    """Median microseconds per call of MKL and of oneDNN, over three interleaved rounds (in each, `repetitions`
+    calls of MKL, then of oneDNN, each after one untimed call)."""
+    kernels = {
+        "mkl": lambda: F.linear(input, weight, bias),
+        "onednn": lambda: ONEDNN(input, weight, bias, "none", [], ""),
+    }
+    medians = {name: [] for name in kernels}
     for _ in range(3):
-        mkl.append(median_microseconds(lambda: F.linear(input, weight, bias), repetitions))
-        onednn.append(median_microseconds(lambda: ONEDNN(input, weight, bias, "none", [], ""), repetitions))
-    return statistics.median(mkl), statistics.median(onednn)
+        for name, kernel in kernels.items():
+            medians[name].append(median_seconds({name: kernel}, repetitions)[name] * 1e6)
+    return statistics.median(medians["mkl"]), statistics.median(medians["onednn"])
 
 
 def main() -> None:

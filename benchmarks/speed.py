@@ -27,7 +27,7 @@ Usage:
     python benchmarks/speed.py                      # small and base, every row (about 9 minutes on 2 cores)
     python benchmarks/speed.py --quick              # 2 repetitions per row
     python benchmarks/speed.py --presets small --no-memory --no-ctranslate2
-    python benchmarks/speed.py --before --bf16      # also: our model without issue 5's changes; in bf16
+    python benchmarks/speed.py --before --bf16      # also: our model with its fast paths off; in bf16
     python benchmarks/speed.py --compile            # also: training under torch.compile
 """
 
@@ -37,11 +37,9 @@ import gc
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -53,9 +51,10 @@ from transformers import MarianConfig, MarianMTModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-import modeling_vanilla_transformer  # noqa: E402
+from timing import median_seconds  # noqa: E402
+
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
-from modeling_vanilla_transformer import ONEDNN_LINEAR, VanillaTransformerForConditionalGeneration  # noqa: E402
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
 
 ENGINES = ("ours", "marian", "ct2_float32", "ct2_int8")
 TORCH_ENGINES = ("ours", "marian")
@@ -102,36 +101,14 @@ def rows_for(workload: Workload) -> list[Row]:
 # --- models --------------------------------------------------------------------------------------------------
 
 
-def build_ours(preset: str, vocab_size: int, model_class=VanillaTransformerForConditionalGeneration):
+def build_ours(preset: str, vocab_size: int, fast_paths: bool = True):
+    """Our model; `fast_paths=False` switches off oneDNN linear layers and beam search's encoder-decoder keys and
+    values kept once per sentence (and the benchmark trains it with the loss on the logits)."""
     torch.manual_seed(0)
-    config = VanillaTransformerConfig.from_preset(preset, vocab_size=vocab_size)
-    return model_class(config)
-
-
-class OursBefore(VanillaTransformerForConditionalGeneration):
-    """Our model without issue 5's changes: beam search reorders the whole cache every step, as `generate` does by
-    default (including the encoder-decoder keys and values that every beam of a sentence shares), the training loss
-    is computed from the full logits, and linear layers use nn.functional.linear (see `without_onednn`)."""
-
-    def _reorder_cache(self, past_key_values, beam_idx):
-        past_key_values.reorder_cache(beam_idx)
-        return past_key_values
-
-    def _training_loss_only(self) -> bool:
-        return False
-
-
-def without_onednn(run: Callable[[], None]) -> Callable[[], None]:
-    """`run` with the model file's oneDNN linear layers switched off (a module-wide flag, restored after)."""
-
-    def run_without_onednn() -> None:
-        modeling_vanilla_transformer.ONEDNN_LINEAR = False
-        try:
-            run()
-        finally:
-            modeling_vanilla_transformer.ONEDNN_LINEAR = ONEDNN_LINEAR
-
-    return run_without_onednn
+    config = VanillaTransformerConfig.from_preset(
+        preset, vocab_size=vocab_size, onednn_linear=fast_paths, grouped_beam_cross_attention=fast_paths
+    )
+    return VanillaTransformerForConditionalGeneration(config)
 
 
 def marian_config(config: VanillaTransformerConfig) -> MarianConfig:
@@ -242,14 +219,16 @@ def padded_batch(
     return input_ids, attention_mask, labels
 
 
-def training_step(model, batch) -> Callable[[], None]:
+def training_step(model, batch, loss_without_logits: bool = False) -> Callable[[], None]:
+    """One optimizer step; `loss_without_logits`: our training script's loss path (`return_logits=False`)."""
     input_ids, attention_mask, labels = batch
+    loss_kwargs = {"return_logits": False} if loss_without_logits else {}
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
     def step() -> None:
         model.train()
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **loss_kwargs).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -304,7 +283,7 @@ class Engines:
     """The engines of one preset; `run(engine, row, batch)` gives the callable that does the row's work once.
 
     Extra engines: ours_compiled (--compile) is our model under `torch.compile`, for the training row;
-    ours_before (--before) is `OursBefore` (our model without issue 5's changes), for every row;
+    ours_before (--before) is our model with its fast paths switched off (config and loss path), for every row;
     ours_bf16 (--bf16) is our model with bf16 weights and eager attention, for the generation rows.
     """
 
@@ -331,7 +310,7 @@ class Engines:
             compiled.forward = torch.compile(compiled.forward)
             self.models["ours_compiled"] = compiled
         if "ours_before" in names:
-            self.models["ours_before"] = build_ours(preset, workload.vocab_size, OursBefore)
+            self.models["ours_before"] = build_ours(preset, workload.vocab_size, fast_paths=False)
         if "ours_bf16" in names:  # bf16 weights; eager attention, as torch's CPU sdpa kernels are slow in bf16
             self.models["ours_bf16"] = build_ours(preset, workload.vocab_size).to(torch.bfloat16)
             self.models["ours_bf16"].set_attn_implementation("eager")
@@ -357,14 +336,14 @@ class Engines:
             return ctranslate2_generation(self.translators[name], batch, row.num_beams, self.workload.new_tokens)
         model = self.models[name]
         if row.work == "train":
-            step = training_step(model, batch)
+            step = training_step(model, batch, loss_without_logits=name == "ours")
 
             def work() -> None:
                 for _ in range(self.workload.train_steps):
                     step()
         else:
             work = generation(model, batch, row.num_beams, self.workload.new_tokens)
-        return without_onednn(work) if name == "ours_before" else work
+        return work
 
 
 def export_ctranslate2(model: VanillaTransformerForConditionalGeneration, folder: Path) -> None:
@@ -373,23 +352,6 @@ def export_ctranslate2(model: VanillaTransformerForConditionalGeneration, folder
     model.save_pretrained(folder / "hf")
     convert_to_ctranslate2(folder / "hf", folder / "float32")
     convert_to_ctranslate2(folder / "hf", folder / "int8", quantization="int8")
-
-
-# --- timing --------------------------------------------------------------------------------------------------
-
-
-def median_seconds(runs: dict[str, Callable[[], None]], repetitions: int) -> dict[str, float]:
-    """Median seconds per call of each callable: one untimed warm-up each (for training, Adam's state too), then
-    interleaved repetitions in alternating order (A B, B A, ...: no engine always first)."""
-    for run in runs.values():
-        run()
-    seconds = {name: [] for name in runs}
-    for repetition in range(repetitions):
-        for name in list(runs) if repetition % 2 == 0 else list(runs)[::-1]:
-            start = time.perf_counter()
-            runs[name]()
-            seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(times) for name, times in seconds.items()}
 
 
 def time_row(engines: Engines, row: Row, repetitions: int) -> dict[str, float]:
@@ -592,9 +554,7 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory subprocesses")
     parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
     parser.add_argument("--compile", action="store_true", help="also time training of torch.compile(our model)")
-    parser.add_argument(
-        "--before", action="store_true", help="also time our model without issue 5's changes (OursBefore)"
-    )
+    parser.add_argument("--before", action="store_true", help="also time our model with its fast paths off")
     parser.add_argument("--bf16", action="store_true", help="also time generation with bf16 weights (ours_bf16)")
     parser.add_argument("--system-malloc", action="store_true", help="keep glibc's adaptive malloc thresholds")
     parser.add_argument("--memory-worker", nargs=2, metavar=("PRESET", "ENGINE"), help=argparse.SUPPRESS)

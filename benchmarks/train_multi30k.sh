@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quality benchmark (issue 3): Multi30k EN->DE on this machine's CPU for a fixed wall-clock budget, then sacreBLEU
+# Quality benchmark: Multi30k EN->DE on this machine's CPU for a fixed wall-clock budget, then sacreBLEU
 # (cased, detokenized, 13a) on val and test_2016_flickr with the paper's decoding (beam 4, length penalty 0.6,
 # max length = input + 50) after averaging the last checkpoints. Results: OUTPUT_DIR/results.json.
 #   bash benchmarks/train_multi30k.sh [DATA_DIR] [OUTPUT_DIR] [MINUTES] [extra train_accelerate.py flags...]

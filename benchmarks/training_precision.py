@@ -21,12 +21,14 @@ AMX, bf16 is emulated and slower than float32.
 import argparse
 import statistics
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from timing import timed  # noqa: E402
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
 from train_accelerate import build_config  # noqa: E402
@@ -94,13 +96,14 @@ def main() -> None:
     for repetition in range(args.repetitions + 1):
         for precision, attention in VARIANTS if repetition % 2 == 0 else VARIANTS[::-1]:
             model.set_attn_implementation(attention)
-            started = time.perf_counter()
-            tokens = training_pass(model, optimizer, batches, precision)
+            tokens, seconds = timed(partial(training_pass, model, optimizer, batches, precision))
             if repetition > 0:  # the first pass is the untimed warm-up
-                speeds[(precision, attention)].append(tokens / (time.perf_counter() - started))
+                speeds[(precision, attention)].append(tokens / seconds)
 
-    print(f"preset {args.preset}, vocabulary {len(tokenizer)}, {args.batches} batches of max_tokens {args.max_tokens}, "
-          f"{torch.get_num_threads()} threads, median of {args.repetitions}\n")  # fmt: skip
+    print(
+        f"preset {args.preset}, vocabulary {len(tokenizer)}, {args.batches} batches of max_tokens {args.max_tokens}, "
+        f"{torch.get_num_threads()} threads, median of {args.repetitions}\n"
+    )
     print("| precision | attention | target tok/s | vs float32 + sdpa |\n|---|---|---:|---:|")
     reference = statistics.median(speeds[VARIANTS[0]])
     for (precision, attention), values in speeds.items():

@@ -15,9 +15,12 @@ LAYERS, HEADS = 3, 2  # different numbers, so a transposed grid would show
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return save_tiny_model_folder(
-        tmp_path_factory.mktemp("attention") / "model", encoder_layers=LAYERS, decoder_layers=LAYERS,
-        encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
-    )  # fmt: skip
+        tmp_path_factory.mktemp("attention") / "model",
+        encoder_layers=LAYERS,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=HEADS,
+        decoder_attention_heads=HEADS,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +35,11 @@ def test_attentions_have_one_map_per_layer_and_head_over_the_tokens(model_and_to
     source, target = attentions["source"], attentions["target"]
     assert source[-1] == "</s>" and target[0] == "<s>" and target[-1] == "</s>"
     assert "".join(source[:-1]).replace("▁", " ") == ENGLISH[0]  # readable pieces, word starts marked
-    shapes = {"encoder_attentions": (len(source), len(source)), "decoder_attentions": (len(target), len(target)),
-              "cross_attentions": (len(target), len(source))}  # fmt: skip
+    shapes = {
+        "encoder_attentions": (len(source), len(source)),
+        "decoder_attentions": (len(target), len(target)),
+        "cross_attentions": (len(target), len(source)),
+    }
     for kind, (queries, keys) in shapes.items():
         weights = attentions[kind]
         assert weights.shape == (LAYERS, HEADS, queries, keys), kind
@@ -58,8 +64,8 @@ def test_the_grid_is_layers_by_heads_with_tokens_on_the_axes(model_and_tokenizer
 
 def test_command_writes_three_valid_pngs_of_the_figure_size(folder, tmp_path, capsys):
     output_dir = tmp_path / "maps"
-    argv = [str(folder), "--source", ENGLISH[10], "--output_dir", str(output_dir), "--num_beams", "1",
-            "--max_new_tokens", "4", "--dpi", "50"]  # fmt: skip
+    argv = [str(folder), "--source", ENGLISH[10], "--output_dir", str(output_dir)]
+    argv += "--num_beams 1 --max_new_tokens 4 --dpi 50".split()
     assert attention_maps.main(argv) == 0
     paths = [output_dir / file_name for file_name, *_ in attention_maps.ATTENTION_KINDS.values()]
     assert capsys.readouterr().out.split() == [str(path) for path in paths]

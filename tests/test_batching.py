@@ -137,16 +137,6 @@ def test_collator_pads_inputs_masks_and_labels():
     assert all(tensor.dtype == torch.long for tensor in batch.values())
 
 
-def test_collator_pads_to_multiple():
-    collator = TranslationCollator(pad_token_id=1, pad_to_multiple_of=8)
-    batch = collator([{"input_ids": [7, 8, 2], "labels": [9] * 9}])
-
-    assert batch["input_ids"].shape == (1, 8)
-    assert batch["input_ids"][0, 3:].eq(1).all()
-    assert batch["attention_mask"].sum() == 3
-    assert batch["labels"].shape == (1, 16)
-
-
 def test_collator_without_labels_for_translation():
     batch = TranslationCollator(pad_token_id=0)([{"input_ids": [7, 2]}, {"input_ids": [2]}])
     assert set(batch) == {"input_ids", "attention_mask"}

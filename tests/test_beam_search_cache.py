@@ -1,5 +1,6 @@
 """Beam search moves only the decoder's own cache between steps; the encoder-decoder keys and values, the same for
-every beam of a sentence, are kept once per sentence and read once for all its beams."""
+every beam of a sentence, are kept once per sentence and read once for all its beams (the fast paths). transformers'
+beam search never moves a beam to another sentence, and a sentence's beams share its source and mask."""
 
 import pytest
 import torch
@@ -44,18 +45,12 @@ def test_reordering_within_sentences_keeps_the_encoder_keys_and_values_once_per_
 
 
 @torch.no_grad()
-def test_reordering_across_sentences_still_moves_the_encoder_keys_and_values(tiny_model, source_batch):
+def test_the_switch_off_keeps_one_row_per_beam_as_generate_does(tiny_model, source_batch):
     input_ids, attention_mask = source_batch
+    tiny_model.config.grouped_beam_cross_attention = False
     cache = filled_cache(tiny_model, input_ids, attention_mask, num_beams=2)
     cross_keys = cache.cross_attention_cache.layers[1].keys.clone()
-    beam_idx = torch.tensor([2, 3, 0, 1])  # the two sentences swap places
-    tiny_model._reorder_cache(cache, beam_idx)
-    assert torch.equal(cache.cross_attention_cache.layers[1].keys, cross_keys[beam_idx])
-
-    # From one row per sentence, too: back to one row per beam, reordered.
-    cache = filled_cache(tiny_model, input_ids, attention_mask, num_beams=2)
-    tiny_model._reorder_cache(cache, torch.tensor([0, 1, 2, 3]))
-    assert cache.cross_attention_cache.layers[1].keys.shape[0] == 2
+    beam_idx = torch.tensor([1, 1, 2, 3])
     tiny_model._reorder_cache(cache, beam_idx)
     assert torch.equal(cache.cross_attention_cache.layers[1].keys, cross_keys[beam_idx])
 
@@ -70,7 +65,7 @@ def test_different_sources_are_never_grouped(tiny_model, source_batch):
 
 @torch.no_grad()
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-@pytest.mark.parametrize("masks", ["per beam", "none", "uneven"])
+@pytest.mark.parametrize("masks", ["per beam", "none"])
 @pytest.mark.parametrize("new_tokens", [1, 2])
 def test_grouped_attention_equals_attention_per_beam(tiny_model, source_batch, implementation, masks, new_tokens):
     """A decoding step after grouping: the same logits and cross-attention weights as with one row per beam."""
@@ -80,9 +75,6 @@ def test_grouped_attention_equals_attention_per_beam(tiny_model, source_batch, i
     encoder_outputs = tiny_model.get_encoder()(
         input_ids=input_ids.repeat_interleave(3, dim=0), attention_mask=beam_masks
     )
-    if masks == "uneven":  # beams of one sentence with different masks: attended row by row
-        beam_masks = beam_masks.clone()
-        beam_masks[1, 4:] = 0
     grouped = filled_cache(tiny_model, input_ids, attention_mask, num_beams=3)
     per_beam = filled_cache(tiny_model, input_ids, attention_mask, num_beams=3)
     tiny_model._reorder_cache(grouped, torch.arange(6))

@@ -1,4 +1,5 @@
-"""The FLOP count behind benchmarks/gpu_training.py's MFU figures covers every matrix of the model."""
+"""The benchmarks' shared parts: the FLOP count behind benchmarks/gpu_training.py's MFU figures covers every matrix
+of the model, and benchmarks/timing.py warms up, interleaves and takes the median."""
 
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from modeling_vanilla_transformer import VanillaTransformerForConditionalGenerat
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from gpu_training import model_flops  # noqa: E402
+from timing import median_seconds, timed  # noqa: E402
 
 
 def test_model_flops_counts_every_linear_layer_and_the_attention_products(tiny_config):
@@ -26,3 +28,11 @@ def test_model_flops_counts_every_linear_layer_and_the_attention_products(tiny_c
     assert model_flops(tiny_config, pairs, pairs) == model_flops(tiny_config, one, one) + model_flops(
         tiny_config, 2 * one, 2 * one
     )
+
+
+def test_median_seconds_warms_up_each_callable_then_alternates_their_order():
+    calls = []
+    medians = median_seconds({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repetitions=3)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # one untimed call each, then A B, B A, A B
+    assert set(medians) == {"a", "b"} and all(seconds >= 0 for seconds in medians.values())
+    assert timed(lambda: 42)[0] == 42

@@ -11,10 +11,8 @@ from vanilla_transformer.data import (
     NOUNS,
     TRANSITIVE_VERBS,
     DataError,
-    DataReport,
     _Clause,
     _NounPhrase,
-    filter_pairs,
     load_hub_dataset,
     read_jsonl,
     read_parallel_text,
@@ -39,8 +37,15 @@ def test_read_parallel_text_strips_and_drops_empty_pairs(tmp_path):
     pairs, report = read_parallel_text(source, target)
 
     assert pairs == [("Hello world.", "Hallo Welt."), ("Good morning!", "Guten Morgen!")]
-    assert (report.kept, report.empty_dropped, report.too_long_dropped) == (2, 2, 0)
+    assert (report.kept, report.empty_dropped) == (2, 2)
     assert "train.en" in report.summary() and "kept 2" in report.summary()
+
+
+def test_a_report_without_a_length_filter_says_nothing_about_lengths(tmp_path):
+    pairs, report = read_parallel_text(write(tmp_path / "s.txt", "a\n\nb\n"), write(tmp_path / "t.txt", "x\ny\nz\n"))
+
+    assert (report.too_long_dropped, report.ratio_dropped) == (None, None)  # no reader filters by length
+    assert report.summary().endswith("kept 2 pairs; dropped 1 with an empty side")
 
 
 def test_read_parallel_text_reads_gzip(tmp_path):
@@ -96,10 +101,10 @@ def test_no_pairs_at_all_is_an_error(tmp_path):
 # TSV and JSON lines
 
 
-def test_read_tsv_with_chosen_columns(tmp_path):
-    path = write(tmp_path / "data.tsv", "id1\tHallo\tHello\n\nid2\tJa\t \nid3\tNein\tNo\n")
+def test_read_tsv_takes_source_and_target_from_the_first_two_columns(tmp_path):
+    path = write(tmp_path / "data.tsv", "Hello\tHallo\tid1\n\n \tJa\tid2\nNo\tNein\tid3\n")
 
-    pairs, report = read_tsv(path, source_column=2, target_column=1)
+    pairs, report = read_tsv(path)
 
     assert pairs == [("Hello", "Hallo"), ("No", "Nein")]
     assert report.empty_dropped == 2
@@ -295,18 +300,7 @@ def test_load_hub_dataset_reads_translation_column(monkeypatch):
     assert (report.kept, report.empty_dropped) == (2, 1)
 
 
-# Filtering and splitting
-
-
-def test_filter_pairs_counts_dropped_pairs():
-    pairs = [("short", "kurz"), ("x" * 11, "ok"), ("ok", "y" * 11), ("a", "abcdefgh"), ("same", "size")]
-    report = DataReport(sources=["file"], kept=len(pairs))
-
-    kept, report = filter_pairs(pairs, max_characters=10, max_length_ratio=3.0, report=report)
-
-    assert kept == [("short", "kurz"), ("same", "size")]
-    assert (report.kept, report.too_long_dropped, report.ratio_dropped) == (2, 2, 1)
-    assert "2 too long" in report.summary()
+# Splitting
 
 
 def test_split_pairs_is_deterministic_and_complete():

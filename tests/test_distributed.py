@@ -35,11 +35,11 @@ ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOK
 def launch_machine(tmp_path: Path, rank: int, port: int, *arguments: str) -> subprocess.Popen:
     """One "machine" on loopback: its own `accelerate launch`, output folder and cache (no shared filesystem),
     through configs/accelerate/multi_node_ddp.yaml with one CPU process per machine; output in machine{rank}.log."""
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(ROOT / "configs" / "accelerate" / "multi_node_ddp.yaml"), "--machine_rank", str(rank),
-               "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--num_processes", "2",
-               "--mixed_precision", "no", str(ROOT / "train_accelerate.py"),
-               "--output_dir", str(tmp_path / f"node{rank}"), *TINY_RUN, *arguments]  # fmt: skip
+    config = ROOT / "configs" / "accelerate" / "multi_node_ddp.yaml"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    command += ["--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
+    command += ["--num_processes", "2", "--mixed_precision", "no", str(ROOT / "train_accelerate.py")]
+    command += ["--output_dir", str(tmp_path / f"node{rank}"), *TINY_RUN, *arguments]
     environment = {**ENVIRONMENT, "HF_HOME": str(tmp_path / f"hf_home{rank}"), "PYTHONUNBUFFERED": "1"}
     with open(tmp_path / f"machine{rank}.log", "w") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=environment)
@@ -56,8 +56,11 @@ def two_machines(tmp_path: Path, port: int, *arguments: str, stop_machine_1_afte
             not log.is_file() or len(log.read_text().splitlines()) < stop_machine_1_after_step
         ):
             time.sleep(0.2)
-        trainers = [child for child in psutil.Process(processes[1].pid).children(recursive=True)
-                    if "train_accelerate.py" in " ".join(child.cmdline())]  # fmt: skip
+        trainers = [
+            child
+            for child in psutil.Process(processes[1].pid).children(recursive=True)
+            if "train_accelerate.py" in " ".join(child.cmdline())
+        ]
         trainers[0].send_signal(signal.SIGTERM)  # a preempted machine: its trainer gets the signal
     codes = [process.wait(timeout=240) for process in processes]
     return codes, [(tmp_path / f"machine{rank}.log").read_text() for rank in (0, 1)]
@@ -65,8 +68,9 @@ def two_machines(tmp_path: Path, port: int, *arguments: str, stop_machine_1_afte
 
 def test_two_machines_without_a_shared_filesystem_stop_together_and_resume_from_the_same_step(tmp_path):
     port = 29700 + os.getpid() % 200
-    codes, outputs = two_machines(tmp_path, port, "--max_steps", "100000", "--save_steps", "100000",
-                                  stop_machine_1_after_step=3)  # fmt: skip
+    codes, outputs = two_machines(
+        tmp_path, port, "--max_steps", "100000", "--save_steps", "100000", stop_machine_1_after_step=3
+    )
     assert codes == [0, 0], outputs[1][-3000:]
     assert "not shared between the machines" in outputs[1]
     held = [sorted(path.name for path in (tmp_path / f"node{rank}" / "checkpoints").iterdir()) for rank in (0, 1)]
@@ -77,16 +81,18 @@ def test_two_machines_without_a_shared_filesystem_stop_together_and_resume_from_
         assert checkpoints.checkpoint_problem(checkpoint) is None
         assert (checkpoint / f"random_states_{rank}.pkl").is_file()
 
-    codes, outputs = two_machines(tmp_path, port + 1, "--max_steps", str(stopped + 2), "--save_steps", "1",
-                                  "--resume_from_checkpoint", "latest")  # fmt: skip
+    codes, outputs = two_machines(
+        tmp_path, port + 1, "--max_steps", str(stopped + 2), "--save_steps", "1", "--resume_from_checkpoint", "latest"
+    )
     assert codes == [0, 0], outputs[0][-3000:]
     for rank, output in enumerate(outputs):
         assert f"[resume] from {tmp_path / f'node{rank}' / 'checkpoints' / held[0][0]} at step {stopped}" in output
 
     newest = checkpoints.checkpoint_dir(tmp_path / "node1" / "checkpoints", stopped + 2)
     shutil.rmtree(newest)  # lost on one machine only: both resume from the newest step they share
-    codes, outputs = two_machines(tmp_path, port + 2, "--max_steps", str(stopped + 4), "--save_steps", "1",
-                                  "--resume_from_checkpoint", "latest")  # fmt: skip
+    codes, outputs = two_machines(
+        tmp_path, port + 2, "--max_steps", str(stopped + 4), "--save_steps", "1", "--resume_from_checkpoint", "latest"
+    )
     assert codes == [0, 0], outputs[0][-3000:]
     for output in outputs:
         assert f"step_{stopped + 1:06d} at step {stopped + 1}" in output
@@ -94,16 +100,17 @@ def test_two_machines_without_a_shared_filesystem_stop_together_and_resume_from_
     assert json.loads((tmp_path / "node0" / "results.json").read_text())["steps"] == stopped + 4
 
     shutil.rmtree(tmp_path / "node1" / "checkpoints")  # a machine without any: refused everywhere, no hang
-    codes, outputs = two_machines(tmp_path, port + 3, "--max_steps", str(stopped + 6), "--resume_from_checkpoint",
-                                  "latest")  # fmt: skip
+    codes, outputs = two_machines(
+        tmp_path, port + 3, "--max_steps", str(stopped + 6), "--resume_from_checkpoint", "latest"
+    )
     for code, output in zip(codes, outputs, strict=True):
         assert code != 0 and "that every process holds" in output, output[-3000:]
 
 
 def test_a_process_waiting_past_ddp_timeout_gets_a_clear_error(tmp_path):
     """The flag reaches the process group: with 1 s, the process waiting while the other prepares gives up."""
-    result = train(tmp_path / "run", "--synthetic_pairs", "60000", "--ddp_timeout", "1", "--max_steps", "1",
-                   processes=2, check=False)  # fmt: skip
+    arguments = "--synthetic_pairs 60000 --ddp_timeout 1 --max_steps 1".split()
+    result = train(tmp_path / "run", *arguments, processes=2, check=False)
     assert result.returncode != 0
     assert "waited longer than --ddp_timeout for preparing the data" in result.stderr, result.stderr[-3000:]
 
@@ -116,16 +123,26 @@ def test_deepspeed_is_refused_before_anything_runs(tmp_path, monkeypatch):
         check_distributed_setup(SimpleNamespace(distributed_type=DistributedType.DEEPSPEED))
 
     command = [sys.executable, str(ROOT / "train_accelerate.py"), "--output_dir", str(tmp_path / "run"), *TINY_RUN]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT,
-                            env={**ENVIRONMENT, "ACCELERATE_USE_DEEPSPEED": "true"})  # fmt: skip
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**ENVIRONMENT, "ACCELERATE_USE_DEEPSPEED": "true"},
+    )
     assert result.returncode != 0 and "DeepSpeed is not supported" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 
 def fsdp_accelerator(state_dict_type: str) -> SimpleNamespace:
     plugin = FullyShardedDataParallelPlugin(state_dict_type=state_dict_type)
-    return SimpleNamespace(distributed_type=DistributedType.FSDP, state=SimpleNamespace(fsdp_plugin=plugin),
-                           device=torch.device("cpu"), unwrap_model=lambda model, **kwargs: model)  # fmt: skip
+    return SimpleNamespace(
+        distributed_type=DistributedType.FSDP,
+        state=SimpleNamespace(fsdp_plugin=plugin),
+        device=torch.device("cpu"),
+        unwrap_model=lambda model, **kwargs: model,
+    )
 
 
 def test_fsdp_needs_full_state_checkpoints_and_decodes_in_step():

@@ -255,7 +255,7 @@ def export_with_a_model_config(folder: Path) -> None:
     [
         (write_notes, "it holds notes.txt"),
         (export_with_notes, "it holds notes.txt"),
-        (saved_model, "it holds configuration_vanilla_transformer.py, generation_config.json, model.safetensors"),
+        (saved_model, "it holds configuration_vanilla_transformer.py, fast_paths_vanilla_transformer.py"),
         (export_with_a_model_config, "its config.json is not CTranslate2's"),
         (lambda folder: folder.write_text("precious"), "it is not a folder"),
     ],
@@ -277,13 +277,16 @@ def test_a_folder_that_is_not_a_model_is_a_clean_error(tmp_path):
 
 
 def test_exporting_a_model_over_itself_leaves_it_whole(tmp_path):
-    """The command of the issue, in a fresh process: a message, no traceback, the model still there."""
+    """`export_ctranslate2 model model --force` in a fresh process: a message, no traceback, the model still there."""
     files = saved_model(tmp_path / "model")
     result = subprocess.run(
         [sys.executable, "-m", "vanilla_transformer.export_ctranslate2", "model", "model", "--force"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    )
     assert result.returncode == 1
     assert result.stderr.startswith("error: the output folder model is the model folder model")
     assert "Traceback" not in result.stderr

@@ -1,13 +1,17 @@
-"""Issue 5's fast paths must compute what the plain ones do: the training loss without logits
-(`label_smoothed_cross_entropy`) and oneDNN linear layers for float32 inference on CPU."""
+"""The speed paths (fast_paths_vanilla_transformer.py) compute what the plain ones do, each with its switch off:
+the training loss without logits, oneDNN linear layers for float32 inference on CPU (guarded: the private op may go
+away), and beam search's encoder-decoder keys and values once per sentence, with no host synchronisation per step."""
+
+import sys
 
 import pytest
 import torch
 from torch.nn import functional as F
 from torch.profiler import profile
 
+import fast_paths_vanilla_transformer as fast_paths
 import modeling_vanilla_transformer as modeling
-from modeling_vanilla_transformer import label_smoothed_cross_entropy, linear
+from fast_paths_vanilla_transformer import label_smoothed_cross_entropy, linear
 
 
 def random_labels(shape, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
@@ -23,7 +27,7 @@ def random_labels(shape, vocab_size: int, generator: torch.Generator) -> torch.T
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_blockwise_loss_equals_cross_entropy_of_the_logits_with_gradients(monkeypatch, label_smoothing, reduction):
-    monkeypatch.setattr(modeling, "LOSS_BLOCK_LOGITS", 4 * 61)  # blocks of 4 positions: several blocks
+    monkeypatch.setattr(fast_paths, "LOSS_BLOCK_LOGITS", 4 * 61)  # blocks of 4 positions: several blocks
     generator = torch.Generator().manual_seed(0)
     hidden_states = torch.randn(3, 7, 16, generator=generator, requires_grad=True)
     weight = (torch.randn(61, 16, generator=generator) * 0.3).requires_grad_()
@@ -69,38 +73,31 @@ def test_blockwise_loss_rejects_an_unknown_reduction():
         )
 
 
-def test_training_forward_returns_the_loss_without_logits_and_the_same_gradients(tiny_config, source_batch):
-    """Training mode with labels takes the blockwise loss; its gradients are those of the loss on the logits."""
-    tiny_config.label_smoothing = 0.1
+def test_the_loss_without_logits_has_the_value_and_gradients_of_the_loss_on_the_logits(tiny_config, source_batch):
+    """`return_logits=False` (the training script's path) against the plain forward with labels."""
     tiny_config.dropout = 0.0  # the two passes below must see the same network
     torch.manual_seed(0)
     model = modeling.VanillaTransformerForConditionalGeneration(tiny_config).train()
     input_ids, attention_mask = source_batch
     labels = random_labels((2, 6), tiny_config.vocab_size, torch.Generator().manual_seed(2))
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels, label_smoothing=0.1)
 
-    outputs = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    outputs = model(**batch, return_logits=False)
     assert outputs.logits is None
     outputs.loss.backward()
     gradients = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
     model.zero_grad()
-
-    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
-    expected = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, label_smoothing=0.1)
-    expected.backward()
-    torch.testing.assert_close(outputs.loss, expected)
+    expected = model(**batch)  # the plain path: logits, then F.cross_entropy
+    assert expected.logits.shape == (2, 6, tiny_config.vocab_size)
+    expected.loss.backward()
+    torch.testing.assert_close(outputs.loss, expected.loss)
     for name, parameter in model.named_parameters():
         torch.testing.assert_close(gradients[name], parameter.grad, msg=name)
-
-    model.eval()  # evaluation keeps the logits (and the same loss)
-    evaluated = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
-    assert evaluated.logits.shape == (2, 6, tiny_config.vocab_size)
-    torch.testing.assert_close(evaluated.loss, expected)
 
 
 # --- oneDNN linear layers ---------------------------------------------------------------------------------------
 
-needs_onednn = pytest.mark.skipif(not modeling.ONEDNN_LINEAR, reason="this torch build has no oneDNN linear")
+needs_onednn = pytest.mark.skipif(not fast_paths.ONEDNN["usable"], reason="this torch build has no oneDNN linear")
 
 
 def operators(function) -> set[str]:
@@ -133,10 +130,72 @@ def test_linear_uses_onednn_only_for_float32_inference():
 @needs_onednn
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_generate_gives_the_same_tokens_with_and_without_onednn(monkeypatch, tiny_model, source_batch, num_beams):
-    monkeypatch.setattr(modeling, "ONEDNN_MIN_WEIGHT_ELEMENTS", 0)  # the tiny model's matrices take oneDNN too
+    monkeypatch.setattr(fast_paths, "ONEDNN_MIN_WEIGHT_ELEMENTS", 0)  # the tiny model's matrices take oneDNN too
     input_ids, attention_mask = source_batch
     settings = dict(attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=12, do_sample=False)
     assert "mkldnn::_linear_pointwise" in operators(lambda: tiny_model.generate(input_ids, **settings))
     with_onednn = tiny_model.generate(input_ids, **settings)
-    monkeypatch.setattr(modeling, "ONEDNN_LINEAR", False)
+    tiny_model.config.onednn_linear = False  # the switch: plain F.linear
     assert torch.equal(with_onednn, tiny_model.generate(input_ids, **settings))
+
+
+def test_a_missing_or_failing_onednn_op_falls_back_to_the_plain_linear(monkeypatch):
+    """The op is private to torch: gone or broken in some future torch, the plain path must run, not fail."""
+    monkeypatch.setattr(torch.ops, "mkldnn", object())  # no `_linear_pointwise`
+    assert not fast_paths.onednn_linear_available()
+
+    class BrokenOps:
+        def _linear_pointwise(self, *args):
+            raise RuntimeError("changed signature")
+
+    monkeypatch.setattr(torch.ops, "mkldnn", BrokenOps())
+    monkeypatch.setitem(fast_paths.ONEDNN, "usable", True)
+    monkeypatch.setattr(fast_paths, "ONEDNN_MIN_WEIGHT_ELEMENTS", 0)
+    input, weight, bias = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
+    with torch.no_grad():
+        torch.testing.assert_close(linear(input, weight, bias), F.linear(input, weight, bias))
+    assert fast_paths.ONEDNN["usable"] is False  # not tried again
+
+
+# --- beam search: the switch, and no host synchronisation per step ---------------------------------------------
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_beam_search_gives_the_same_tokens_with_every_fast_path_off(tiny_model, source_batch, num_beams):
+    input_ids, attention_mask = source_batch
+    settings = dict(attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=10, do_sample=False)
+    fast = tiny_model.generate(input_ids, **settings)
+    tiny_model.config.onednn_linear = tiny_model.config.grouped_beam_cross_attention = False
+    assert torch.equal(fast, tiny_model.generate(input_ids, **settings))
+
+
+@torch.no_grad()
+def test_the_model_synchronises_with_the_host_a_fixed_number_of_times_per_generate(
+    monkeypatch, tiny_model, source_batch
+):
+    """Every `torch.equal`, `bool(tensor)`, `.item()` and `.tolist()` called from the model's files is counted (on a
+    GPU each waits for the device): decoding 4 or 16 tokens must cost the same number."""
+    input_ids, attention_mask = source_batch
+    counts = {"syncs": 0}
+    model_files = (modeling.__file__, fast_paths.__file__)
+
+    def counting(original):
+        def wrapper(*args, **kwargs):
+            if sys._getframe(1).f_code.co_filename in model_files:
+                counts["syncs"] += 1
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(torch, "equal", counting(torch.equal))
+    for name in ("__bool__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, counting(getattr(torch.Tensor, name)))
+    per_generate = []
+    for tokens in (4, 16):
+        counts["syncs"] = 0
+        settings = dict(attention_mask=attention_mask, num_beams=4, min_new_tokens=tokens, max_new_tokens=tokens)
+        tiny_model.generate(input_ids, **settings)
+        per_generate.append(counts["syncs"])
+    assert per_generate[0] == per_generate[1], per_generate
+    assert per_generate[0] > 0  # the input check and the one grouping check are seen

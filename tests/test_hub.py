@@ -17,7 +17,8 @@ BLOCK_PROJECT_IMPORTS = textwrap.dedent(
     """
     import sys
     BLOCKED = {"configuration_vanilla_transformer", "modeling_vanilla_transformer",
-               "pipeline_vanilla_transformer", "vanilla_transformer", "train_accelerate"}
+               "pipeline_vanilla_transformer", "fast_paths_vanilla_transformer", "vanilla_transformer",
+               "train_accelerate"}
     class BlockProject:
         @staticmethod
         def find_spec(name, path=None, target=None):

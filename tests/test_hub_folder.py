@@ -17,19 +17,39 @@ from vanilla_transformer import hub, push_to_hub
 from vanilla_transformer.tokenization import train_shared_tokenizer
 
 ENGLISH = [
-    "the house is small", "the cat sleeps on the warm mat", "a dog runs through the green park",
-    "my sister reads a long book", "we eat bread and cheese", "the children play in the garden",
-    "the old man walks to the station", "she drinks coffee every morning", "the train is late again",
-    "two birds sing in the tree", "he opens the window", "the river flows into the sea",
-    "they build a new bridge", "the teacher writes on the board", "a woman sells flowers at the market",
-]  # fmt: skip
+    "the house is small",
+    "the cat sleeps on the warm mat",
+    "a dog runs through the green park",
+    "my sister reads a long book",
+    "we eat bread and cheese",
+    "the children play in the garden",
+    "the old man walks to the station",
+    "she drinks coffee every morning",
+    "the train is late again",
+    "two birds sing in the tree",
+    "he opens the window",
+    "the river flows into the sea",
+    "they build a new bridge",
+    "the teacher writes on the board",
+    "a woman sells flowers at the market",
+]
 GERMAN = [
-    "das haus ist klein", "die katze schläft auf der warmen matte", "ein hund läuft durch den grünen park",
-    "meine schwester liest ein langes buch", "wir essen brot und käse", "die kinder spielen im garten",
-    "der alte mann geht zum bahnhof", "sie trinkt jeden morgen kaffee", "der zug hat wieder verspätung",
-    "zwei vögel singen im baum", "er öffnet das fenster", "der fluss fließt ins meer",
-    "sie bauen eine neue brücke", "der lehrer schreibt an die tafel", "eine frau verkauft blumen auf dem markt",
-]  # fmt: skip
+    "das haus ist klein",
+    "die katze schläft auf der warmen matte",
+    "ein hund läuft durch den grünen park",
+    "meine schwester liest ein langes buch",
+    "wir essen brot und käse",
+    "die kinder spielen im garten",
+    "der alte mann geht zum bahnhof",
+    "sie trinkt jeden morgen kaffee",
+    "der zug hat wieder verspätung",
+    "zwei vögel singen im baum",
+    "er öffnet das fenster",
+    "der fluss fließt ins meer",
+    "sie bauen eine neue brücke",
+    "der lehrer schreibt an die tafel",
+    "eine frau verkauft blumen auf dem markt",
+]
 CARD_VALUES = {"source_lang": "en", "target_lang": "de", "dataset": "wmt14", "test_bleu": 27.3, "test_chrf": 55.1}
 
 
@@ -39,8 +59,16 @@ def train_tiny_tokenizer():
 
 def tiny_model(vocab_size: int, **overrides) -> VanillaTransformerForConditionalGeneration:
     torch.manual_seed(0)
-    sizes = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-                 encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)  # fmt: skip
+    sizes = dict(
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    )
     return VanillaTransformerForConditionalGeneration(
         VanillaTransformerConfig(vocab_size=vocab_size, **{**sizes, **overrides})
     ).eval()
@@ -58,8 +86,15 @@ def model_folder(tmp_path) -> Path:
 
 
 def test_saved_folder_has_every_file_and_config_entry(model_folder):
-    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                 "tokenizer_config.json", "README.md", *hub.CODE_FILES):  # fmt: skip
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+        *hub.CODE_FILES,
+    ):
         assert (model_folder / name).is_file(), name
     project_root = Path(hub.__file__).resolve().parent.parent
     for name in hub.CODE_FILES:  # the Hub gets the project's current code
@@ -78,8 +113,10 @@ def test_saved_folder_has_every_file_and_config_entry(model_folder):
     }
     generation = json.loads((model_folder / "generation_config.json").read_text())
     assert {key: generation.get(key) for key in ("num_beams", "length_penalty", "early_stopping")} == {
-        "num_beams": 4, "length_penalty": 0.6, "early_stopping": True
-    }  # fmt: skip
+        "num_beams": 4,
+        "length_penalty": 0.6,
+        "early_stopping": True,
+    }
     special_ids = ("decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id")
     assert [generation[key] for key in special_ids] == [1, 1, 2, 0]
     assert hub.check_model_folder(model_folder) == []

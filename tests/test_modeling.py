@@ -1,10 +1,12 @@
 """The model against the paper (sections 3.1-3.5) and transformers' contracts."""
 
+import json
 import math
 
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from modeling_vanilla_transformer import (
@@ -79,7 +81,6 @@ def test_big_preset_matches_table_3():
         ("position_embedding_type", "rotary"),
         ("d_model", 0),
         ("vocab_size", -1),
-        ("label_smoothing", 1.5),
         ("pad_token_id", 1000),
     ],
 )
@@ -155,9 +156,14 @@ def copy_feed_forward_and_norms(ours, theirs, norm_names):
 def test_encoder_layer_matches_torch_transformer_encoder_layer(tiny_config):
     ours = VanillaTransformerEncoderLayer(tiny_config, layer_idx=0).eval()
     theirs = nn.TransformerEncoderLayer(
-        tiny_config.d_model, tiny_config.encoder_attention_heads, tiny_config.encoder_ffn_dim,
-        dropout=0.1, activation="relu", batch_first=True, norm_first=False,
-    ).eval()  # fmt: skip
+        tiny_config.d_model,
+        tiny_config.encoder_attention_heads,
+        tiny_config.encoder_ffn_dim,
+        dropout=0.1,
+        activation="relu",
+        batch_first=True,
+        norm_first=False,
+    ).eval()
     copy_attention(ours.self_attn, theirs.self_attn, fused_qkv=True)
     copy_feed_forward_and_norms(ours, theirs, [("self_attn_layer_norm", "norm1"), ("final_layer_norm", "norm2")])
     hidden = torch.randn(3, 7, tiny_config.d_model)
@@ -170,9 +176,14 @@ def test_decoder_layer_matches_torch_transformer_decoder_layer(tiny_config):
     config = VanillaTransformerConfig(**{**TINY, "_attn_implementation": "eager"})
     ours = VanillaTransformerDecoderLayer(config, layer_idx=0).eval()
     theirs = nn.TransformerDecoderLayer(
-        config.d_model, config.decoder_attention_heads, config.decoder_ffn_dim,
-        dropout=0.1, activation="relu", batch_first=True, norm_first=False,
-    ).eval()  # fmt: skip
+        config.d_model,
+        config.decoder_attention_heads,
+        config.decoder_ffn_dim,
+        dropout=0.1,
+        activation="relu",
+        batch_first=True,
+        norm_first=False,
+    ).eval()
     copy_attention(ours.self_attn, theirs.self_attn, fused_qkv=True)
     copy_attention(ours.encoder_attn, theirs.multihead_attn, fused_qkv=False)
     copy_feed_forward_and_norms(
@@ -286,22 +297,42 @@ def test_resize_token_embeddings_keeps_the_tie(tiny_model):
 # --- loss ----------------------------------------------------------------------------------------------------
 
 
-def test_labels_give_the_label_smoothed_loss_over_non_padding_targets(tiny_config, source_batch):
-    config = VanillaTransformerConfig(**{**TINY, "label_smoothing": 0.1})
-    model = VanillaTransformerForConditionalGeneration(config).eval()
+def test_labels_give_the_plain_loss_and_the_logits_as_bart_and_marian_do(tiny_config, source_batch):
+    model = VanillaTransformerForConditionalGeneration(tiny_config).train()  # training mode with gradients, too
     input_ids, attention_mask = source_batch
-    labels = random_ids(config, (2, 5), seed=4)
+    labels = random_ids(tiny_config, (2, 5), seed=4)
     labels[1, 3:] = -100
+    torch.manual_seed(0)
     output = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
-    decoder_input_ids = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
-    assert decoder_input_ids[0, 0] == config.decoder_start_token_id
+    decoder_input_ids = shift_tokens_right(labels, tiny_config.pad_token_id, tiny_config.decoder_start_token_id)
+    assert decoder_input_ids[0, 0] == tiny_config.decoder_start_token_id
     assert torch.equal(decoder_input_ids[:, 1:4], labels[:, :3].clamp(min=0))
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
-    log_probs = logits.log_softmax(-1)[labels != -100]  # (real targets, V)
+    assert output.logits is not None and output.logits.shape == (2, 5, tiny_config.vocab_size)
+    plain = F.cross_entropy(output.logits.transpose(1, 2), labels, ignore_index=-100)
+    torch.testing.assert_close(output.loss, plain)
+
+
+def test_label_smoothing_is_an_argument_of_the_loss_not_of_the_saved_model(tiny_config, source_batch, tmp_path):
+    model = VanillaTransformerForConditionalGeneration(tiny_config).eval()
+    input_ids, attention_mask = source_batch
+    labels = random_ids(tiny_config, (2, 5), seed=4)
+    labels[1, 3:] = -100
+    output = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, label_smoothing=0.1)
+    log_probs = output.logits.log_softmax(-1)[labels != -100]  # (real targets, V)
     targets = labels[labels != -100]
-    epsilon, vocab = 0.1, config.vocab_size
+    epsilon, vocab = 0.1, tiny_config.vocab_size
     smoothed = -(1 - epsilon) * log_probs.gather(1, targets[:, None]).squeeze(1) - epsilon / vocab * log_probs.sum(-1)
-    assert torch.allclose(output.loss, smoothed.mean(), atol=1e-5)
+    torch.testing.assert_close(output.loss, smoothed.mean(), atol=1e-5, rtol=1e-5)
+
+    model.save_pretrained(tmp_path / "new")
+    assert "label_smoothing" not in json.loads((tmp_path / "new" / "config.json").read_text())
+    old = json.loads((tmp_path / "new" / "config.json").read_text())
+    old["label_smoothing"] = 0.1  # as saved before it left the config
+    (tmp_path / "new" / "config.json").write_text(json.dumps(old))
+    reloaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path / "new").eval()
+    assert not hasattr(reloaded.config, "label_smoothing")
+    plain = reloaded(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    torch.testing.assert_close(plain.loss, F.cross_entropy(plain.logits.transpose(1, 2), labels, ignore_index=-100))
 
 
 def test_model_overfits_one_batch(tiny_config, source_batch):

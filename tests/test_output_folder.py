@@ -59,8 +59,10 @@ def test_overwrite_output_dir_replaces_the_earlier_run_and_keeps_other_files(tmp
     result = train(output_dir, "--max_steps", "3", "--save_steps", "1", "--seed", "7", "--overwrite_output_dir")
     assert "--overwrite_output_dir: deleted checkpoints" in result.stdout
     assert sorted(path.name for path in (output_dir / "checkpoints").iterdir()) == [
-        "step_000001", "step_000002", "step_000003"
-    ]  # fmt: skip
+        "step_000001",
+        "step_000002",
+        "step_000003",
+    ]
     assert json.loads((output_dir / "results.json").read_text())["steps"] == 3
     assert sorted(logged_losses(output_dir)) == [1, 2, 3]  # the old run's log is gone, not appended to
     assert digest(output_dir / "model.safetensors") != old_model
@@ -121,8 +123,11 @@ def test_pruning_and_listing_touch_only_the_runs_own_checkpoints(tmp_path):
         fake_checkpoint(tmp_path, step, "other")
     for step in (4, 5, 6):
         fake_checkpoint(tmp_path, step, "mine")
-    assert [p.name for p in checkpoints.list_checkpoints(tmp_path, "mine")] == ["step_000004", "step_000005",
-                                                                               "step_000006"]  # fmt: skip
+    assert [p.name for p in checkpoints.list_checkpoints(tmp_path, "mine")] == [
+        "step_000004",
+        "step_000005",
+        "step_000006",
+    ]
     deleted = checkpoints.prune_checkpoints(tmp_path, 1, run_id="mine")
     assert [p.name for p in deleted] == ["step_000004", "step_000005"]
     assert len(checkpoints.list_checkpoints(tmp_path, "other")) == 3
@@ -136,8 +141,9 @@ def test_a_damaged_file_is_named_and_latest_falls_back_to_the_newest_intact_chec
     rng_file = interrupted / "checkpoints" / "step_000004" / "random_states_0.pkl"
     rng_file.write_bytes(rng_file.read_bytes()[:100])  # truncated, as by a full disk
 
-    explicit = train(interrupted, "--max_steps", "6", *common, "--resume_from_checkpoint", str(rng_file.parent),
-                     check=False)  # fmt: skip
+    explicit = train(
+        interrupted, "--max_steps", "6", *common, "--resume_from_checkpoint", str(rng_file.parent), check=False
+    )
     assert explicit.returncode != 0 and "random_states_0.pkl has 100 bytes" in explicit.stderr, explicit.stderr
 
     resumed = train(interrupted, "--max_steps", "6", *common, "--resume_from_checkpoint", "latest")
@@ -187,8 +193,8 @@ def test_an_over_long_evaluation_line_is_truncated_and_counted():
 def test_an_over_long_validation_line_does_not_stop_the_run(tmp_path):
     (tmp_path / "train.tsv").write_text("".join(f"a{i} b c\tx{i} y z\n" for i in range(200)))
     (tmp_path / "valid.tsv").write_text("a b c\tx y z\n" + " ".join(["a"] * 10_000) + "\t" + "x y\n")
-    result = train(tmp_path / "run", "--train_file", str(tmp_path / "train.tsv"), "--validation_file",
-                   str(tmp_path / "valid.tsv"), "--max_steps", "2", "--max_eval_source_tokens", "16")  # fmt: skip
+    files = ["--train_file", str(tmp_path / "train.tsv"), "--validation_file", str(tmp_path / "valid.tsv")]
+    result = train(tmp_path / "run", *files, "--max_steps", "2", "--max_eval_source_tokens", "16")
     assert "[validation] 1 of 2 pairs have a side longer than 16 tokens; truncated" in result.stdout
     assert len((tmp_path / "run" / "validation.hyp.txt").read_text().splitlines()) == 2
 
@@ -228,11 +234,12 @@ def test_signals_are_requests_while_training_and_stop_the_program_once_defaults_
 
 def test_ctrl_c_during_the_final_evaluation_stops_the_program_after_the_model_is_saved(tmp_path):
     output_dir = tmp_path / "run"
-    command = [sys.executable, "-u", str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN,
-               "--synthetic_pairs", "20000", "--max_steps", "2", "--num_beams", "4"]  # fmt: skip
+    command = [sys.executable, "-u", str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN]
+    command += "--synthetic_pairs 20000 --max_steps 2 --num_beams 4".split()
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=environment)  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment
+    )
     output = ""
     for line in process.stdout:  # the final evaluation starts once the folder is saved
         output += line
@@ -286,7 +293,8 @@ def test_the_prepare_command_checks_its_flags_too(capsys):
 
 def test_training_data_without_validation_or_test_split_trains_and_says_so(tmp_path):
     (tmp_path / "train.tsv").write_text("".join(f"a{i} b c\tx{i} y z\n" for i in range(200)))
-    result = train(tmp_path / "run", "--train_file", str(tmp_path / "train.tsv"), "--max_steps", "2",
-                   "--eval_steps", "1")  # fmt: skip
+    result = train(
+        tmp_path / "run", "--train_file", str(tmp_path / "train.tsv"), "--max_steps", "2", "--eval_steps", "1"
+    )
     assert "no validation split" in result.stdout and "no test split" in result.stdout
     assert (tmp_path / "run" / "model.safetensors").is_file()

@@ -88,8 +88,12 @@ def test_pipeline_from_a_folder_in_a_process_without_the_project(folder):
     assert results["max_length"] == [{"translation_text": expected_short[0]}]
 
     calls = results["calls"]
-    assert calls[0] == {"batch": [1, source_length], "num_beams": None, "max_new_tokens": source_length + 50,
-                        "max_length": None}  # fmt: skip
+    assert calls[0] == {
+        "batch": [1, source_length],
+        "num_beams": None,
+        "max_new_tokens": source_length + 50,
+        "max_length": None,
+    }
     assert [call["batch"][0] for call in calls[1:3]] == [2, 1]
     assert all(call["num_beams"] == 2 and call["max_new_tokens"] == 6 for call in calls[1:3])
     assert calls[3]["max_length"] == 5 and calls[3]["max_new_tokens"] is None  # no default over the caller's limit
@@ -107,9 +111,13 @@ def test_pipeline_in_process_returns_one_list_per_input_for_several_sequences(fo
 
 @pytest.mark.parametrize(
     "inputs, error, message",
-    [("", ValueError, "empty string"), (["fine", " "], ValueError, "position 1"), ([], ValueError, "empty list"),
-     (["fine", 3], TypeError, "got int at position 1")],
-)  # fmt: skip
+    [
+        ("", ValueError, "empty string"),
+        (["fine", " "], ValueError, "position 1"),
+        ([], ValueError, "empty list"),
+        (["fine", 3], TypeError, "got int at position 1"),
+    ],
+)
 def test_pipeline_rejects_empty_and_non_text_inputs(folder, inputs, error, message):
     translator = VanillaTransformerTranslationPipeline(
         model=AutoModelForSeq2SeqLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder), device=-1

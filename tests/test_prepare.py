@@ -43,8 +43,8 @@ def corpus_dir(tmp_path):
 
 
 def corpus_args(corpus_dir, cache_dir, *extra: str) -> argparse.Namespace:
-    return parse("--data_dir", str(corpus_dir), "--validation_split", "val", "--vocab_size", "300",
-                 "--max_source_tokens", "40", "--data_cache_dir", str(cache_dir), *extra)  # fmt: skip
+    options = "--validation_split val --vocab_size 300 --max_source_tokens 40".split()
+    return parse("--data_dir", str(corpus_dir), *options, "--data_cache_dir", str(cache_dir), *extra)
 
 
 def test_prepared_corpus_equals_the_tokenizer_applied_to_the_files(corpus_dir, tmp_path):
@@ -62,6 +62,9 @@ def test_prepared_corpus_equals_the_tokenizer_applied_to_the_files(corpus_dir, t
     report = corpus.manifest["reports"]["train"]
     assert (report["kept"], report["empty_dropped"], report["too_long_dropped"]) == (60, 1, 1)
     assert "dropped 1 with an empty side, 1 too long" in corpus.summary()[0]
+    validation_report = corpus.manifest["reports"]["validation"]
+    assert validation_report["too_long_dropped"] is None  # evaluation splits are never filtered by length
+    assert corpus.summary()[1].endswith("kept 2 pairs; dropped 0 with an empty side")
     # evaluation splits keep every pair (the references), with their text
     validation = corpus.splits["validation"]
     assert validation["target"] == ["kurz", "ter roder hunt slafet"]
@@ -89,8 +92,13 @@ def test_cache_is_reused_and_any_change_of_data_tokenizer_or_filters_prepares_an
     assert again.splits["train"]["input_ids"] == first.splits["train"]["input_ids"]
 
     folders = {first.folder}
-    for extra in (["--vocab_size", "320"], ["--max_source_tokens", "30"], ["--max_length_ratio", "3"],
-                  ["--tokenizer_train_pairs", "20"], ["--data_seed", "1"]):  # fmt: skip
+    for extra in (
+        ["--vocab_size", "320"],
+        ["--max_source_tokens", "30"],
+        ["--max_length_ratio", "3"],
+        ["--tokenizer_train_pairs", "20"],
+        ["--data_seed", "1"],
+    ):
         folders.add(prepare.load_or_prepare(corpus_args(corpus_dir, cache, *extra)).folder)
     with (corpus_dir / "val.de").open("a") as file:  # same name, new content
         file.write("")
@@ -134,8 +142,8 @@ def test_bad_data_is_named_when_preparing(tmp_path):
 
 def test_prepare_command_writes_a_folder_once_and_never_over_an_existing_one(corpus_dir, tmp_path, capsys):
     output = tmp_path / "prepared"
-    argv = ["--data_dir", str(corpus_dir), "--validation_split", "val", "--vocab_size", "300", "--output_dir",
-            str(output)]  # fmt: skip
+    folders = ["--data_dir", str(corpus_dir), "--output_dir", str(output)]
+    argv = [*folders, "--validation_split", "val", "--vocab_size", "300"]
     prepare.main(argv)
     corpus = prepare.load_prepared(output)
     assert set(corpus.splits) == {"train", "validation"} and len(corpus.splits["train"]) == 61
@@ -146,8 +154,10 @@ def test_prepare_command_writes_a_folder_once_and_never_over_an_existing_one(cor
 
 
 def test_tokenized_pairs_reads_rows_and_lengths_across_arrow_chunks():
-    parts = [datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4]], "labels": [[5], [6, 7]]}),
-             datasets.Dataset.from_dict({"input_ids": [[8, 9], [10, 11, 12, 13]], "labels": [[14, 15, 16], [2]]})]  # fmt: skip
+    parts = [
+        datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4]], "labels": [[5], [6, 7]]}),
+        datasets.Dataset.from_dict({"input_ids": [[8, 9], [10, 11, 12, 13]], "labels": [[14, 15, 16], [2]]}),
+    ]
     dataset = datasets.concatenate_datasets(parts)
     assert dataset.data.table.column("input_ids").num_chunks == 2
     for view in (dataset, dataset.select([3, 0, 2])):  # a selection (an indices mapping) is flattened

@@ -19,8 +19,8 @@ STREAM = ["--streaming", "--max_tokens", "200", "--shuffle_buffer_size", "7", "-
 
 def corpus_args(corpus_dir, cache_dir, *extra: str):  # noqa: F811
     """The training script's arguments for the test corpus."""
-    return parse_args(["--data_dir", str(corpus_dir), "--validation_split", "val", "--vocab_size", "300",
-                       "--max_source_tokens", "40", "--data_cache_dir", str(cache_dir), *extra])  # fmt: skip
+    options = "--validation_split val --vocab_size 300 --max_source_tokens 40".split()
+    return parse_args(["--data_dir", str(corpus_dir), *options, "--data_cache_dir", str(cache_dir), *extra])
 
 
 @pytest.fixture
@@ -76,9 +76,9 @@ def test_streaming_tokenizer_is_trained_once_on_the_stream_and_cached(corpus_dir
 
 def test_two_processes_stream_for_equal_steps_across_uneven_epochs(corpus_dir, tmp_path):  # noqa: F811
     output_dir = tmp_path / "run"
-    train(output_dir, "--data_dir", str(corpus_dir), "--validation_split", "val", "--test_split", "none",
-          *STREAM, "--max_tokens", "300", "--max_steps", "7", "--save_steps", "7", "--average_last", "1",
-          "--data_cache_dir", str(tmp_path / "cache"), processes=2)  # fmt: skip
+    splits = ["--data_dir", str(corpus_dir), "--validation_split", "val", "--test_split", "none"]
+    steps = "--max_tokens 300 --max_steps 7 --save_steps 7 --average_last 1".split()
+    train(output_dir, *splits, *STREAM, *steps, "--data_cache_dir", str(tmp_path / "cache"), processes=2)
     results = json.loads((output_dir / "results.json").read_text())
     assert results["steps"] == 7 and results["processes"] == 2
     assert set(results["results"]) == {"validation"}

@@ -24,11 +24,10 @@ from vanilla_transformer.training import (
 from .test_hub import run_without_the_project
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_RUN = [
-    "--synthetic_pairs", "400", "--d_model", "32", "--ffn_dim", "64", "--layers", "1", "--heads", "2",
-    "--vocab_size", "300", "--max_tokens", "600", "--warmup_steps", "10", "--eval_steps", "1000",
-    "--logging_steps", "1", "--eval_batch_size", "16", "--num_beams", "2",
-]  # fmt: skip
+TINY_RUN = (
+    "--synthetic_pairs 400 --d_model 32 --ffn_dim 64 --layers 1 --heads 2 --vocab_size 300 --max_tokens 600 "
+    "--warmup_steps 10 --eval_steps 1000 --logging_steps 1 --eval_batch_size 16 --num_beams 2"
+).split()
 
 
 def train(output_dir, *arguments, processes: int = 1, timeout: int = 300, check: bool = True):
@@ -36,9 +35,10 @@ def train(output_dir, *arguments, processes: int = 1, timeout: int = 300, check:
     if processes > 1:
         # `--cpu` would run ONE process whatever --num_processes says (accelerate 1.x); without GPUs,
         # `--multi_gpu` starts torchrun and Accelerate falls back to CPU processes with the gloo backend.
-        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-                    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-                    str(29500 + os.getpid() % 1000)]  # fmt: skip
+        port = str(29500 + os.getpid() % 1000)
+        one_machine = "--num_machines 1 --mixed_precision no --dynamo_backend no".split()
+        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
+        launcher += ["--num_processes", str(processes), *one_machine, "--main_process_port", port]
     else:
         launcher = [sys.executable]
     command = [*launcher, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN, *arguments]
@@ -118,8 +118,8 @@ def test_bf16_training_ends_with_a_float32_model_for_evaluation(tiny_model, sour
 
 def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
     output_dir = tmp_path / "run"
-    run = train(output_dir, "--max_steps", "4", "--save_steps", "2", "--average_last", "2",
-                "--data_cache_dir", str(tmp_path / "cache"), processes=2)  # fmt: skip
+    arguments = [*"--max_steps 4 --save_steps 2 --average_last 2".split(), "--data_cache_dir", str(tmp_path / "cache")]
+    run = train(output_dir, *arguments, processes=2)
     assert (run.stdout + run.stderr).count("[prepare] prepared") == 1  # one process prepares, the other waits
     assert len(list((tmp_path / "cache").iterdir())) == 1
     results = json.loads((output_dir / "results.json").read_text())
@@ -151,8 +151,9 @@ def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
     # ... and with a file named, scores exactly that file (not the embedded task) and says so
     named = tmp_path / "named.tsv"
     named.write_text("the red dog sleeps\tter roder hunt slafet\na bird\taine fogel\n")
-    run = train(tmp_path / "named", "--evaluate_only", "--model_name_or_path", str(output_dir), "--validation_file",
-                str(named))  # fmt: skip
+    run = train(
+        tmp_path / "named", "--evaluate_only", "--model_name_or_path", str(output_dir), "--validation_file", str(named)
+    )
     assert len((tmp_path / "named" / "validation.hyp.txt").read_text().splitlines()) == 2
     assert not (tmp_path / "named" / "test.hyp.txt").exists()
     assert "named.tsv: kept 2 pairs" in run.stdout
@@ -160,8 +161,8 @@ def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
 
 def test_bf16_run_records_its_precision_and_scores_the_saved_float32_model(tmp_path):
     output_dir = tmp_path / "run"
-    train(output_dir, "--max_steps", "60", "--save_steps", "30", "--average_last", "2", "--mixed_precision", "bf16",
-          "--attn_implementation", "eager")  # fmt: skip
+    arguments = "--max_steps 60 --save_steps 30 --average_last 2 --mixed_precision bf16 --attn_implementation eager"
+    train(output_dir, *arguments.split())
     assert json.loads((output_dir / "results.json").read_text())["mixed_precision"] == "bf16"
     assert "| training precision | bf16 autocast |" in (output_dir / "README.md").read_text()
     # the scores of a bf16 run are those of the saved model in float32: evaluation-only reproduces its hypotheses
@@ -176,8 +177,9 @@ def test_one_step_on_two_processes_equals_one_step_on_one_process(tmp_path):
     subprocess.run(
         [sys.executable, script, str(tmp_path / "one.safetensors"), "1"], check=True, cwd=ROOT, env=environment
     )
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-              "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(29600 + os.getpid() % 1000)]  # fmt: skip
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launch += "--num_machines 1 --mixed_precision no --dynamo_backend no".split()
+    launch += ["--main_process_port", str(29600 + os.getpid() % 1000)]
     subprocess.run([*launch, script, str(tmp_path / "two.safetensors"), "2"], check=True, cwd=ROOT, env=environment)
     one, two = load_file(tmp_path / "one.safetensors"), load_file(tmp_path / "two.safetensors")
     assert one.keys() == two.keys() and len(one) > 10
@@ -192,8 +194,8 @@ def test_resume_continues_exactly_and_a_prepared_folder_trains_like_the_cached_c
     common = ["--save_steps", "3", "--average_last", "1", "--preset", "tiny"]
     train(straight, "--max_steps", "6", *common)
     prepared = tmp_path / "prepared"
-    subprocess.run([sys.executable, "-m", "vanilla_transformer.prepare", "--synthetic_pairs", "400", "--vocab_size",
-                    "300", "--output_dir", str(prepared)], check=True, cwd=ROOT, capture_output=True)  # fmt: skip
+    command = [sys.executable, "-m", "vanilla_transformer.prepare", "--synthetic_pairs", "400", "--vocab_size", "300"]
+    subprocess.run([*command, "--output_dir", str(prepared)], check=True, cwd=ROOT, capture_output=True)
     common += ["--prepared_data", str(prepared)]
     train(interrupted, "--max_steps", "3", *common)
     train(interrupted, "--max_steps", "6", *common, "--resume_from_checkpoint", "latest")
@@ -205,8 +207,8 @@ def test_resume_continues_exactly_and_a_prepared_folder_trains_like_the_cached_c
 
 def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path):
     output_dir = tmp_path / "run"
-    command = [sys.executable, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN,
-               "--max_steps", "100000", "--save_steps", "100000"]  # fmt: skip
+    command = [sys.executable, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN]
+    command += ["--max_steps", "100000", "--save_steps", "100000"]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = output_dir / "train_log.jsonl"
     deadline = time.time() + 120
@@ -241,7 +243,7 @@ def test_bad_data_stops_every_process_instead_of_leaving_them_waiting(tmp_path):
     """One process prepares while the other waits: its error must end both, not leave one at the barrier."""
     (tmp_path / "train.en").write_text("a\nb\n")
     (tmp_path / "train.de").write_text("x\n")
-    result = train(tmp_path / "out", "--data_dir", str(tmp_path), "--max_steps", "1",
-                   "--data_cache_dir", str(tmp_path / "cache"), processes=2, timeout=120, check=False)  # fmt: skip
+    arguments = ["--data_dir", str(tmp_path), "--max_steps", "1", "--data_cache_dir", str(tmp_path / "cache")]
+    result = train(tmp_path / "out", *arguments, processes=2, timeout=120, check=False)
     assert result.returncode != 0
     assert "has 2 lines but" in result.stderr and "failed on another process" in result.stderr, result.stderr[-3000:]

@@ -103,8 +103,8 @@ def test_file_to_file_with_an_empty_line_keeps_the_alignment(folder, model_and_t
     source_file, output_file = tmp_path / "source.en", tmp_path / "out" / "hypotheses.de"
     output_file.parent.mkdir()
     source_file.write_text(f"{SOURCES[0]}\n\n{SOURCES[1]}\r\n   \n{SOURCES[2]}\n", encoding="utf-8")
-    argv = [str(folder), "--input", str(source_file), "--output", str(output_file), "--batch_size", "2",
-            "--num_beams", "1", "--max_new_tokens", "5"]  # fmt: skip
+    argv = [str(folder), "--input", str(source_file), "--output", str(output_file)]
+    argv += "--batch_size 2 --num_beams 1 --max_new_tokens 5".split()
     assert main(argv) == 0
     expected = translate_sentences(*model_and_tokenizer, SOURCES[:3], num_beams=1, max_new_tokens=5)
     assert output_file.read_text(encoding="utf-8").split("\n") == [expected[0], "", expected[1], "", expected[2], ""]
@@ -163,8 +163,8 @@ def test_bf16_with_eager_attention_translates_with_that_model(folder, tmp_path, 
     monkeypatch.setattr(translate, "translate_sentences", recording_translate)
     source_file, output_file = tmp_path / "source.en", tmp_path / "hypotheses.de"
     source_file.write_text(f"{SOURCES[0]}\n{SOURCES[1]}\n", encoding="utf-8")
-    argv = [str(folder), "--input", str(source_file), "--output", str(output_file), "--device", "cpu",
-            "--dtype", "bfloat16", "--attn_implementation", "eager", "--max_new_tokens", "5"]  # fmt: skip
+    argv = [str(folder), "--input", str(source_file), "--output", str(output_file)]
+    argv += "--device cpu --dtype bfloat16 --attn_implementation eager --max_new_tokens 5".split()
     assert main(argv) == 0
     assert loaded == {"dtype": torch.bfloat16, "attention": "eager"}
     assert len(output_file.read_text(encoding="utf-8").splitlines()) == 2
@@ -177,3 +177,21 @@ def test_the_output_file_may_not_be_the_input_file(tmp_path, capsys):
         translate.parse_args(["model", "--input", str(sources), "--output", str(tmp_path / "." / "sources.txt")])
     assert "would replace the sources" in capsys.readouterr().err
     assert sources.read_text() == "the red dog\n"
+
+
+def test_the_folders_own_code_is_trusted_only_with_trust_remote_code(folder, tmp_path, monkeypatch):
+    sources = tmp_path / "sources.txt"
+    sources.write_text("the red dog\n")
+    installed, _ = translate.load_model_and_tokenizer(folder)  # no remote code needed: the installed code runs
+    assert type(installed).__module__ == "modeling_vanilla_transformer"
+    calls = []
+    loader = AutoModelForSeq2SeqLM.from_pretrained
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs.get("trust_remote_code"))
+        return loader(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForSeq2SeqLM, "from_pretrained", recording)
+    for flags in ([], ["--trust_remote_code"]):
+        assert main([str(folder), "--input", str(sources), "--output", str(tmp_path / "out.txt"), *flags]) == 0
+    assert calls == [False, True]

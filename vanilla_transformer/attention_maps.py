@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from pipeline_vanilla_transformer import paper_max_new_tokens
 from vanilla_transformer.cli import positive_int
-from vanilla_transformer.translate import EXTRA_OUTPUT_TOKENS, CommandLineError, load_model_and_tokenizer
+from vanilla_transformer.translate import CommandLineError, load_model_and_tokenizer
 
 # model output name -> (file name, title, query side, key side)
 ATTENTION_KINDS = {
@@ -62,7 +63,7 @@ def compute_attentions(
     start = torch.tensor([[model.config.decoder_start_token_id]], device=model.device)
     with torch.inference_mode():
         if target is None:
-            max_new_tokens = max_new_tokens or source_ids.shape[1] + EXTRA_OUTPUT_TOKENS
+            max_new_tokens = max_new_tokens or paper_max_new_tokens(torch.ones_like(source_ids))
             generated = model.generate(source_ids, num_beams=num_beams, max_new_tokens=max_new_tokens)[0]
             target_ids = generated[1:][generated[1:] != model.config.pad_token_id]  # drop the start token and padding
         else:
@@ -140,13 +141,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max_new_tokens", type=positive_int, help="longest translation (default: source length + 50)"
     )
     parser.add_argument("--dpi", type=positive_int, default=100, help="resolution of the PNG files")
+    parser.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="run the folder's own model code (Hub models); by default the installed vanilla-transformer code runs",
+    )
     args = parser.parse_args(argv)
     if not args.source.strip():
         parser.error("--source is empty: give a sentence")
     if args.target is not None and not args.target.strip():
         parser.error("--target is empty: give a translation, or leave --target out to use the model's own")
     try:
-        model, tokenizer = load_model_and_tokenizer(args.model_dir, attn_implementation="eager")
+        model, tokenizer = load_model_and_tokenizer(
+            args.model_dir, attn_implementation="eager", trust_remote_code=args.trust_remote_code
+        )
     except CommandLineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -157,19 +157,12 @@ class TranslationCollator:
     Examples without `labels` (for translation only) give a batch without `labels`.
     """
 
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None, label_pad_id: int = -100):
+    def __init__(self, pad_token_id: int):
         self.pad_token_id = pad_token_id
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.label_pad_id = label_pad_id
 
-    def _padded_length(self, sequences: list[Sequence[int]]) -> int:
-        length = max(len(sequence) for sequence in sequences)
-        if self.pad_to_multiple_of:
-            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        return length
-
-    def _pad(self, sequences: list[Sequence[int]], value: int) -> torch.Tensor:
-        padded = np.full((len(sequences), self._padded_length(sequences)), value, dtype=np.int64)
+    @staticmethod
+    def _pad(sequences: list[Sequence[int]], value: int) -> torch.Tensor:
+        padded = np.full((len(sequences), max(len(sequence) for sequence in sequences)), value, dtype=np.int64)
         for row, sequence in enumerate(sequences):
             padded[row, : len(sequence)] = sequence
         return torch.from_numpy(padded)
@@ -182,7 +175,7 @@ class TranslationCollator:
             "attention_mask": (torch.arange(input_ids.shape[1]) < lengths[:, None]).long(),
         }
         if "labels" in examples[0]:
-            batch["labels"] = self._pad([example["labels"] for example in examples], self.label_pad_id)
+            batch["labels"] = self._pad([example["labels"] for example in examples], -100)
         return batch
 
 
@@ -193,20 +186,20 @@ class TokenizedPairs(Sequence):
     memory does not grow with the corpus.
     """
 
-    def __init__(self, dataset, columns: Sequence[str] = ("input_ids", "labels")):
+    def __init__(self, dataset):
         if getattr(dataset, "_indices", None) is not None:  # a filtered or selected view: write it out once
             dataset = dataset.flatten_indices()
         self.dataset = dataset
         self._columns = {}
-        for name in columns:
+        for name in ("input_ids", "labels"):
             chunks = dataset.data.table.column(name).chunks
-            self._columns[name] = ([chunk.values.to_numpy() for chunk in chunks],
-                                   [chunk.offsets.to_numpy() for chunk in chunks])  # fmt: skip
-        chunk_sizes = [len(chunk) for chunk in dataset.data.table.column(columns[0]).chunks]
+            values = [chunk.values.to_numpy() for chunk in chunks]
+            self._columns[name] = (values, [chunk.offsets.to_numpy() for chunk in chunks])
+        chunk_sizes = [len(chunk) for chunk in dataset.data.table.column("input_ids").chunks]
         self._chunk_of = np.repeat(np.arange(len(chunk_sizes), dtype=np.int32), chunk_sizes)
         self._chunk_starts = np.concatenate([[0], np.cumsum(chunk_sizes)[:-1]]).astype(np.int64)
-        self.source_lengths = self._lengths(columns[0])
-        self.target_lengths = self._lengths(columns[1]) if len(columns) > 1 else None
+        self.source_lengths = self._lengths("input_ids")
+        self.target_lengths = self._lengths("labels")
 
     def _lengths(self, name: str) -> np.ndarray:
         offsets = self._columns[name][1]

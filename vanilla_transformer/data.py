@@ -1,4 +1,4 @@
-"""Translation pairs: read from local files or the Hub, filter, split, or generate the built-in synthetic task.
+"""Translation pairs: read from local files or the Hub, split, or generate the built-in synthetic task.
 
 The `iter_*` readers stream (source, target) pairs, so a corpus of any size passes through them in constant memory
 (`vanilla_transformer.prepare` writes them into Arrow files); the `read_*` readers return a plain list and a
@@ -35,19 +35,26 @@ class DataError(ValueError):
 
 @dataclass
 class DataReport:
-    """What reading and filtering did to the data."""
+    """What reading and filtering did to the data.
+
+    `too_long_dropped` and `ratio_dropped` are set by the token-length filter (`prepare.token_filter`, training pairs
+    only); they stay None where no length filter ran (the readers, the evaluation splits), and the summary then says
+    nothing about lengths.
+    """
 
     sources: list[str] = field(default_factory=list)
     kept: int = 0
     empty_dropped: int = 0
-    too_long_dropped: int = 0
-    ratio_dropped: int = 0
+    too_long_dropped: int | None = None
+    ratio_dropped: int | None = None
     crlf_line_endings: int = 0  # repaired: the CR of a CRLF line ending removed
     byte_order_marks: int = 0  # repaired: a UTF-8 byte-order mark at the start of a file removed
 
     def summary(self) -> str:
         names = ", ".join(self.sources) or "pairs"
-        dropped = f"dropped {self.empty_dropped} with an empty side, {self.too_long_dropped} too long"
+        dropped = f"dropped {self.empty_dropped} with an empty side"
+        if self.too_long_dropped is not None:
+            dropped += f", {self.too_long_dropped} too long"
         if self.ratio_dropped:
             dropped += f", {self.ratio_dropped} with a bad length ratio"
         repairs = [(self.crlf_line_endings, "CRLF line ending"), (self.byte_order_marks, "byte-order mark")]
@@ -147,31 +154,27 @@ def iter_parallel_text(
         yield source.strip(), target.strip()
 
 
-def iter_tsv(
-    path: str | Path, source_column: int = 0, target_column: int = 1, report: DataReport | None = None
-) -> Iterator[Pair]:
-    """Stream the (stripped) pairs of a tab-separated UTF-8 file (optionally `.gz`) from the given columns; a blank
-    line gives an empty pair. Each other line must have as many columns as the first (a tab inside a field would shift
-    the fields after it): else `DataError` names the line. Repairs are counted in `report`."""
+def iter_tsv(path: str | Path, report: DataReport | None = None) -> Iterator[Pair]:
+    """Stream the (stripped) pairs of a tab-separated UTF-8 file (optionally `.gz`): the source sentence in the first
+    column, the target in the second; a blank line gives an empty pair. Each other line must have as many columns as
+    the first (a tab inside a field would shift the fields after it): else `DataError` names the line. Repairs are
+    counted in `report`."""
     path = Path(path)
-    needed_columns = max(source_column, target_column) + 1
     first = None  # (line number, column count) of the first non-blank line
     for line_number, line in enumerate(_read_lines(path, report), start=1):
         if not line.strip():
             yield "", ""
             continue
         columns = line.split("\t")
-        if len(columns) < needed_columns:
-            raise DataError(
-                f"{path}:{line_number}: found {len(columns)} tab-separated columns, need at least {needed_columns}"
-            )
+        if len(columns) < 2:
+            raise DataError(f"{path}:{line_number}: found {len(columns)} tab-separated columns, need at least 2")
         first = first or (line_number, len(columns))
         if len(columns) != first[1]:
             raise DataError(
                 f"{path}:{line_number}: found {len(columns)} tab-separated columns but line {first[0]} has "
                 f"{first[1]}: a tab inside a field, or a missing field?"
             )
-        yield columns[source_column].strip(), columns[target_column].strip()
+        yield columns[0].strip(), columns[1].strip()
 
 
 def iter_jsonl(
@@ -212,13 +215,13 @@ def read_parallel_text(source_path: str | Path, target_path: str | Path) -> tupl
     return _keep_non_empty(iter_parallel_text(source_path, target_path, report), report), report
 
 
-def read_tsv(path: str | Path, source_column: int = 0, target_column: int = 1) -> tuple[list[Pair], DataReport]:
-    """Read a tab-separated UTF-8 file (optionally `.gz`) with the source and target sentences in the given columns.
+def read_tsv(path: str | Path) -> tuple[list[Pair], DataReport]:
+    """Read a tab-separated UTF-8 file (optionally `.gz`): source sentences in the first column, targets in the second.
 
     Blank lines and pairs where either side is empty are dropped and counted.
     """
     report = DataReport(sources=[str(path)])
-    return _keep_non_empty(iter_tsv(path, source_column, target_column, report), report), report
+    return _keep_non_empty(iter_tsv(path, report), report), report
 
 
 def read_jsonl(path: str | Path, source_lang: str, target_lang: str) -> tuple[list[Pair], DataReport]:
@@ -281,33 +284,7 @@ def load_hub_dataset(
     return _keep_non_empty(iter_hub_dataset(name, config, split, source_lang, target_lang), report), report
 
 
-# Filtering and splitting
-
-
-def filter_pairs(
-    pairs: list[Pair],
-    max_characters: int,
-    max_length_ratio: float | None = None,
-    report: DataReport | None = None,
-) -> tuple[list[Pair], DataReport]:
-    """Drop pairs with a side longer than `max_characters` characters and, if `max_length_ratio` is given, pairs whose
-    longer side has more than `max_length_ratio` times the characters of the shorter side.
-
-    Counts go into `report` (updated in place) or a new report. Token-based limits belong after tokenization.
-    """
-    report = report if report is not None else DataReport()
-    kept = []
-    for source, target in pairs:
-        if max(len(source), len(target)) > max_characters:
-            report.too_long_dropped += 1
-        elif max_length_ratio is not None and max(len(source), len(target)) > max_length_ratio * max(
-            1, min(len(source), len(target))
-        ):
-            report.ratio_dropped += 1
-        else:
-            kept.append((source, target))
-    report.kept = len(kept)
-    return kept, report
+# Splitting
 
 
 def split_pairs(
@@ -380,24 +357,60 @@ NOUNS = [
 ]
 # English adjective -> target stem; the target adds an ending for gender and number.
 ADJECTIVES = {
-    "red": "rod", "blue": "blaw", "green": "grun", "yellow": "gel", "black": "swart", "white": "wit", "brown": "brun",
-    "grey": "gra", "old": "alt", "young": "jung", "big": "grot", "small": "klin", "new": "noi", "happy": "froh",
-    "tired": "mud", "quiet": "stil", "fast": "snel", "beautiful": "skon", "cold": "kalt", "warm": "warm",
-}  # fmt: skip
+    "red": "rod",
+    "blue": "blaw",
+    "green": "grun",
+    "yellow": "gel",
+    "black": "swart",
+    "white": "wit",
+    "brown": "brun",
+    "grey": "gra",
+    "old": "alt",
+    "young": "jung",
+    "big": "grot",
+    "small": "klin",
+    "new": "noi",
+    "happy": "froh",
+    "tired": "mud",
+    "quiet": "stil",
+    "fast": "snel",
+    "beautiful": "skon",
+    "cold": "kalt",
+    "warm": "warm",
+}
 ADJECTIVE_ENDINGS = {"m": "er", "f": "e", "n": "es", "plural": "en"}
 DEFINITE_ARTICLES = {"m": "ter", "f": "tie", "n": "tas", "plural": "tei"}
 INDEFINITE_ARTICLES = {"m": "ain", "f": "aine", "n": "ains"}  # plural nouns have no indefinite article
 # English verb (base form) -> target stem; the target adds "et" for a singular subject and "en" for a plural one.
 TRANSITIVE_VERBS = {
-    "see": "sih", "like": "mag", "find": "fint", "buy": "kof", "paint": "mal", "pull": "drag", "help": "helf",
-    "visit": "bisuk", "follow": "folg", "read": "les", "build": "bau", "open": "opan",
-}  # fmt: skip
+    "see": "sih",
+    "like": "mag",
+    "find": "fint",
+    "buy": "kof",
+    "paint": "mal",
+    "pull": "drag",
+    "help": "helf",
+    "visit": "bisuk",
+    "follow": "folg",
+    "read": "les",
+    "build": "bau",
+    "open": "opan",
+}
 INTRANSITIVE_VERBS = {"sleep": "slaf", "run": "lop", "sing": "sing", "wait": "wart", "laugh": "lach", "dance": "tans"}
 VERB_ENDINGS = {"singular": "et", "plural": "en"}
 NUMBERS = {
-    "two": "tvo", "three": "dri", "four": "fir", "five": "fimf", "six": "seks", "seven": "siben", "eight": "aht",
-    "nine": "nin", "ten": "tsen", "eleven": "elf", "twelve": "tvolf",
-}  # fmt: skip
+    "two": "tvo",
+    "three": "dri",
+    "four": "fir",
+    "five": "fimf",
+    "six": "seks",
+    "seven": "siben",
+    "eight": "aht",
+    "nine": "nin",
+    "ten": "tsen",
+    "eleven": "elf",
+    "twelve": "tvolf",
+}
 PREPOSITIONS = {"in": "ine", "near": "naha", "behind": "hintar", "with": "mitte", "under": "untar", "on": "oba"}
 CONJUNCTIONS = {"and": "unt", "but": "abar", "because": "wil", "while": "wehrent"}
 

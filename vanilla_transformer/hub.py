@@ -36,6 +36,7 @@ CODE_FILES = (
     "configuration_vanilla_transformer.py",
     "modeling_vanilla_transformer.py",
     "pipeline_vanilla_transformer.py",
+    "fast_paths_vanilla_transformer.py",
 )
 REQUIRED_FILES = (
     "config.json",
@@ -101,11 +102,21 @@ def render_model_card(model: PreTrainedModel, card_values: dict[str, Any]) -> st
         "position_embedding_type": config.position_embedding_type,
         "vocab_size": config.vocab_size,
         "parameters": f"{model.num_parameters():,}",
-        "label_smoothing": config.label_smoothing,
         **{key: value for key, value in card_values.items() if value is not None},
     }
-    for name in ("source_lang", "target_lang", "dataset", "steps", "training_minutes", "max_tokens", "warmup_steps",
-                 "learning_rate_scale", "checkpoints_averaged", "training_precision"):  # fmt: skip
+    for name in (
+        "source_lang",
+        "target_lang",
+        "dataset",
+        "steps",
+        "training_minutes",
+        "max_tokens",
+        "warmup_steps",
+        "learning_rate_scale",
+        "label_smoothing",
+        "checkpoints_averaged",
+        "training_precision",
+    ):
         values.setdefault(name, NOT_RECORDED)
     for name in ("validation_bleu", "validation_chrf", "test_bleu", "test_chrf", "bleu_signature"):
         values.setdefault(name, NOT_MEASURED)

@@ -135,11 +135,17 @@ def split_sources(args, splits: Iterable[str] = SPLITS) -> dict[str, dict]:
     sources = {}
     for split in splits:
         if args.dataset_name:
-            sources[split] = {"kind": "hub", "name": args.dataset_name, "config": args.dataset_config,
-                              "split": names[split]}  # fmt: skip
+            sources[split] = {
+                "kind": "hub",
+                "name": args.dataset_name,
+                "config": args.dataset_config,
+                "split": names[split],
+            }
         elif args.data_dir:
-            paths = [_find_split_file(args.data_dir, names[split], lang, required=split == "train")
-                     for lang in (args.source_lang, args.target_lang)]  # fmt: skip
+            paths = [
+                _find_split_file(args.data_dir, names[split], lang, required=split == "train")
+                for lang in (args.source_lang, args.target_lang)
+            ]
             if None not in paths:
                 sources[split] = {"kind": "parallel", "files": [_file_entry(path) for path in paths]}
         elif files[split]:
@@ -195,8 +201,13 @@ def corpus_key(args, sources: dict[str, dict], tokenizer=None) -> dict:
     if tokenizer is not None:
         tokenizer_spec = {"given": args.tokenizer_name_or_path, "sha256": tokenizer_fingerprint(tokenizer)}
     else:
-        tokenizer_spec = {"train": {"vocab_size": args.vocab_size, "sample_pairs": args.tokenizer_train_pairs,
-                                    "seed": args.data_seed}}  # fmt: skip
+        tokenizer_spec = {
+            "train": {
+                "vocab_size": args.vocab_size,
+                "sample_pairs": args.tokenizer_train_pairs,
+                "seed": args.data_seed,
+            }
+        }
     return {
         "format": FORMAT_VERSION,
         "source_lang": args.source_lang,
@@ -359,9 +370,11 @@ def prepare_corpus(args, sources: dict[str, dict], folder: Path, key: dict, toke
             log(f"[prepare] tokenized {split}{_progress(start)}")
         del raw
         shutil.rmtree(staging / "raw")
-        manifest = {"key": key,
-                    "reports": {split: asdict(report) for split, report in reports.items()},
-                    "prepared_seconds": round(time.time() - start, 1)}  # fmt: skip
+        manifest = {
+            "key": key,
+            "reports": {split: asdict(report) for split, report in reports.items()},
+            "prepared_seconds": round(time.time() - start, 1),
+        }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         try:
             os.replace(staging, folder)
@@ -422,12 +435,15 @@ def load_prepared(folder: str | Path) -> PreparedCorpus:
 
     folder = Path(folder)
     if not (folder / MANIFEST).is_file():
-        raise DataError(f"{folder} is not a prepared corpus (no {MANIFEST}); make one with python -m "
-                        "vanilla_transformer.prepare")  # fmt: skip
+        raise DataError(
+            f"{folder} is not a prepared corpus (no {MANIFEST}); make one with python -m vanilla_transformer.prepare"
+        )
     manifest = json.loads((folder / MANIFEST).read_text())
     if manifest["key"].get("format") != FORMAT_VERSION:
-        raise DataError(f"{folder} was prepared by another version of this code (format "
-                        f"{manifest['key'].get('format')}, need {FORMAT_VERSION}); prepare it again")  # fmt: skip
+        raise DataError(
+            f"{folder} was prepared by another version of this code (format "
+            f"{manifest['key'].get('format')}, need {FORMAT_VERSION}); prepare it again"
+        )
     splits = {split: datasets.load_from_disk(str(folder / split)) for split in manifest["reports"]}
     return PreparedCorpus(folder, AutoTokenizer.from_pretrained(folder / TOKENIZER_FOLDER), splits, manifest)
 

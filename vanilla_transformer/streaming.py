@@ -137,8 +137,9 @@ def pooled_token_batches(examples: Iterable[dict], max_tokens: int, pool_batches
                 break
         if not pool:
             return
-        sampler = TokenBatchSampler([len(e["input_ids"]) for e in pool], [len(e["labels"]) for e in pool],
-                                    max_tokens=max_tokens, seed=seed)  # fmt: skip
+        sampler = TokenBatchSampler(
+            [len(e["input_ids"]) for e in pool], [len(e["labels"]) for e in pool], max_tokens=max_tokens, seed=seed
+        )
         sampler.set_epoch(pool_number)
         for batch in sampler.epoch_batches():
             yield [pool[index] for index in batch]

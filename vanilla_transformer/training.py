@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from pipeline_vanilla_transformer import paper_max_new_tokens
+
 from .batching import TokenBatchSampler, TranslationCollator
 
 
@@ -101,10 +103,10 @@ def count_target_tokens(batch: dict) -> int:
     return int((batch["labels"] != -100).sum())
 
 
-def forward_backward(accelerator, model, step_batches: list[dict], global_tokens: float):
-    """Gradients of one optimizer step: the sum of the label-smoothed loss (`config.label_smoothing`) over every
-    target token of the step, on all processes, divided by their global count. Returns this process's summed loss
-    (detached). The model computes the loss itself, without the logits (`label_smoothed_cross_entropy`).
+def forward_backward(accelerator, model, step_batches: list[dict], global_tokens: float, label_smoothing: float):
+    """Gradients of one optimizer step: the sum of the label-smoothed loss (epsilon_ls = `label_smoothing`) over
+    every target token of the step, on all processes, divided by their global count. Returns this process's summed
+    loss (detached). The model computes the loss without the logits (`return_logits=False`, the fast paths).
 
     DDP averages gradients over processes, hence the factor num_processes; gradients are only synchronised on
     the last micro-batch (accumulation without needless all-reduces).
@@ -115,7 +117,11 @@ def forward_backward(accelerator, model, step_batches: list[dict], global_tokens
         is_last = index == len(step_batches) - 1
         with contextlib.nullcontext() if is_last else accelerator.no_sync(model):
             mean_loss = model(  # the decoder's inputs: the labels shifted right
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                labels=batch["labels"],
+                label_smoothing=label_smoothing,
+                return_logits=False,
             ).loss
             loss = mean_loss * (batch["labels"] != -100).sum()  # a tensor: no host sync per micro-batch
             accelerator.backward(loss * accelerator.num_processes / global_tokens)
@@ -255,11 +261,6 @@ def final_model(accelerator, model, attn_implementation: str):
         model = type(model)(model.config).to(accelerator.device)
     model.set_attn_implementation(attn_implementation)
     return model
-
-
-def paper_max_new_tokens(attention_mask: torch.Tensor) -> int:
-    """Section 6.1: the maximum output length is the input length + 50."""
-    return int(attention_mask.sum(dim=1).max()) + 50
 
 
 @torch.no_grad()

@@ -27,9 +27,9 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, 
 from transformers.utils import logging
 
 import modeling_vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
+from pipeline_vanilla_transformer import paper_max_new_tokens
 from vanilla_transformer.cli import positive_int
 
-EXTRA_OUTPUT_TOKENS = 50  # section 6.1: maximum output length = input length + 50
 MAX_LINES_NAMED = 10
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -69,7 +69,7 @@ def translate_sentences(
         indices = longest_first[start : start + batch_size]
         batch = tokenizer([sentences[index] for index in indices], padding=True, return_tensors="pt")
         batch = {name: batch[name].to(model.device) for name in ("input_ids", "attention_mask")}
-        length = max_new_tokens if max_new_tokens is not None else batch["input_ids"].shape[1] + EXTRA_OUTPUT_TOKENS
+        length = max_new_tokens if max_new_tokens is not None else paper_max_new_tokens(batch["attention_mask"])
         with torch.inference_mode():
             output_ids = model.generate(**batch, max_new_tokens=length, **generate_kwargs)
         texts = tokenizer.batch_decode(output_ids, skip_special_tokens=True)
@@ -90,7 +90,7 @@ def load_model_and_tokenizer(
     if not (folder / "config.json").is_file():
         raise CommandLineError(f"{model_dir} is not a model folder: it has no config.json.")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=model_kwargs.get("trust_remote_code"))
         model = AutoModelForSeq2SeqLM.from_pretrained(folder, **model_kwargs).to(device).eval()
     except Exception as error:  # a command-line user gets one line, not the loader's traceback
         raise CommandLineError(f"cannot load a model and tokenizer from {model_dir}: {error}") from error
@@ -174,6 +174,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and computation")
     parser.add_argument("--attn_implementation", choices=["sdpa", "eager"], help="attention (default: the model's)")
+    parser.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="run the folder's own model code (Hub models); by default the installed vanilla-transformer code runs",
+    )
     args = parser.parse_args(argv)
     if args.input and args.output and Path(args.input).resolve() == Path(args.output).resolve():
         parser.error(f"--output {args.output} is the --input file: the translations would replace the sources")
@@ -185,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.disable_progress_bar()  # stderr is for this command's own messages
     try:
         device = resolve_device(args.device)
-        model_kwargs = {"dtype": DTYPES[args.dtype]}
+        model_kwargs = {"dtype": DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}
         if args.attn_implementation:
             model_kwargs["attn_implementation"] = args.attn_implementation
         model, tokenizer = load_model_and_tokenizer(args.model_dir, device, **model_kwargs)
