@@ -575,7 +575,8 @@ def evaluate_only(args, accelerator) -> None:
 
 def score_splits(accelerator, model, tokenizer, splits: dict, args) -> dict:
     """The paper's decoding (6.1: beam 4, length penalty 0.6, input + 50) of the validation and test splits there are;
-    writes `<split>.hyp.txt` into the output folder; returns BLEU, chrF and the signature per split."""
+    writes `<split>.hyp.txt` into the output folder; returns BLEU, chrF, the signature and the per-token perplexity
+    (no label smoothing; Table 3's dev PPL) per split."""
     metric = load_bleu_metric()
     generation_kwargs = {"num_beams": args.num_beams, "length_penalty": args.length_penalty, "do_sample": False}
     results = {}
@@ -587,7 +588,11 @@ def score_splits(accelerator, model, tokenizer, splits: dict, args) -> dict:
                 accelerator, model, tokenizer, splits[split], loader, metric, generation_kwargs, hypotheses_file
             )
             results[split] = {k: result[k] for k in ("bleu", "chrf", "signature")}
-            accelerator.print(f"[{split}] BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  {result['signature']}")
+            results[split]["perplexity"] = validation_loss(accelerator, model, loader)["perplexity"]
+            accelerator.print(
+                f"[{split}] BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  perplexity "
+                f"{results[split]['perplexity']:.2f}  {result['signature']}"
+            )
     return results
 
 

@@ -1,0 +1,286 @@
+"""The paper's Table 3 as a command: train its variations of the base model under a fixed budget each, then write the
+table (JSON, CSV, markdown) and one plot per row group.
+
+    python -m vanilla_transformer.variants --data_dir ../shared/data/multi30k --source_lang en --target_lang de \\
+        --validation_split val --test_split test_2016_flickr --scale small --rows base,A,D,E --minutes 10 \\
+        --output_dir outputs/table3
+    python -m vanilla_transformer.variants ... --scale base --steps 20000 \\
+        --launcher "accelerate launch --multi_gpu --num_processes 8"      # on GPUs, through Accelerate
+
+Each row is one run of `train_accelerate.py` (its own folder under --output_dir/runs; every flag this command does
+not know goes to it), so the rows train, average and score exactly as the recipe does; dev BLEU and perplexity are
+the final model's on the validation split (beam 4, length penalty 0.6). Resumable: a finished row is read, not
+re-run; an interrupted one continues from its last checkpoint (its budget counts the time already spent).
+
+Rows, relative to the base row of --scale (the paper's, with --scale base):
+- base: the preset as it is (P_drop 0.1; 0.3 for big), epsilon_ls 0.1, sinusoidal positions.
+- (A) heads h/8, h/2, 2h, 4h at constant d_model (so d_k = d_v = d_model / heads shrinks as heads grow).
+- (B) smaller d_k at 8 heads is not offered: the model ties d_k = d_v = d_model / heads (one fused projection).
+- (C) N/3, 2N/3, 4N/3 layers; d_model / 2 and 2 d_model at the same heads; d_ff / 2 and 2 d_ff.
+- (D) P_drop 0.0 and 0.2; epsilon_ls 0.0 and 0.2.
+- (E) learned positions instead of sinusoids.
+"""
+
+import argparse
+import csv
+import json
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from configuration_vanilla_transformer import PRESETS
+
+from .cli import positive_float, positive_int
+
+GROUPS = ("base", "A", "C", "D", "E")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the table: the model and regularisation it trains with."""
+
+    name: str  # base, A1, A2, ..., E1
+    group: str
+    varied: str  # what differs from the base row, e.g. "h=16", or "" for the base row
+    layers: int
+    d_model: int
+    ffn_dim: int
+    heads: int
+    dropout: float = 0.1
+    label_smoothing: float = 0.1
+    positions: str = "sinusoidal"
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+
+def table3_variants(scale: str) -> list[Variant]:
+    """Every row of the table for the base row of `scale` (a preset name)."""
+    preset = PRESETS[scale]
+    base = Variant(
+        "base",
+        "base",
+        "",
+        preset["encoder_layers"],
+        preset["d_model"],
+        preset["encoder_ffn_dim"],
+        preset["encoder_attention_heads"],
+        dropout=preset["dropout"],
+    )
+    rows = [base]
+
+    def add(group: str, varied: str, **changes) -> None:
+        index = sum(row.group == group for row in rows) + 1
+        rows.append(replace(base, name=f"{group}{index}", group=group, varied=varied, **changes))
+
+    for heads in sorted({max(1, base.heads // 8), max(1, base.heads // 2), 2 * base.heads, 4 * base.heads}):
+        if heads != base.heads and base.d_model % heads == 0:
+            add("A", f"h={heads}", heads=heads)
+    for layers in sorted({max(1, round(base.layers * k / 3)) for k in (1, 2, 4)} - {base.layers}):
+        add("C", f"N={layers}", layers=layers)
+    for d_model in (base.d_model // 2, base.d_model * 2):
+        add("C", f"d_model={d_model}", d_model=d_model)
+    for ffn_dim in (base.ffn_dim // 2, base.ffn_dim * 2):
+        add("C", f"d_ff={ffn_dim}", ffn_dim=ffn_dim)
+    for dropout in sorted({0.0, 0.2} - {base.dropout}):
+        add("D", f"P_drop={dropout}", dropout=dropout)
+    for label_smoothing in (0.0, 0.2):
+        add("D", f"eps_ls={label_smoothing}", label_smoothing=label_smoothing)
+    add("E", "learned positions", positions="learned")
+    return rows
+
+
+# --- running a row --------------------------------------------------------------------------------------------
+
+
+def training_command(variant: Variant, args, training_flags: list[str], run_dir: Path) -> list[str]:
+    launcher = shlex.split(args.launcher) if args.launcher else [sys.executable]
+    command = [
+        *launcher,
+        str(ROOT / "train_accelerate.py"),
+        *training_flags,
+        "--output_dir",
+        str(run_dir),
+        "--preset",
+        args.scale,
+        "--layers",
+        str(variant.layers),
+        "--d_model",
+        str(variant.d_model),
+        "--ffn_dim",
+        str(variant.ffn_dim),
+        "--heads",
+        str(variant.heads),
+        "--dropout",
+        str(variant.dropout),
+        "--label_smoothing",
+        str(variant.label_smoothing),
+        "--position_embedding_type",
+        variant.positions,
+    ]
+    command += ["--max_minutes", str(args.minutes)] if args.minutes else ["--max_steps", str(args.steps)]
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        command += ["--resume_from_checkpoint", "latest"]  # an interrupted row: continue it
+    return command
+
+
+def run_variant(variant: Variant, args, training_flags: list[str]) -> dict:
+    """Train and score one row (or read it, if finished); returns its line of the table."""
+    run_dir = Path(args.output_dir) / "runs" / variant.name
+    results_file = run_dir / "results.json"
+    if results_file.is_file():
+        print(f"[variants] {variant.name} ({variant.varied or 'base'}): finished earlier, read from {results_file}")
+    else:
+        log_file = Path(args.output_dir) / "logs" / f"{variant.name}.log"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        command = training_command(variant, args, training_flags, run_dir)
+        print(f"[variants] {variant.name} ({variant.varied or 'base'}): training, log in {log_file}", flush=True)
+        with open(log_file, "a") as log:
+            finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        if finished.returncode != 0 or not results_file.is_file():
+            raise RuntimeError(f"row {variant.name} failed (exit {finished.returncode}): see {log_file}")
+    return table_line(variant, json.loads(results_file.read_text()))
+
+
+def table_line(variant: Variant, results: dict) -> dict:
+    validation = results.get("results", {}).get("validation", {})
+    return {
+        **asdict(variant),
+        "d_k": variant.head_dim,
+        "d_v": variant.head_dim,
+        "parameters": results["parameters"],
+        "dev_perplexity": validation.get("perplexity"),
+        "dev_bleu": validation.get("bleu"),
+        "steps": results["steps"],
+        "minutes": round(results["training_minutes"], 1),
+    }
+
+
+# --- the table and the plots -------------------------------------------------------------------------------------
+
+COLUMNS = [
+    ("name", ""),
+    ("N", "layers"),
+    ("d_model", "d_model"),
+    ("d_ff", "ffn_dim"),
+    ("h", "heads"),
+    ("d_k", "d_k"),
+    ("d_v", "d_v"),
+    ("P_drop", "dropout"),
+    ("eps_ls", "label_smoothing"),
+    ("positions", "positions"),
+    ("params (M)", "parameters"),
+    ("dev PPL", "dev_perplexity"),
+    ("dev BLEU", "dev_bleu"),
+    ("steps", "steps"),
+    ("minutes", "minutes"),
+]
+
+
+def cell(line: dict, key: str) -> str:
+    value = line[key or "name"]
+    if key == "parameters":
+        return f"{value / 1e6:.1f}"
+    if key in ("dev_perplexity", "dev_bleu"):
+        return "-" if value is None else f"{value:.2f}"
+    return str(value)
+
+
+def write_table(lines: list[dict], output_dir: Path) -> Path:
+    """table.json, table.csv and table.md (shaped like the paper's Table 3) in `output_dir`."""
+    (output_dir / "table.json").write_text(json.dumps(lines, indent=2))
+    with open(output_dir / "table.csv", "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(lines[0]))
+        writer.writeheader()
+        writer.writerows(lines)
+    header = "| " + " | ".join(title or "" for title, _ in COLUMNS) + " |"
+    rule = "|" + "---|" * len(COLUMNS)
+    body = ["| " + " | ".join(cell(line, key) for _, key in COLUMNS) + " |" for line in lines]
+    (output_dir / "table.md").write_text("\n".join([header, rule, *body]) + "\n")
+    return output_dir / "table.md"
+
+
+def plot_groups(lines: list[dict], output_dir: Path) -> list[Path]:
+    """One PNG per row group: dev BLEU and perplexity of each row, the base row first."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    base = next(line for line in lines if line["group"] == "base")
+    written = []
+    for group in sorted({line["group"] for line in lines} - {"base"}):
+        rows = [base, *(line for line in lines if line["group"] == group)]
+        labels = ["base", *(line["varied"] for line in rows[1:])]
+        figure, bleu_axis = pyplot.subplots(figsize=(1.2 * len(rows) + 2, 3.5))
+        bleu_axis.bar(range(len(rows)), [line["dev_bleu"] or 0 for line in rows], color="tab:blue")
+        bleu_axis.set_ylabel("dev BLEU", color="tab:blue")
+        perplexity_axis = bleu_axis.twinx()
+        perplexity_axis.plot(range(len(rows)), [line["dev_perplexity"] for line in rows], "o-", color="tab:red")
+        perplexity_axis.set_ylabel("dev perplexity", color="tab:red")
+        bleu_axis.set_xticks(range(len(rows)), labels, rotation=20)
+        bleu_axis.set_title(f"Table 3 ({group}): each row against the base row")
+        figure.tight_layout()
+        path = output_dir / f"table3_{group}.png"
+        figure.savefig(path, dpi=100)
+        pyplot.close(figure)
+        written.append(path)
+    return written
+
+
+def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default=",".join(GROUPS), help=f"row groups among {','.join(GROUPS)}")
+    parser.add_argument("--scale", choices=sorted(PRESETS), default="small", help="the base row's preset")
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--minutes", type=positive_float, help="training budget of each row, wall clock")
+    budget.add_argument("--steps", type=positive_int, help="training budget of each row, optimizer steps")
+    parser.add_argument("--output_dir", required=True, help="rows' runs, logs, the table and the plots")
+    parser.add_argument(
+        "--launcher", help='prefix of each run, e.g. "accelerate launch --multi_gpu --num_processes 8"'
+    )
+    args, training_flags = parser.parse_known_args(argv)
+    groups = args.rows.split(",")
+    if unknown := [group for group in groups if group not in GROUPS]:
+        parser.error(f"--rows: unknown row groups {unknown}; choose among {','.join(GROUPS)} ((B) is not offered)")
+    owned = {
+        "--output_dir",
+        "--preset",
+        "--layers",
+        "--d_model",
+        "--ffn_dim",
+        "--heads",
+        "--dropout",
+        "--label_smoothing",
+        "--position_embedding_type",
+        "--max_minutes",
+        "--max_steps",
+        "--resume_from_checkpoint",
+        "--overwrite_output_dir",
+    }
+    if clashes := sorted(flag for flag in training_flags if flag.split("=")[0] in owned):
+        parser.error(f"{', '.join(clashes)}: set by each row of the table; remove them")
+    args.groups = ["base", *(group for group in groups if group != "base")]
+    return args, training_flags
+
+
+def main(argv=None) -> None:
+    args, training_flags = parse_args(argv)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    variants = [variant for variant in table3_variants(args.scale) if variant.group in args.groups]
+    lines = [run_variant(variant, args, training_flags) for variant in variants]
+    print((write_table(lines, output_dir)).read_text())
+    for path in plot_groups(lines, output_dir):
+        print(f"[variants] plot: {path}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except RuntimeError as error:
+        sys.exit(f"error: {error}")
