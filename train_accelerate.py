@@ -766,6 +766,8 @@ def main(argv=None) -> None:
         )
     else:
         finish(accelerator, args, run, state, stop_reason, stop_signals)
+    run.clear()
+    accelerator.free_memory()  # the DDP model and its reducer go while their process group still exists
     accelerator.end_training()
 
 
