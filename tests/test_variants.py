@@ -9,7 +9,7 @@ from vanilla_transformer.variants import table3_variants
 
 from .test_training import ROOT
 
-SWEEP = ["--rows", "base,E", "--scale", "tiny", "--steps", "3", "--synthetic_pairs", "400", "--vocab_size", "300"]
+SWEEP = ["--rows", "base,E1", "--scale", "tiny", "--steps", "3", "--synthetic_pairs", "400", "--vocab_size", "300"]
 SWEEP += ["--max_tokens", "600", "--warmup_steps", "10", "--save_steps", "3", "--eval_batch_size", "16"]
 SWEEP += ["--num_beams", "2"]
 

@@ -234,7 +234,9 @@ def plot_groups(lines: list[dict], output_dir: Path) -> list[Path]:
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", default=",".join(GROUPS), help=f"row groups among {','.join(GROUPS)}")
+    parser.add_argument(
+        "--rows", default=",".join(GROUPS), help=f"row groups among {','.join(GROUPS)}, or single rows (D2, E1, ...)"
+    )
     parser.add_argument("--scale", choices=sorted(PRESETS), default="small", help="the base row's preset")
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--minutes", type=positive_float, help="training budget of each row, wall clock")
@@ -244,9 +246,13 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         "--launcher", help='prefix of each run, e.g. "accelerate launch --multi_gpu --num_processes 8"'
     )
     args, training_flags = parser.parse_known_args(argv)
-    groups = args.rows.split(",")
-    if unknown := [group for group in groups if group not in GROUPS]:
-        parser.error(f"--rows: unknown row groups {unknown}; choose among {','.join(GROUPS)} ((B) is not offered)")
+    names = {variant.name for variant in table3_variants(args.scale)}
+    args.rows = ["base", *(row for row in args.rows.split(",") if row != "base")]
+    if unknown := [row for row in args.rows if row not in GROUPS and row not in names]:
+        parser.error(
+            f"--rows: unknown {unknown}; choose groups among {','.join(GROUPS)} ((B) is not offered) or "
+            f"rows among {','.join(sorted(names))}"
+        )
     owned = {
         "--output_dir",
         "--preset",
@@ -264,7 +270,6 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     }
     if clashes := sorted(flag for flag in training_flags if flag.split("=")[0] in owned):
         parser.error(f"{', '.join(clashes)}: set by each row of the table; remove them")
-    args.groups = ["base", *(group for group in groups if group != "base")]
     return args, training_flags
 
 
@@ -272,7 +277,7 @@ def main(argv=None) -> None:
     args, training_flags = parse_args(argv)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    variants = [variant for variant in table3_variants(args.scale) if variant.group in args.groups]
+    variants = [row for row in table3_variants(args.scale) if row.group in args.rows or row.name in args.rows]
     lines = [run_variant(variant, args, training_flags) for variant in variants]
     print((write_table(lines, output_dir)).read_text())
     for path in plot_groups(lines, output_dir):
