@@ -16,6 +16,8 @@ from modeling_vanilla_transformer import VanillaTransformerForConditionalGenerat
 from vanilla_transformer import hub, push_to_hub
 from vanilla_transformer.tokenization import train_shared_tokenizer
 
+from .conftest import TINY
+
 ENGLISH = [
     "the house is small",
     "the cat sleeps on the warm mat",
@@ -59,16 +61,8 @@ def train_tiny_tokenizer():
 
 def tiny_model(vocab_size: int, **overrides) -> VanillaTransformerForConditionalGeneration:
     torch.manual_seed(0)
-    sizes = dict(
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-    )
+    sizes = {**TINY, "max_position_embeddings": 64}
+    del sizes["vocab_size"]
     return VanillaTransformerForConditionalGeneration(
         VanillaTransformerConfig(vocab_size=vocab_size, **{**sizes, **overrides})
     ).eval()
