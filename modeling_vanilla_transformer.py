@@ -680,7 +680,8 @@ def _check_attention_mask(mask: torch.Tensor | None, expected_shape: tuple, name
 
 def _register_auto_classes() -> None:
     """Make the Auto classes know this model on import, and make `save_pretrained` write `auto_map`
-    and copy the two .py files beside the weights (Hub sharing with trust_remote_code)."""
+    and copy this file, the configuration and the relatively imported siblings beside the weights (Hub sharing
+    with trust_remote_code)."""
     from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
     try:
