@@ -603,19 +603,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             use_cache=use_cache,
             **kwargs,
         )
-        hidden_states = outputs.last_hidden_state  # (B, T, D)
-        logits = loss = None
-        if labels is not None and not return_logits and self.lm_head.bias is None:
-            loss = label_smoothed_cross_entropy(hidden_states, self.lm_head.weight, labels, label_smoothing)
-        else:
-            logits = self.lm_head(hidden_states)  # (B, T, V)
-            if labels is not None:
-                loss = F.cross_entropy(
-                    logits.float().view(-1, logits.shape[-1]),
-                    labels.reshape(-1),
-                    ignore_index=-100,
-                    label_smoothing=label_smoothing,
-                )
+        logits, loss = self._logits_and_loss(outputs.last_hidden_state, labels, label_smoothing, return_logits)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -627,6 +615,22 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
         )
+
+    def _logits_and_loss(self, hidden_states, labels, label_smoothing: float, return_logits: bool):
+        """The pre-softmax projection (B, T, D) -> (B, T, V) and the mean cross-entropy over non-padding labels; with
+        `return_logits=False`, the loss alone, without the logits (fast paths)."""
+        if labels is not None and not return_logits and self.lm_head.bias is None:
+            return None, label_smoothed_cross_entropy(hidden_states, self.lm_head.weight, labels, label_smoothing)
+        logits = self.lm_head(hidden_states)  # (B, T, V)
+        if labels is None:
+            return logits, None
+        loss = F.cross_entropy(
+            logits.float().view(-1, logits.shape[-1]),
+            labels.reshape(-1),
+            ignore_index=-100,
+            label_smoothing=label_smoothing,
+        )
+        return logits, loss
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

@@ -545,6 +545,33 @@ def fix_malloc_thresholds() -> None:
     libc.mallopt(m_trim_threshold, 2**30)
 
 
+def time_presets(args, torch_names: list[str], ct2_names: list[str]) -> tuple[dict, dict]:
+    """Tokens per second of every engine on every row of each preset, then (unless --no-memory) peak memory."""
+    speeds, memory = {}, {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for preset in args.presets:
+            workload = WORKLOADS[preset]
+            repetitions = args.repetitions or (2 if args.quick else workload.repetitions)
+            engines = Engines(preset, workload, torch_names, args.threads)
+            ct2_dir = Path(scratch) / preset
+            if ct2_names:
+                export_ctranslate2(engines.models["ours"], ct2_dir)
+                ct2_process = Ctranslate2Process(preset, ct2_names, ct2_dir, args.threads)
+                engines.external = dict.fromkeys(ct2_names, ct2_process)
+            for row in rows_for(workload):
+                # batch-1 rows take a fraction of a second per run and vary the most: three times the repetitions
+                speeds[(preset, row)] = time_row(engines, row, repetitions * (3 if row.batch == 1 else 1))
+                line = ", ".join(f"{name} {value:,.0f}" for name, value in speeds[(preset, row)].items())
+                print(f"{preset} {row.work} batch {row.batch}: {line} tok/s (load {load()})", flush=True)
+            if ct2_names:
+                ct2_process.close()
+            del engines
+            gc.collect()
+            if not args.no_memory:
+                memory[preset] = measure_memory(preset, list(TORCH_ENGINES) + ct2_names, ct2_dir, args.threads)
+    return speeds, memory
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -587,28 +614,7 @@ def main() -> None:
 
     started = datetime.now(timezone.utc)
     print(f"# {started:%Y-%m-%d %H:%M} UTC; {machine()}; load average at start {load()}", flush=True)
-    speeds, memory = {}, {}
-    with tempfile.TemporaryDirectory() as scratch:
-        for preset in args.presets:
-            workload = WORKLOADS[preset]
-            repetitions = args.repetitions or (2 if args.quick else workload.repetitions)
-            engines = Engines(preset, workload, torch_names, args.threads)
-            ct2_dir = Path(scratch) / preset
-            if ct2_names:
-                export_ctranslate2(engines.models["ours"], ct2_dir)
-                ct2_process = Ctranslate2Process(preset, ct2_names, ct2_dir, args.threads)
-                engines.external = dict.fromkeys(ct2_names, ct2_process)
-            for row in rows_for(workload):
-                # batch-1 rows take a fraction of a second per run and vary the most: three times the repetitions
-                speeds[(preset, row)] = time_row(engines, row, repetitions * (3 if row.batch == 1 else 1))
-                line = ", ".join(f"{name} {value:,.0f}" for name, value in speeds[(preset, row)].items())
-                print(f"{preset} {row.work} batch {row.batch}: {line} tok/s (load {load()})", flush=True)
-            if ct2_names:
-                ct2_process.close()
-            del engines
-            gc.collect()
-            if not args.no_memory:
-                memory[preset] = measure_memory(preset, list(TORCH_ENGINES) + ct2_names, ct2_dir, args.threads)
+    speeds, memory = time_presets(args, torch_names, ct2_names)
     elapsed = (datetime.now(timezone.utc) - started).total_seconds()
     print(f"\nCommand: python {' '.join(sys.argv)}; {elapsed:.0f} s; load average at end {load()}\n")
     print(speed_table(speeds))
