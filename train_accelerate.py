@@ -131,6 +131,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--heads", type=positive_int)
     group.add_argument("--ffn_dim", type=positive_int)
     group.add_argument("--dropout", type=probability, help="P_drop; default: the preset's")
+    group.add_argument("--attention_dropout", type=probability, help="on attention weights (paper: 0)")
+    group.add_argument("--activation_dropout", type=probability, help="inside the FFN, after ReLU (paper: 0)")
     group.add_argument("--position_embedding_type", choices=["sinusoidal", "learned"], default="sinusoidal")
 
 
@@ -328,6 +330,8 @@ def model_flags(args) -> dict:
         "encoder_ffn_dim": args.ffn_dim,
         "decoder_ffn_dim": args.ffn_dim,
         "dropout": args.dropout,
+        "attention_dropout": args.attention_dropout,
+        "activation_dropout": args.activation_dropout,
     }
     return {name: value for name, value in overrides.items() if value is not None}
 

@@ -9,6 +9,15 @@ the last K checkpoints taken every E-th one (E=2: the last, the third-last, ...)
 of beam search with the model's generation config (the paper's beam 4, length penalty 0.6, input + 50 tokens),
 and the per-token negative log-likelihood of the references (no label smoothing): falling from one checkpoint to
 the next means under-trained, rising means over-fitted.
+
+What a shorter budget would have given: the schedule of equation (3) does not depend on the budget, so the first
+M minutes of a longer run are an M-minute run. `--until_minutes M` keeps only the checkpoints saved within M
+minutes of training (their `elapsed_seconds`); the run must keep them (`--save_total_limit 0`). `--save_averaged
+DIR` writes the first averaging scored as a model folder, for `train_accelerate.py --evaluate_only` to score
+exactly as a run's final evaluation does:
+
+    python benchmarks/averaging_study.py outputs/run60 --data_dir ../shared/data/multi30k --until_minutes 25 \
+        --last 5 --save_averaged outputs/run60-at-25min
 """
 
 import argparse
@@ -20,8 +29,14 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vanilla_transformer.checkpoints import average_checkpoints, checkpoint_step, list_checkpoints  # noqa: E402
+from vanilla_transformer.checkpoints import (  # noqa: E402
+    average_checkpoints,
+    checkpoint_step,
+    list_checkpoints,
+    trainer_state,
+)
 from vanilla_transformer.data import read_parallel_text  # noqa: E402
+from vanilla_transformer.hub import save_model_folder  # noqa: E402
 from vanilla_transformer.metrics import load_bleu_metric  # noqa: E402
 from vanilla_transformer.translate import load_model_and_tokenizer, translate_sentences  # noqa: E402
 
@@ -51,7 +66,11 @@ def main() -> None:
     parser.add_argument("--last", type=int, nargs="+", default=[1, 2, 3, 5])
     parser.add_argument("--every", type=int, nargs="+", default=[1])
     parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--until_minutes", type=float, help="only checkpoints saved within this much training time")
+    parser.add_argument("--save_averaged", help="write the first averaging as a model folder here (must not exist)")
     args = parser.parse_args()
+    if args.save_averaged and Path(args.save_averaged).exists():
+        parser.error(f"--save_averaged: {args.save_averaged} exists; give a new folder")
 
     data_dir = Path(args.data_dir)
     pairs, _ = read_parallel_text(
@@ -60,6 +79,9 @@ def main() -> None:
     pairs = pairs[: args.max_sentences]
     sources, references = [source for source, _ in pairs], [target for _, target in pairs]
     checkpoints = list_checkpoints(Path(args.output_dir) / "checkpoints")
+    if args.until_minutes is not None:
+        limit = args.until_minutes * 60
+        checkpoints = [path for path in checkpoints if trainer_state(path).get("elapsed_seconds", limit + 1) <= limit]
     model, tokenizer = load_model_and_tokenizer(args.output_dir, device="cpu")
     metric = load_bleu_metric()
     print(f"{len(checkpoints)} checkpoints: steps {[checkpoint_step(path) for path in checkpoints]}", flush=True)
@@ -77,6 +99,9 @@ def main() -> None:
             nll = reference_nll(model, tokenizer, sources, references, args.batch_size)
             steps = ", ".join(str(checkpoint_step(path)) for path in chosen[::-1])
             print(f"| {steps} | {scores['bleu']:.2f} | {scores['chrf']:.2f} | {nll:.3f} |", flush=True)
+            if args.save_averaged and not Path(args.save_averaged).exists():
+                save_model_folder(model, tokenizer, args.save_averaged, {"steps": checkpoint_step(chosen[0])})
+                print(f"saved the average of steps {steps} to {args.save_averaged}", flush=True)
 
 
 if __name__ == "__main__":

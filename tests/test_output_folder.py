@@ -284,6 +284,22 @@ def test_bad_flags_are_refused_when_parsed_naming_the_flag(flags, named, capsys)
     assert named in capsys.readouterr().err
 
 
+def test_model_flags_reach_the_config_over_the_preset():
+    args = train_accelerate.parse_args(
+        ["--preset", "small", "--dropout", "0.3", "--attention_dropout", "0.1", "--activation_dropout", "0.05"]
+    )
+
+    class Tokenizer:
+        pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
+
+        def __len__(self):
+            return 300
+
+    config = train_accelerate.build_config(args, Tokenizer())
+    assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.3, 0.1, 0.05)
+    assert config.d_model == 256 and config.vocab_size == 300
+
+
 def test_the_prepare_command_checks_its_flags_too(capsys):
     for flags in (["--source_lang", "en", "--target_lang", "en"], ["--preprocessing_num_workers", "0"]):
         with pytest.raises(SystemExit):
