@@ -205,17 +205,25 @@ def write_table(lines: list[dict], output_dir: Path) -> Path:
 
 
 def plot_groups(lines: list[dict], output_dir: Path) -> list[Path]:
-    """One PNG per row group: dev BLEU and perplexity of each row, the base row first."""
+    """One PNG per row group: dev BLEU and perplexity of each row. Where the group varies one number (heads, P_drop),
+    the base row takes its place among the values; otherwise it comes first."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
     base = next(line for line in lines if line["group"] == "base")
+    keys = dict(COLUMNS)
     written = []
     for group in sorted({line["group"] for line in lines} - {"base"}):
-        rows = [base, *(line for line in lines if line["group"] == group)]
-        labels = ["base", *(line["varied"] for line in rows[1:])]
+        varied = [line for line in lines if line["group"] == group]
+        titles = {line["varied"].partition("=")[0] for line in varied}
+        title = titles.pop() if len(titles) == 1 else None
+        if title in keys:
+            rows = sorted([base, *varied], key=lambda line: line[keys[title]])
+            labels = [f"{title}={line[keys[title]]}" + (" (base)" if line is base else "") for line in rows]
+        else:
+            rows, labels = [base, *varied], ["base", *(line["varied"] for line in varied)]
         figure, bleu_axis = pyplot.subplots(figsize=(1.2 * len(rows) + 2, 3.5))
         bleu_axis.bar(range(len(rows)), [line["dev_bleu"] or 0 for line in rows], color="tab:blue")
         bleu_axis.set_ylabel("dev BLEU", color="tab:blue")
