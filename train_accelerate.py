@@ -821,6 +821,7 @@ def save_final_model(model, tokenizer, args, summary: dict, card_only: bool = Fa
     """results.json and the Hub-ready model folder (weights, config, code, tokenizer, card); `card_only` rewrites
     the card and results.json once the scores are known."""
     (Path(args.output_dir) / "results.json").write_text(json.dumps(summary, indent=2))
+    decoding = {"num_beams": args.num_beams, "length_penalty": args.length_penalty}  # as the scores were measured
     card_values = {
         "source_lang": args.source_lang,
         "target_lang": args.target_lang,
@@ -836,6 +837,7 @@ def save_final_model(model, tokenizer, args, summary: dict, card_only: bool = Fa
         "training_precision": {"no": "float32"}.get(
             summary["mixed_precision"], f"{summary['mixed_precision']} autocast"
         ),
+        **decoding,
     }
     for split, result in summary["results"].items():
         card_values[f"{split}_bleu"] = round(result["bleu"], 2)
@@ -844,7 +846,7 @@ def save_final_model(model, tokenizer, args, summary: dict, card_only: bool = Fa
     if card_only:
         (Path(args.output_dir) / "README.md").write_text(render_model_card(model, card_values), encoding="utf-8")
     else:
-        print(f"[save] model folder: {save_model_folder(model, tokenizer, args.output_dir, card_values=card_values)}")
+        print(f"[save] model folder: {save_model_folder(model, tokenizer, args.output_dir, card_values, decoding)}")
 
 
 if __name__ == "__main__":

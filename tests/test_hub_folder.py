@@ -132,6 +132,15 @@ def test_loading_from_the_saved_folder_gives_the_same_model(tmp_path):
     assert reloaded.generation_config.num_beams == 4 and reloaded.generation_config.length_penalty == 0.6
 
 
+def test_the_folder_decodes_as_its_scores_were_measured(tmp_path):
+    tokenizer = train_tiny_tokenizer()
+    decoding = {"num_beams": 5, "length_penalty": 1.2}
+    folder = hub.save_model_folder(tiny_model(len(tokenizer)), tokenizer, tmp_path / "model", decoding=decoding)
+    generation = AutoModelForSeq2SeqLM.from_pretrained(folder).generation_config
+    assert (generation.num_beams, generation.length_penalty, generation.early_stopping) == (5, 1.2, True)
+    assert "beam size 5 and length penalty 1.2" in (folder / "README.md").read_text()
+
+
 def test_check_model_folder_names_missing_files_and_entries(model_folder, tmp_path):
     (model_folder / "pipeline_vanilla_transformer.py").unlink()
     (model_folder / "tokenizer.json").unlink()

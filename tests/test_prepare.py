@@ -8,6 +8,7 @@ import threading
 import datasets
 import numpy as np
 import pytest
+from transformers import AutoTokenizer
 
 from vanilla_transformer import prepare
 from vanilla_transformer.batching import TokenBatchSampler, TokenizedPairs, TranslationCollator
@@ -210,3 +211,16 @@ def test_the_readers_repairs_are_counted_in_the_prepared_manifest(tmp_path):
     prepare.main(["--data_dir", str(folder), "--vocab_size", "300", "--output_dir", str(tmp_path / "prepared")])
     report = prepare.load_prepared(tmp_path / "prepared").manifest["reports"]["train"]
     assert report["crlf_line_endings"] == 2 * len(SOURCES) and report["byte_order_marks"] == 1
+
+
+def test_the_tokenizer_fingerprint_ignores_padding_settings_but_not_the_vocabulary(tmp_path):
+    # Calling a tokenizer with padding=True switches padding on in its backend, and save_pretrained writes that into
+    # tokenizer.json: a model folder re-saved after use must still match the corpus its tokenizer prepared.
+    lines = ["a small house by the river", "ein kleines haus am fluss", "the dog runs", "der hund rennt"] * 5
+    tokenizer = train_shared_tokenizer(lines, vocab_size=280)
+    fingerprint = prepare.tokenizer_fingerprint(tokenizer)
+    tokenizer(["a small house", "the dog"], padding=True, truncation=True, max_length=3)
+    tokenizer.save_pretrained(tmp_path)
+    assert '"padding": {' in (tmp_path / "tokenizer.json").read_text()
+    assert prepare.tokenizer_fingerprint(AutoTokenizer.from_pretrained(tmp_path)) == fingerprint
+    assert prepare.tokenizer_fingerprint(train_shared_tokenizer(lines, vocab_size=270)) != fingerprint

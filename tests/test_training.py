@@ -131,6 +131,8 @@ def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
     assert len(hypotheses) == 40  # one per test sentence: no duplicates from the padded last batch
     for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "README.md"):
         assert (output_dir / name).is_file(), name
+    generation = json.loads((output_dir / "generation_config.json").read_text())
+    assert generation["num_beams"] == 2  # the run's --num_beams, with which it was scored
     stdout = run_without_the_project(
         f"""
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer

@@ -6,7 +6,8 @@
     model.safetensors         the weights (one entry for the shared embedding matrix)
     configuration_vanilla_transformer.py, modeling_vanilla_transformer.py, pipeline_vanilla_transformer.py
     tokenizer.json, tokenizer_config.json
-    generation_config.json    the paper's decoding: beam 4, length penalty 0.6 (section 6.1)
+    generation_config.json    the decoding the scores were measured with; by default the paper's: beam 4, length
+                              penalty 0.6 (section 6.1)
     README.md                 the model card, rendered from model_card.md
 
 The paper's maximum output length, input length + 50, depends on each input, so it is not in generation_config.json:
@@ -54,6 +55,7 @@ def save_model_folder(
     tokenizer: PreTrainedTokenizerBase,
     output_dir: str | Path,
     card_values: dict[str, Any] | None = None,
+    decoding: dict[str, Any] | None = None,
 ) -> Path:
     """Write the complete Hub-ready folder (see the module docstring) into `output_dir`; return its path.
 
@@ -61,23 +63,27 @@ def save_model_folder(
     max_tokens, warmup_steps, learning_rate_scale, label_smoothing, checkpoints_averaged, training_precision,
     {validation,test}_{bleu,chrf}, bleu_signature, model_name, model_id, example_source. Missing metrics read
     "not measured", other missing values "not recorded"; the architecture comes from the model's config. The model's
-    config gains `custom_pipelines`.
+    config gains `custom_pipelines`. `decoding` (num_beams, length_penalty) replaces the paper's in
+    generation_config.json and the card: the model folder decodes as its scores were measured.
     """
+    decoding = {**PAPER_DECODING, **(decoding or {})}
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     # Pipeline.save_pretrained writes `custom_pipelines` into config.json and copies the pipeline's file, then saves
     # the model (safetensors, config with auto_map, the two model files) and the tokenizer.
     translator = VanillaTransformerTranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     translator.save_pretrained(output_dir)
-    paper_generation_config(model.config).save_pretrained(output_dir)
-    (output_dir / "README.md").write_text(render_model_card(model, card_values or {}), encoding="utf-8")
+    paper_generation_config(model.config, **decoding).save_pretrained(output_dir)
+    card = render_model_card(model, {**(card_values or {}), **decoding})
+    (output_dir / "README.md").write_text(card, encoding="utf-8")
     return output_dir
 
 
-def paper_generation_config(config) -> GenerationConfig:
-    """Beam search with beam 4 and length penalty 0.6 (section 6.1), with the model's special token ids."""
+def paper_generation_config(config, **decoding) -> GenerationConfig:
+    """Beam search with beam 4 and length penalty 0.6 (section 6.1), or `decoding`'s values, with the model's special
+    token ids."""
     return GenerationConfig(
-        **PAPER_DECODING,
+        **{**PAPER_DECODING, **decoding},
         decoder_start_token_id=config.decoder_start_token_id,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
@@ -104,6 +110,8 @@ def render_model_card(model: PreTrainedModel, card_values: dict[str, Any]) -> st
         "parameters": f"{model.num_parameters():,}",
         **{key: value for key, value in card_values.items() if value is not None},
     }
+    for name in ("num_beams", "length_penalty"):
+        values.setdefault(name, PAPER_DECODING[name])
     for name in (
         "source_lang",
         "target_lang",

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
 from . import data
 from .batching import TokenizedPairs
@@ -193,7 +194,12 @@ def iter_source_pairs(split: str, source: dict, source_lang: str, target_lang: s
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode("utf-8")).hexdigest()
+    """sha256 of the tokenizer's vocabulary and rules, without its padding and truncation settings: calling a
+    tokenizer with padding=True turns padding on in its backend, and save_pretrained writes that into tokenizer.json."""
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_padding()
+    backend.no_truncation()
+    return hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest()
 
 
 def corpus_key(args, sources: dict[str, dict], tokenizer=None) -> dict:
