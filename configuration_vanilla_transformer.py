@@ -31,7 +31,9 @@ class VanillaTransformerConfig(PreTrainedConfig):
     The post-LN encoder-decoder of the paper. Attribute names follow BART/Marian.
 
     vocab_size: size of the ONE vocabulary shared by source and target (the paper: 37000 BPE tokens for EN-DE).
-    d_model: width of every sub-layer output (d_model in the paper); d_k = d_v = d_model / heads.
+    d_model: width of every sub-layer output (d_model in the paper); d_v = d_model / heads.
+    qk_head_dim: d_k, the per-head size of queries and keys; None means d_model / heads, as in the paper's base
+        model. Table 3, row (B) makes it smaller at the same d_v.
     encoder_layers / decoder_layers: N, the number of stacked layers.
     encoder_attention_heads / decoder_attention_heads: h, the number of heads.
     encoder_ffn_dim / decoder_ffn_dim: d_ff, the inner size of the position-wise feed-forward network.
@@ -72,6 +74,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
     decoder_layers: int = 6
     encoder_attention_heads: int = 8
     decoder_attention_heads: int = 8
+    qk_head_dim: int | None = None
     encoder_ffn_dim: int = 2048
     decoder_ffn_dim: int = 2048
     activation_function: str = "relu"
@@ -119,8 +122,10 @@ class VanillaTransformerConfig(PreTrainedConfig):
             if self.d_model % getattr(self, name) != 0:
                 raise ValueError(
                     f"`d_model` ({self.d_model}) must be divisible by `{name}` ({getattr(self, name)}), "
-                    "since d_k = d_v = d_model / heads."
+                    "since d_v = d_model / heads."
                 )
+        if self.qk_head_dim is not None and self.qk_head_dim <= 0:
+            raise ValueError(f"`qk_head_dim` must be a positive integer or None, got {self.qk_head_dim}.")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)}.")

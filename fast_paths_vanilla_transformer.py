@@ -121,8 +121,8 @@ def reorder_grouped_cache(past_key_values, beam_idx: torch.Tensor, attn_implemen
 
 def grouped_beam_attention(attention_interface, module, query, key, value, attention_mask, **kwargs):
     """`attention_interface` for B = groups x beams query rows against keys and values kept once per group: each
-    group's beams' queries attend together, as beams x Tq queries. query (B, H, Tq, K), key/value (B / beams, H, S,
-    K); the mask's rows are identical within a group (the sources are), so one per group is taken."""
+    group's beams' queries attend together, as beams x Tq queries. query (B, H, Tq, d_k), key/value (B / beams, H, S,
+    d_k/d_v); the mask's rows are identical within a group (the sources are), so one per group is taken."""
     beams = query.shape[0] // key.shape[0]
     batch, heads, length, head_dim = query.shape
     query = query.view(batch // beams, beams, heads, length, head_dim).transpose(1, 2)
@@ -133,7 +133,7 @@ def grouped_beam_attention(attention_interface, module, query, key, value, atten
         if attention_mask.shape[2] > 1:
             attention_mask = attention_mask.repeat(1, 1, beams, 1)
     output, weights = attention_interface(module, query, key, value, attention_mask, **kwargs)
-    output = output.reshape(batch, length, heads, head_dim)  # (B / beams, beams * Tq, H, K) -> (B, Tq, H, K)
+    output = output.reshape(batch, length, heads, -1)  # (B / beams, beams * Tq, H, d_v) -> (B, Tq, H, d_v)
     if weights is not None:
         weights = weights.view(batch // beams, heads, beams, length, -1).transpose(1, 2)
         weights = weights.reshape(batch, heads, length, -1)

@@ -6,7 +6,8 @@ from leaf to top, as the paper's section 3: positions (3.5), attention (3.2), fe
 layers (3.1), the stacks, the model with its one shared embedding matrix (3.4), the pre-softmax head.
 
 Every sub-layer is post-LN: LayerNorm(x + Dropout(Sublayer(x))).
-Shapes: B = batch, S = source length, T = target length, D = d_model, H = heads, K = D / H, V = vocabulary.
+Shapes: B = batch, S = source length, T = target length, D = d_model, H = heads, V = vocabulary; per head, queries
+and keys have d_k and values d_v = D / H features (d_k = d_v but in Table 3's row B).
 
 The speed paths (oneDNN linear layers on CPU, beam search's encoder-decoder keys and values kept once per sentence,
 the training loss without logits) live in fast_paths_vanilla_transformer.py, each with a switch.
@@ -118,22 +119,23 @@ def eager_attention_forward(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # 3.2.1: softmax(Q K^T / sqrt(d_k)) V; query (B, H, Tq, K), key/value (B, H, Tk, K)
+    # 3.2.1: softmax(Q K^T / sqrt(d_k)) V; query/key (B, H, Tq/Tk, d_k), value (B, H, Tk, d_v)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, Tq, Tk)
     if attention_mask is not None:  # additive: 0 where allowed, the dtype's minimum where masked
         scores = scores + attention_mask
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Tq, H, K)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Tq, H, d_v)
     return output, weights
 
 
 class VanillaTransformerAttention(nn.Module):
     """3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-    The per-head projections of all heads are one matrix: `qkv_proj` (D -> 3D) for self-attention and
-    `q_proj` + `kv_proj` (D -> 2D) for encoder-decoder attention, whose keys and values come from the encoder
-    output and are computed once per generation (cached).
+    The per-head projections of all heads are one matrix: `qkv_proj` (D -> H (2 d_k + d_v)) for self-attention and
+    `q_proj` (D -> H d_k) + `kv_proj` (D -> H (d_k + d_v)) for encoder-decoder attention, whose keys and values come
+    from the encoder output and are computed once per generation (cached). d_v = D / H; d_k = D / H too unless
+    `config.qk_head_dim` says otherwise (Table 3, row B).
     """
 
     def __init__(
@@ -147,23 +149,29 @@ class VanillaTransformerAttention(nn.Module):
         super().__init__()
         self.config = config
         self.num_heads = num_heads
-        self.head_dim = config.d_model // num_heads
-        self.scaling = self.head_dim**-0.5
+        self.head_dim = config.d_model // num_heads  # d_v
+        self.qk_head_dim = config.qk_head_dim or self.head_dim  # d_k
+        self.scaling = self.qk_head_dim**-0.5
         self.dropout = config.attention_dropout
         self.is_cross_attention = is_cross_attention
         self.is_causal = is_causal  # read by the sdpa/flash attention functions
         self.layer_idx = layer_idx
+        qk_size, v_size = num_heads * self.qk_head_dim, num_heads * self.head_dim
         if is_cross_attention:
-            self.q_proj = VanillaTransformerLinear(config.d_model, config.d_model, config=config)
-            self.kv_proj = VanillaTransformerLinear(config.d_model, 2 * config.d_model, config=config)
+            self.q_proj = VanillaTransformerLinear(config.d_model, qk_size, config=config)
+            self.kv_proj = VanillaTransformerLinear(config.d_model, qk_size + v_size, config=config)
         else:
-            self.qkv_proj = VanillaTransformerLinear(config.d_model, 3 * config.d_model, config=config)
-        self.out_proj = VanillaTransformerLinear(config.d_model, config.d_model, config=config)
+            self.qkv_proj = VanillaTransformerLinear(config.d_model, 2 * qk_size + v_size, config=config)
+        self.out_proj = VanillaTransformerLinear(v_size, config.d_model, config=config)
 
-    def _split_heads(self, projected: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
-        # (B, L, parts * D) -> parts x (B, H, L, K)
+    def _split_heads(self, projected: torch.Tensor, *head_dims: int) -> tuple[torch.Tensor, ...]:
+        # (B, L, H * sum(head_dims)) -> one (B, H, L, head_dim) per head_dim
         batch, length, _ = projected.shape
-        return projected.view(batch, length, parts, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        parts = projected.split([self.num_heads * head_dim for head_dim in head_dims], dim=-1)
+        return tuple(
+            part.view(batch, length, self.num_heads, head_dim).transpose(1, 2)
+            for part, head_dim in zip(parts, head_dims, strict=True)
+        )
 
     def forward(
         self,
@@ -174,17 +182,19 @@ class VanillaTransformerAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.is_cross_attention:
-            (query,) = self._split_heads(self.q_proj(hidden_states), 1)
+            (query,) = self._split_heads(self.q_proj(hidden_states), self.qk_head_dim)
             cache = past_key_values.cross_attention_cache if past_key_values is not None else None
             if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
                 key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
             else:
-                key, value = self._split_heads(self.kv_proj(key_value_states), 2)
+                key, value = self._split_heads(self.kv_proj(key_value_states), self.qk_head_dim, self.head_dim)
                 if cache is not None:
                     key, value = cache.update(key, value, self.layer_idx)
                     past_key_values.is_updated[self.layer_idx] = True
         else:
-            query, key, value = self._split_heads(self.qkv_proj(hidden_states), 3)
+            query, key, value = self._split_heads(
+                self.qkv_proj(hidden_states), self.qk_head_dim, self.qk_head_dim, self.head_dim
+            )
             if past_key_values is not None:  # append this step's keys and values to the decoder's cache
                 cache = getattr(past_key_values, "self_attention_cache", past_key_values)
                 key, value = cache.update(key, value, self.layer_idx)
@@ -203,7 +213,7 @@ class VanillaTransformerAttention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             scaling=self.scaling,
             **kwargs,
-        )  # output: (B, Tq, H, K)
+        )  # output: (B, Tq, H, d_v)
         output = self.out_proj(output.reshape(*hidden_states.shape[:-1], -1))  # Concat(heads) W^O: (B, Tq, D)
         return output, weights
 

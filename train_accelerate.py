@@ -129,6 +129,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--d_model", type=positive_int)
     group.add_argument("--layers", type=positive_int, help="encoder and decoder layers (N)")
     group.add_argument("--heads", type=positive_int)
+    group.add_argument(
+        "--qk_head_dim", type=positive_int, help="d_k, per head (default: d_model / heads; Table 3 row B)"
+    )
     group.add_argument("--ffn_dim", type=positive_int)
     group.add_argument("--dropout", type=probability, help="P_drop; default: the preset's")
     group.add_argument("--attention_dropout", type=probability, help="on attention weights (paper: 0)")
@@ -258,7 +261,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     try:  # the model the flags describe, checked before any data is read
         VanillaTransformerConfig.from_preset(args.preset, **model_flags(args))
     except ValueError as error:
-        parser.error(f"--preset {args.preset} with --d_model/--layers/--heads/--ffn_dim/--dropout: {error}")
+        parser.error(f"--preset {args.preset} with the model flags given: {error}")
 
 
 def is_synthetic(args) -> bool:
@@ -327,6 +330,7 @@ def model_flags(args) -> dict:
         "decoder_layers": args.layers,
         "encoder_attention_heads": args.heads,
         "decoder_attention_heads": args.heads,
+        "qk_head_dim": args.qk_head_dim,
         "encoder_ffn_dim": args.ffn_dim,
         "decoder_ffn_dim": args.ffn_dim,
         "dropout": args.dropout,

@@ -47,19 +47,22 @@ def model_flops(config: VanillaTransformerConfig, source_lengths: torch.Tensor, 
     padding: 2 FLOPs per multiply-add of every linear layer and of the attention products (3.2.1: Q K^T and the
     weighted sum of V; causal self-attention counted as the full square, as is usual)."""
     d, vocab = config.d_model, config.vocab_size
+    # queries and keys: heads x d_k features (d_model but in Table 3's row B); values: d_model
+    qk_encoder = config.encoder_attention_heads * (config.qk_head_dim or d // config.encoder_attention_heads)
+    qk_decoder = config.decoder_attention_heads * (config.qk_head_dim or d // config.decoder_attention_heads)
     sources, targets = source_lengths.long(), target_lengths.long()
     s, t = int(sources.sum()), int(targets.sum())
     s_squared, t_squared, t_times_s = int((sources**2).sum()), int((targets**2).sum()), int((targets * sources).sum())
     encoder = config.encoder_layers * (
-        s * 2 * (3 * d * d + d * d + 2 * d * config.encoder_ffn_dim)  # QKV, output projection, FFN
-        + 2 * 2 * s_squared * d  # Q K^T and weights V
+        s * 2 * (d * (2 * qk_encoder + d) + d * d + 2 * d * config.encoder_ffn_dim)  # QKV, output projection, FFN
+        + 2 * s_squared * (qk_encoder + d)  # Q K^T and weights V
     )
     decoder = config.decoder_layers * (
-        t * 2 * (3 * d * d + d * d)  # self-attention QKV and output projection
-        + 2 * 2 * t_squared * d
-        + t * 2 * (d * d + d * d)  # encoder-decoder attention: queries and output projection
-        + s * 2 * 2 * d * d  # its keys and values, from the encoder output
-        + 2 * 2 * t_times_s * d
+        t * 2 * (d * (2 * qk_decoder + d) + d * d)  # self-attention QKV and output projection
+        + 2 * t_squared * (qk_decoder + d)
+        + t * 2 * (d * qk_decoder + d * d)  # encoder-decoder attention: queries and output projection
+        + s * 2 * d * (qk_decoder + d)  # its keys and values, from the encoder output
+        + 2 * t_times_s * (qk_decoder + d)
         + t * 2 * 2 * d * config.decoder_ffn_dim
     )
     output_projection = t * 2 * d * vocab

@@ -4,9 +4,11 @@ of the model, and benchmarks/timing.py warms up, interleaves and takes the media
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
+from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -14,12 +16,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from gpu_training import model_flops  # noqa: E402
 from timing import median_seconds, timed  # noqa: E402
 
+from .conftest import TINY  # noqa: E402
 
-def test_model_flops_counts_every_linear_layer_and_the_attention_products(tiny_config):
+
+@pytest.mark.parametrize("qk_head_dim", [None, 4])  # d_k = d_v = 8, and Table 3's row B: d_k = 4
+def test_model_flops_counts_every_linear_layer_and_the_attention_products(qk_head_dim):
+    tiny_config = VanillaTransformerConfig(**TINY, qk_head_dim=qk_head_dim)
     model = VanillaTransformerForConditionalGeneration(tiny_config)
     weights = sum(module.weight.numel() for module in model.modules() if isinstance(module, nn.Linear))
-    # At one source and one target token, each attention (encoder, decoder, encoder-decoder) multiplies 1 x 1 scores.
-    attention = 2 * 2 * tiny_config.d_model * (tiny_config.encoder_layers + 2 * tiny_config.decoder_layers)
+    # At one source and one target token, each attention (encoder, decoder, encoder-decoder) multiplies 1 x 1 scores:
+    # Q K^T over heads x d_k features, the weighted sum over heads x d_v = d_model.
+    qk = tiny_config.encoder_attention_heads * (qk_head_dim or 8)
+    attention = 2 * (qk + tiny_config.d_model) * (tiny_config.encoder_layers + 2 * tiny_config.decoder_layers)
     one = torch.tensor([1])
     assert model_flops(tiny_config, one, one) == 3 * (2 * weights + attention)
     # Linear layers grow with the tokens, the attention products with their square; pairs add up.

@@ -276,6 +276,14 @@ def test_a_folder_that_is_not_a_model_is_a_clean_error(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_model_with_d_k_other_than_d_v_is_refused_before_anything_is_written(tmp_path):
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig(**TINY, qk_head_dim=4))
+    model.save_pretrained(tmp_path / "model")
+    message = refusal([str(tmp_path / "model"), str(tmp_path / "out")])
+    assert "has qk_head_dim=4 (d_k) while d_v = d_model / heads = 8" in message
+    assert not (tmp_path / "out").exists()
+
+
 def test_exporting_a_model_over_itself_leaves_it_whole(tmp_path):
     """`export_ctranslate2 model model --force` in a fresh process: a message, no traceback, the model still there."""
     files = saved_model(tmp_path / "model")

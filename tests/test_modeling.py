@@ -82,6 +82,7 @@ def test_big_preset_matches_table_3():
         ("d_model", 0),
         ("vocab_size", -1),
         ("pad_token_id", 1000),
+        ("qk_head_dim", 0),
     ],
 )
 def test_invalid_config_values_name_the_field(field, value):
@@ -196,6 +197,55 @@ def test_decoder_layer_matches_torch_transformer_decoder_layer(tiny_config):
     expected = theirs(target, memory, tgt_mask=causal, tgt_is_causal=True)
     ours_out = ours(target, causal[None, None], memory, encoder_attention_mask=None)
     assert torch.allclose(ours_out, expected, atol=1e-5)
+
+
+# --- Table 3, row (B): d_k other than d_v --------------------------------------------------------------------
+
+
+@torch.no_grad()
+def test_row_b_attention_is_softmax_of_q_k_over_sqrt_d_k_times_v_with_d_v_values():
+    config = VanillaTransformerConfig(**{**TINY, "qk_head_dim": 4, "_attn_implementation": "eager"})
+    layer = VanillaTransformerEncoderLayer(config, layer_idx=0).eval()
+    attention, heads, d_k, d_v = layer.self_attn, 4, 4, 8  # TINY: d_model 32, 4 heads
+    assert attention.qkv_proj.weight.shape == (2 * heads * d_k + heads * d_v, 32)
+    assert attention.out_proj.weight.shape == (32, heads * d_v)
+    hidden = torch.randn(2, 5, 32)
+    query, key, value = attention.qkv_proj(hidden).split([heads * d_k, heads * d_k, heads * d_v], dim=-1)
+    query, key = query.view(2, 5, heads, d_k).transpose(1, 2), key.view(2, 5, heads, d_k).transpose(1, 2)
+    value = value.view(2, 5, heads, d_v).transpose(1, 2)
+    weights = torch.softmax(query @ key.transpose(2, 3) / math.sqrt(d_k), dim=-1)
+    expected = attention.out_proj((weights @ value).transpose(1, 2).reshape(2, 5, heads * d_v))
+    output, _ = attention(hidden)
+    assert torch.allclose(output, expected, atol=1e-6)
+
+
+@torch.no_grad()
+def test_row_b_model_generates_the_same_tokens_on_every_path(source_batch):
+    """d_k = 4 against d_v = 8: sdpa = eager, cached = uncached, beam search with the fast paths = without."""
+    eager, sdpa = model_with_attention("eager", qk_head_dim=4), model_with_attention("sdpa", qk_head_dim=4)
+    sdpa.load_state_dict(eager.state_dict())
+    input_ids, attention_mask = source_batch
+    target = random_ids(eager.config, (2, 6), seed=2)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=target)
+    assert torch.allclose(eager(**inputs).logits, sdpa(**inputs).logits, atol=1e-5)
+    settings = dict(attention_mask=attention_mask, num_beams=4, max_new_tokens=10, do_sample=False)
+    beams = sdpa.generate(input_ids, **settings)
+    assert torch.equal(beams, sdpa.generate(input_ids, use_cache=False, **settings))
+    sdpa.config.onednn_linear = sdpa.config.grouped_beam_cross_attention = False
+    assert torch.equal(beams, sdpa.generate(input_ids, **settings))
+
+
+def test_row_b_model_saves_and_loads_with_its_d_k(tmp_path, source_batch):
+    model = model_with_attention("sdpa", qk_head_dim=4)
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["qk_head_dim"] == 4
+    loaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
+    input_ids, attention_mask = source_batch
+    with torch.no_grad():
+        assert torch.equal(
+            model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=6),
+            loaded.generate(input_ids, attention_mask=attention_mask, max_new_tokens=6),
+        )
 
 
 # --- masks: no future leakage, padding invariance, no NaN ----------------------------------------------------

@@ -9,7 +9,7 @@ from vanilla_transformer.variants import table3_variants
 
 from .test_training import ROOT
 
-SWEEP = ["--rows", "base,E1", "--scale", "tiny", "--steps", "3", "--synthetic_pairs", "400", "--vocab_size", "300"]
+SWEEP = ["--rows", "base,B1,E1", "--scale", "tiny", "--steps", "3", "--synthetic_pairs", "400", "--vocab_size", "300"]
 SWEEP += ["--max_tokens", "600", "--warmup_steps", "10", "--save_steps", "3", "--eval_batch_size", "16"]
 SWEEP += ["--num_beams", "2"]
 
@@ -23,35 +23,38 @@ def variants(output_dir, *arguments: str) -> subprocess.CompletedProcess:
 def test_the_base_scale_gives_the_papers_rows():
     rows = {row.varied: row for row in table3_variants("base")}
     base = rows[""]
-    assert (base.layers, base.d_model, base.ffn_dim, base.heads, base.head_dim) == (6, 512, 2048, 8, 64)
-    assert [rows[f"h={h}"].head_dim for h in (1, 4, 16, 32)] == [512, 128, 32, 16]  # (A): constant compute
+    assert (base.layers, base.d_model, base.ffn_dim, base.heads, base.d_k, base.d_v) == (6, 512, 2048, 8, 64, 64)
+    assert [rows[f"h={h}"].d_k for h in (1, 4, 16, 32)] == [512, 128, 32, 16]  # (A): constant compute
+    assert [(rows[f"d_k={d_k}"].d_k, rows[f"d_k={d_k}"].d_v) for d_k in (16, 32)] == [(16, 64), (32, 64)]  # (B)
     assert [rows[f"N={n}"].layers for n in (2, 4, 8)] == [2, 4, 8]  # (C)
-    assert (rows["d_model=256"].head_dim, rows["d_model=1024"].head_dim) == (32, 128)
+    assert (rows["d_model=256"].d_k, rows["d_model=1024"].d_k) == (32, 128)
     assert {rows["d_ff=1024"].ffn_dim, rows["d_ff=4096"].ffn_dim} == {1024, 4096}
     assert rows["P_drop=0.0"].dropout == 0.0 and rows["eps_ls=0.2"].label_smoothing == 0.2  # (D)
     assert rows["learned positions"].positions == "learned"  # (E)
     assert table3_variants("big")[0].dropout == 0.3  # big's base row keeps its P_drop
 
 
-def test_a_two_row_sweep_writes_the_table_and_plot_and_resumes_without_rerunning(tmp_path):
+def test_a_three_row_sweep_writes_the_table_and_plots_and_resumes_without_rerunning(tmp_path):
     first = variants(tmp_path, *SWEEP)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     table = json.loads((tmp_path / "table.json").read_text())
-    assert [row["name"] for row in table] == ["base", "E1"]
+    assert [row["name"] for row in table] == ["base", "B1", "E1"]
     assert all(row["steps"] == 3 and row["dev_bleu"] is not None and row["dev_perplexity"] > 1 for row in table)
-    assert table[1]["positions"] == "learned" and table[1]["parameters"] > table[0]["parameters"]
+    assert (table[1]["d_k"], table[1]["d_v"]) == (8, 32) and table[1]["parameters"] < table[0]["parameters"]
+    assert json.loads((tmp_path / "runs" / "B1" / "config.json").read_text())["qk_head_dim"] == 8
+    assert table[2]["positions"] == "learned" and table[2]["parameters"] > table[0]["parameters"]
     markdown = (tmp_path / "table.md").read_text().splitlines()
     assert (
         markdown[0].startswith("| name | N | d_model | d_ff | h | d_k | d_v | P_drop | eps_ls |")
-        and len(markdown) == 4
+        and len(markdown) == 5
     )
-    assert (tmp_path / "table3_E.png").read_bytes()[:4] == b"\x89PNG"
+    assert all((tmp_path / f"table3_{group}.png").read_bytes()[:4] == b"\x89PNG" for group in "BE")
 
     results = tmp_path / "runs" / "base" / "results.json"
     written = results.stat().st_mtime_ns
     again = variants(tmp_path, *SWEEP)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("finished earlier") == 2 and "training, log" not in again.stdout
+    assert again.stdout.count("finished earlier") == 3 and "training, log" not in again.stdout
     assert results.stat().st_mtime_ns == written
 
 

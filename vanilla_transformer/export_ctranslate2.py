@@ -226,6 +226,17 @@ def check_folders(model_dir: str | Path, output_dir: str | Path, force: bool) ->
         )
 
 
+def check_exportable(model_dir: str | Path) -> None:
+    """Raise ExportError for a model CTranslate2's Transformer cannot hold: it has d_k = d_v = d_model / heads."""
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    d_v = config["d_model"] // config["encoder_attention_heads"]
+    if config.get("qk_head_dim") not in (None, d_v):
+        raise ExportError(
+            f"{model_dir} has qk_head_dim={config['qk_head_dim']} (d_k) while d_v = d_model / heads = {d_v} "
+            "(Table 3, row B): CTranslate2's Transformer has d_k = d_v, so this model cannot be exported"
+        )
+
+
 def convert_to_ctranslate2(
     model_dir: str | Path, output_dir: str | Path, quantization: str | None = None, force: bool = False
 ) -> str:
@@ -234,9 +245,11 @@ def convert_to_ctranslate2(
     quantization: weight type of the written model (e.g. "int8", "int8_float32", "float16"); None keeps float32.
         CTranslate2 can also quantize when it loads: `Translator(output_dir, compute_type="int8")`.
     force: replace `output_dir` if it is a previous CTranslate2 export. ExportError (before anything is written) if
-        it is something else, if it exists without `force`, or if it is, holds or is inside `model_dir`.
+        it is something else, if it exists without `force`, or if it is, holds or is inside `model_dir`, or if the
+        model has d_k != d_v.
     """
     check_folders(model_dir, output_dir, force)
+    check_exportable(model_dir)
     if transformer_spec is None:
         raise ImportError("The export needs CTranslate2: pip install 'vanilla-transformer[export]'.")
     converter = VanillaTransformerConverter(model_dir)

@@ -15,7 +15,7 @@ re-run; an interrupted one continues from its last checkpoint (its budget counts
 Rows, relative to the base row of --scale (the paper's, with --scale base):
 - base: the preset as it is (P_drop 0.1; 0.3 for big), epsilon_ls 0.1, sinusoidal positions.
 - (A) heads h/8, h/2, 2h, 4h at constant d_model (so d_k = d_v = d_model / heads shrinks as heads grow).
-- (B) smaller d_k at 8 heads is not offered: the model ties d_k = d_v = d_model / heads (one fused projection).
+- (B) d_k / 4 and d_k / 2 (queries and keys) at the same heads and d_v.
 - (C) N/3, 2N/3, 4N/3 layers; d_model / 2 and 2 d_model at the same heads; d_ff / 2 and 2 d_ff.
 - (D) P_drop 0.0 and 0.2; epsilon_ls 0.0 and 0.2.
 - (E) learned positions instead of sinusoids.
@@ -34,7 +34,7 @@ from configuration_vanilla_transformer import PRESETS
 
 from .cli import positive_float, positive_int
 
-GROUPS = ("base", "A", "C", "D", "E")
+GROUPS = ("base", "A", "B", "C", "D", "E")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -49,13 +49,18 @@ class Variant:
     d_model: int
     ffn_dim: int
     heads: int
+    qk_head_dim: int | None = None  # d_k when it is not d_model / heads (row B)
     dropout: float = 0.1
     label_smoothing: float = 0.1
     positions: str = "sinusoidal"
 
     @property
-    def head_dim(self) -> int:
+    def d_v(self) -> int:
         return self.d_model // self.heads
+
+    @property
+    def d_k(self) -> int:
+        return self.qk_head_dim or self.d_v
 
 
 def table3_variants(scale: str) -> list[Variant]:
@@ -80,6 +85,8 @@ def table3_variants(scale: str) -> list[Variant]:
     for heads in sorted({max(1, base.heads // 8), max(1, base.heads // 2), 2 * base.heads, 4 * base.heads}):
         if heads != base.heads and base.d_model % heads == 0:
             add("A", f"h={heads}", heads=heads)
+    for d_k in (base.d_k // 4, base.d_k // 2):
+        add("B", f"d_k={d_k}", qk_head_dim=d_k)
     for layers in sorted({max(1, round(base.layers * k / 3)) for k in (1, 2, 4)} - {base.layers}):
         add("C", f"N={layers}", layers=layers)
     for d_model in (base.d_model // 2, base.d_model * 2):
@@ -122,6 +129,8 @@ def training_command(variant: Variant, args, training_flags: list[str], run_dir:
         "--position_embedding_type",
         variant.positions,
     ]
+    if variant.qk_head_dim:
+        command += ["--qk_head_dim", str(variant.qk_head_dim)]
     command += ["--max_minutes", str(args.minutes)] if args.minutes else ["--max_steps", str(args.steps)]
     if run_dir.is_dir() and any(run_dir.iterdir()):
         command += ["--resume_from_checkpoint", "latest"]  # an interrupted row: continue it
@@ -150,8 +159,8 @@ def table_line(variant: Variant, results: dict) -> dict:
     validation = results.get("results", {}).get("validation", {})
     return {
         **asdict(variant),
-        "d_k": variant.head_dim,
-        "d_v": variant.head_dim,
+        "d_k": variant.d_k,
+        "d_v": variant.d_v,
         "parameters": results["parameters"],
         "dev_perplexity": validation.get("perplexity"),
         "dev_bleu": validation.get("bleu"),
@@ -258,7 +267,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     args.rows = ["base", *(row for row in args.rows.split(",") if row != "base")]
     if unknown := [row for row in args.rows if row not in GROUPS and row not in names]:
         parser.error(
-            f"--rows: unknown {unknown}; choose groups among {','.join(GROUPS)} ((B) is not offered) or "
+            f"--rows: unknown {unknown}; choose groups among {','.join(GROUPS)} or "
             f"rows among {','.join(sorted(names))}"
         )
     owned = {
@@ -268,6 +277,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         "--d_model",
         "--ffn_dim",
         "--heads",
+        "--qk_head_dim",
         "--dropout",
         "--label_smoothing",
         "--position_embedding_type",
