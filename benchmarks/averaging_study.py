@@ -5,10 +5,11 @@
 
 OUTPUT_DIR is a finished `train_accelerate.py` run: its saved model folder (config, tokenizer) and its
 `checkpoints/step_<step>/` folders. For every K in --last and every stride E in --every, the script averages
-the last K checkpoints taken every E-th one (E=2: the last, the third-last, ...) and reports sacreBLEU and chrF
-of beam search with the model's generation config (the paper's beam 4, length penalty 0.6, input + 50 tokens),
-and the per-token negative log-likelihood of the references (no label smoothing): falling from one checkpoint to
-the next means under-trained, rising means over-fitted.
+the last K checkpoints taken every E-th one (E=2: the last, the third-last, ...) and reports sacreBLEU, chrF and
+the output/reference length ratio of beam search with the model's generation config (the run's beam and length
+penalty, input + 50 tokens; `--length_penalty A B ...` decodes once with each), and the per-token negative
+log-likelihood of the references (no label smoothing): falling from one checkpoint to the next means under-trained,
+rising means over-fitted.
 
 What a shorter budget would have given: the schedule of equation (3) does not depend on the budget, so the first
 M minutes of a longer run are an M-minute run. `--until_minutes M` keeps only the checkpoints saved within M
@@ -67,6 +68,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, nargs="+", default=[1])
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--until_minutes", type=float, help="only checkpoints saved within this much training time")
+    parser.add_argument("--length_penalty", type=float, nargs="+", help="decode with each (default: the run's)")
     parser.add_argument("--save_averaged", help="write the first averaging as a model folder here (must not exist)")
     args = parser.parse_args()
     if args.save_averaged and Path(args.save_averaged).exists():
@@ -85,7 +87,9 @@ def main() -> None:
     model, tokenizer = load_model_and_tokenizer(args.output_dir, device="cpu")
     metric = load_bleu_metric()
     print(f"{len(checkpoints)} checkpoints: steps {[checkpoint_step(path) for path in checkpoints]}", flush=True)
-    print("| averaged steps | BLEU | chrF | NLL |\n|---|---:|---:|---:|", flush=True)
+    length_penalties = args.length_penalty or [model.generation_config.length_penalty]
+    print("| averaged steps | length penalty | BLEU | chrF | length ratio | NLL |", flush=True)
+    print("|---|---:|---:|---:|---:|---:|", flush=True)
     for every in args.every:
         for last in args.last:
             chosen = checkpoints[::-1][::every][:last]
@@ -93,14 +97,26 @@ def main() -> None:
                 continue
             model.load_state_dict(average_checkpoints(chosen), strict=False)
             model.tie_weights()
-            with torch.inference_mode():
-                hypotheses = translate_sentences(model, tokenizer, sources, batch_size=args.batch_size)
-            scores = metric.compute(predictions=hypotheses, references=[[reference] for reference in references])
             nll = reference_nll(model, tokenizer, sources, references, args.batch_size)
             steps = ", ".join(str(checkpoint_step(path)) for path in chosen[::-1])
-            print(f"| {steps} | {scores['bleu']:.2f} | {scores['chrf']:.2f} | {nll:.3f} |", flush=True)
+            for length_penalty in length_penalties:
+                with torch.inference_mode():
+                    hypotheses = translate_sentences(
+                        model, tokenizer, sources, batch_size=args.batch_size, length_penalty=length_penalty
+                    )
+                scores = metric.compute(predictions=hypotheses, references=[[ref] for ref in references])
+                ratio = scores["sys_len"] / scores["ref_len"]
+                print(
+                    f"| {steps} | {length_penalty} | {scores['bleu']:.2f} | {scores['chrf']:.2f} | {ratio:.3f} "
+                    f"| {nll:.3f} |",
+                    flush=True,
+                )
             if args.save_averaged and not Path(args.save_averaged).exists():
-                save_model_folder(model, tokenizer, args.save_averaged, {"steps": checkpoint_step(chosen[0])})
+                generation = model.generation_config  # the run's decoding
+                decoding = {"num_beams": generation.num_beams, "length_penalty": generation.length_penalty}
+                save_model_folder(
+                    model, tokenizer, args.save_averaged, {"steps": checkpoint_step(chosen[0])}, decoding
+                )
                 print(f"saved the average of steps {steps} to {args.save_averaged}", flush=True)
 
 
