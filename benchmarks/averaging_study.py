@@ -56,7 +56,7 @@ def reference_nll(model, tokenizer, sources: list[str], references: list[str], b
     return total / tokens
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("output_dir")
     parser.add_argument("--data_dir", required=True)
@@ -73,17 +73,42 @@ def main() -> None:
     args = parser.parse_args()
     if args.save_averaged and Path(args.save_averaged).exists():
         parser.error(f"--save_averaged: {args.save_averaged} exists; give a new folder")
+    return args
 
+
+def kept_checkpoints(output_dir: str, until_minutes: float | None) -> list[Path]:
+    checkpoints = list_checkpoints(Path(output_dir) / "checkpoints")
+    if until_minutes is None:
+        return checkpoints
+    limit = until_minutes * 60
+    return [path for path in checkpoints if trainer_state(path).get("elapsed_seconds", limit + 1) <= limit]
+
+
+def print_scores(model, tokenizer, metric, sources, references, steps: str, args, length_penalties) -> None:
+    """One table row per length penalty for the averaged weights now in `model`."""
+    nll = reference_nll(model, tokenizer, sources, references, args.batch_size)
+    for length_penalty in length_penalties:
+        with torch.inference_mode():
+            hypotheses = translate_sentences(
+                model, tokenizer, sources, batch_size=args.batch_size, length_penalty=length_penalty
+            )
+        scores = metric.compute(predictions=hypotheses, references=[[ref] for ref in references])
+        ratio = scores["sys_len"] / scores["ref_len"]
+        print(
+            f"| {steps} | {length_penalty} | {scores['bleu']:.2f} | {scores['chrf']:.2f} | {ratio:.3f} | {nll:.3f} |",
+            flush=True,
+        )
+
+
+def main() -> None:
+    args = parse_args()
     data_dir = Path(args.data_dir)
     pairs, _ = read_parallel_text(
         data_dir / f"{args.split}.{args.source_lang}.gz", data_dir / f"{args.split}.{args.target_lang}.gz"
     )
     pairs = pairs[: args.max_sentences]
     sources, references = [source for source, _ in pairs], [target for _, target in pairs]
-    checkpoints = list_checkpoints(Path(args.output_dir) / "checkpoints")
-    if args.until_minutes is not None:
-        limit = args.until_minutes * 60
-        checkpoints = [path for path in checkpoints if trainer_state(path).get("elapsed_seconds", limit + 1) <= limit]
+    checkpoints = kept_checkpoints(args.output_dir, args.until_minutes)
     model, tokenizer = load_model_and_tokenizer(args.output_dir, device="cpu")
     metric = load_bleu_metric()
     print(f"{len(checkpoints)} checkpoints: steps {[checkpoint_step(path) for path in checkpoints]}", flush=True)
@@ -97,20 +122,8 @@ def main() -> None:
                 continue
             model.load_state_dict(average_checkpoints(chosen), strict=False)
             model.tie_weights()
-            nll = reference_nll(model, tokenizer, sources, references, args.batch_size)
             steps = ", ".join(str(checkpoint_step(path)) for path in chosen[::-1])
-            for length_penalty in length_penalties:
-                with torch.inference_mode():
-                    hypotheses = translate_sentences(
-                        model, tokenizer, sources, batch_size=args.batch_size, length_penalty=length_penalty
-                    )
-                scores = metric.compute(predictions=hypotheses, references=[[ref] for ref in references])
-                ratio = scores["sys_len"] / scores["ref_len"]
-                print(
-                    f"| {steps} | {length_penalty} | {scores['bleu']:.2f} | {scores['chrf']:.2f} | {ratio:.3f} "
-                    f"| {nll:.3f} |",
-                    flush=True,
-                )
+            print_scores(model, tokenizer, metric, sources, references, steps, args, length_penalties)
             if args.save_averaged and not Path(args.save_averaged).exists():
                 generation = model.generation_config  # the run's decoding
                 decoding = {"num_beams": generation.num_beams, "length_penalty": generation.length_penalty}
