@@ -54,14 +54,14 @@ class VanillaTransformerConfig(PreTrainedConfig):
         rather than once per beam (fast_paths_vanilla_transformer.py); False: one row per beam, as in BART.
 
     The training loss's label smoothing is not here: it is how a model is trained, not what it is
-    (`model(..., labels=..., label_smoothing=0.1)`; configs saved with a `label_smoothing` still load, without it).
+    (`model(..., labels=..., epsilon_ls=0.1)`; configs saved with a `label_smoothing` still load, without it).
 
     Example:
         >>> config = VanillaTransformerConfig.from_preset("big", vocab_size=37000)
     """
 
     model_type = "vanilla_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the cache, as named before and after transformers 5.24
     attribute_map = {
         "num_attention_heads": "encoder_attention_heads",
         "hidden_size": "d_model",

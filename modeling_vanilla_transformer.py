@@ -13,11 +13,13 @@ The speed paths (oneDNN linear layers on CPU, beam search's encoder-decoder keys
 the training loss without logits) live in fast_paths_vanilla_transformer.py, each with a switch.
 """
 
+import inspect
 import math
 from collections.abc import Callable
 from functools import partial
 
 import torch
+import transformers
 from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationMixin, PreTrainedModel
@@ -178,26 +180,25 @@ class VanillaTransformerAttention(nn.Module):
         hidden_states: torch.Tensor,  # (B, Tq, D)
         attention_mask: torch.Tensor | None = None,
         key_value_states: torch.Tensor | None = None,  # encoder output (B, S, D) for encoder-decoder attention
-        past_key_values: Cache | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.is_cross_attention:
             (query,) = self._split_heads(self.q_proj(hidden_states), self.qk_head_dim)
-            cache = past_key_values.cross_attention_cache if past_key_values is not None else None
-            if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
-                key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            if cache is not None and cache.is_updated.get(self.layer_idx):
+                layer_cache = cache.cross_attention_cache.layers[self.layer_idx]
+                key, value = layer_cache.keys, layer_cache.values
             else:
                 key, value = self._split_heads(self.kv_proj(key_value_states), self.qk_head_dim, self.head_dim)
                 if cache is not None:
-                    key, value = cache.update(key, value, self.layer_idx)
-                    past_key_values.is_updated[self.layer_idx] = True
+                    key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+                    cache.is_updated[self.layer_idx] = True
         else:
             query, key, value = self._split_heads(
                 self.qkv_proj(hidden_states), self.qk_head_dim, self.qk_head_dim, self.head_dim
             )
-            if past_key_values is not None:  # append this step's keys and values to the decoder's cache
-                cache = getattr(past_key_values, "self_attention_cache", past_key_values)
-                key, value = cache.update(key, value, self.layer_idx)
+            if cache is not None:  # append this step's keys and values to the decoder's cache
+                key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -280,13 +281,11 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None,
         encoder_hidden_states: torch.Tensor,  # (B, S, D)
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> torch.Tensor:
         residual = hidden_states
-        hidden_states, _ = self.self_attn(
-            hidden_states, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs
-        )
+        hidden_states, _ = self.self_attn(hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
         hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
         hidden_states = self.self_attn_layer_norm(residual + hidden_states)
 
@@ -295,7 +294,7 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
             hidden_states,
             attention_mask=encoder_attention_mask,
             key_value_states=encoder_hidden_states,
-            past_key_values=past_key_values,
+            cache=cache,
             **kwargs,
         )
         hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
@@ -420,18 +419,18 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         attention_mask: torch.Tensor | None = None,  # (B, past + T)
         encoder_hidden_states: torch.Tensor | None = None,  # (B, S, D)
         encoder_attention_mask: torch.Tensor | None = None,  # (B, S)
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        past_key_values: Cache | None = None,  # the cache's name before transformers 5.24
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `decoder_input_ids` and `decoder_inputs_embeds`.")
         if encoder_hidden_states is None:
             raise ValueError("The decoder needs `encoder_hidden_states` (the encoder output).")
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        cache = decoder_cache(cache, past_key_values, kwargs, use_cache, self.config)
+        past_length = cache.get_seq_length() if cache is not None else 0
         if inputs_embeds is None:
             if past_length == 0:  # the user's ids; generate's cached steps feed back the model's own, unchecked
                 _check_token_ids(input_ids, self.config.vocab_size, "decoder_input_ids")
@@ -449,12 +448,11 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         hidden_states = inputs_embeds + positions.to(inputs_embeds.dtype)  # (B, T, D)
         hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
 
-        self_attention_cache = getattr(past_key_values, "self_attention_cache", past_key_values)
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            past_key_values=self_attention_cache,
+            **{MASK_CACHE_ARGUMENT: cache.self_attention_cache if cache is not None else None},
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
@@ -468,12 +466,10 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
                 causal_mask,
                 encoder_hidden_states,  # positional, for gradient checkpointing
                 encoder_attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 **kwargs,
             )
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values
-        )
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, **{CACHE_NAME: cache})
 
 
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
@@ -507,10 +503,11 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        past_key_values: Cache | None = None,  # the cache's name before transformers 5.24
         **kwargs,
     ) -> Seq2SeqModelOutput:
         if encoder_outputs is None:
@@ -528,14 +525,15 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
+            past_key_values=past_key_values,
             **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -574,13 +572,15 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        label_smoothing: float = 0.0,
+        epsilon_ls: float = 0.0,
         return_logits: bool = True,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        past_key_values: Cache | None = None,  # the cache's name before transformers 5.24
         **kwargs,
     ) -> Seq2SeqLMOutput:
         r"""
@@ -588,12 +588,18 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             Target token ids; -100 marks padding. The decoder inputs are the labels shifted right from
             `config.decoder_start_token_id` unless `decoder_input_ids` are given. The loss is the mean cross-entropy
             over non-padding targets, as in BART and Marian.
-        label_smoothing (`float`, *optional*, defaults to 0):
-            epsilon_ls of the loss (section 5.4 trains with 0.1). A training setting, never saved with the model.
+        epsilon_ls (`float`, *optional*, defaults to 0):
+            The loss's label smoothing (section 5.4 trains with 0.1). A training setting, never saved with the model.
+            Named without "label" because the Trainer takes every forward() parameter with "label" in its name
+            for a label column. `label_smoothing=` is still read.
+        num_items_in_batch (*optional*):
+            The non-padding targets of the whole (accumulated) batch, as the Trainer passes it: the loss is then the
+            sum over this micro-batch divided by it, so gradient accumulation gives the mean over the whole batch.
         return_logits (`bool`, *optional*, defaults to True):
             False computes the loss without the (B, T, V) logits (`logits` is None), block by block, with the
             same value and gradients (`label_smoothed_cross_entropy` in the fast paths); the training script's path.
         """
+        epsilon_ls = kwargs.pop("label_smoothing", epsilon_ls)
         if labels is not None:
             _check_token_ids(labels, self.config.vocab_size, "labels", allow_ignore_index=True)
             use_cache = False
@@ -607,17 +613,20 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
+            past_key_values=past_key_values,
             **kwargs,
         )
-        logits, loss = self._logits_and_loss(outputs.last_hidden_state, labels, label_smoothing, return_logits)
+        logits, loss = self._logits_and_loss(outputs.last_hidden_state, labels, epsilon_ls, return_logits)
+        if loss is not None and num_items_in_batch is not None:  # the sum, over the whole accumulated batch's count
+            loss = loss * (labels != -100).sum() / num_items_in_batch
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,
@@ -626,11 +635,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_attentions=outputs.encoder_attentions,
         )
 
-    def _logits_and_loss(self, hidden_states, labels, label_smoothing: float, return_logits: bool):
+    def _logits_and_loss(self, hidden_states, labels, epsilon_ls: float, return_logits: bool):
         """The pre-softmax projection (B, T, D) -> (B, T, V) and the mean cross-entropy over non-padding labels; with
         `return_logits=False`, the loss alone, without the logits (fast paths)."""
         if labels is not None and not return_logits and self.lm_head.bias is None:
-            return None, label_smoothed_cross_entropy(hidden_states, self.lm_head.weight, labels, label_smoothing)
+            return None, label_smoothed_cross_entropy(hidden_states, self.lm_head.weight, labels, epsilon_ls)
         logits = self.lm_head(hidden_states)  # (B, T, V)
         if labels is None:
             return logits, None
@@ -638,19 +647,56 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             logits.float().view(-1, logits.shape[-1]),
             labels.reshape(-1),
             ignore_index=-100,
-            label_smoothing=label_smoothing,
+            label_smoothing=epsilon_ls,
         )
         return logits, loss
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
-    def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
+    def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
         """Beam search, after each step: row i of the cache continues beam `beam_idx[i]`. The encoder-decoder keys
-        and values, the same for all beams of a sentence, are kept once per sentence (`reorder_grouped_cache`)."""
+        and values, the same for all beams of a sentence, are kept once per sentence (`reorder_grouped_cache`).
+        generate() calls this hook, where a model has one, from 5.4 to 5.24 at least."""
         return reorder_grouped_cache(
-            past_key_values, beam_idx, self.config._attn_implementation, self.config.grouped_beam_cross_attention
+            cache, beam_idx, self.config._attn_implementation, self.config.grouped_beam_cross_attention
         )
+
+
+# --- the decoder cache, under the installed transformers' name ---------------------------------------------------
+# transformers 5.24 renamed the decoder's key/value cache from `past_key_values` to `cache`: generate() passes it to
+# forward() and reads it back from the outputs under the name of the output classes' field, and the mask functions
+# take it under the new name. This file runs under whatever release a user has, so it reads the names from what is
+# installed (the output classes' fields, the mask function's parameters), never from a table of version numbers;
+# forward() accepts the cache under either name.
+
+CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+MASK_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+SUPPORTED_TRANSFORMERS = ">=5.4,<6"  # what this file is tested with; pyproject.toml declares the same
+
+
+def decoder_cache(
+    cache: Cache | None, past_key_values: Cache | None, kwargs: dict, use_cache: bool | None, config
+) -> EncoderDecoderCache | None:
+    """The decoder's cache, given under either name (a new one when `use_cache` and none is given). A cache under
+    any other name means the installed transformers passes it as this file cannot know: refuse, rather than decode
+    without it (every step would then attend to its own token only)."""
+    if cache is not None and past_key_values is not None:
+        raise ValueError("Pass the decoder cache once, as `cache` (or `past_key_values` before transformers 5.24).")
+    cache = cache if cache is not None else past_key_values
+    unknown = [name for name, value in kwargs.items() if isinstance(value, Cache)]
+    if unknown:
+        raise TypeError(
+            f"transformers {transformers.__version__} passed the decoder cache as `{unknown[0]}`, a name this model's "
+            f"code does not read (it reads `cache` and `past_key_values`; it supports transformers"
+            f"{SUPPORTED_TRANSFORMERS}). Refresh the folder's code with `python -m vanilla_transformer.refresh_code "
+            "FOLDER`, or install a supported transformers."
+        )
+    if use_cache and cache is None:
+        cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+    elif cache is not None and not isinstance(cache, EncoderDecoderCache):  # a decoder-only cache: add the encoder's
+        cache = EncoderDecoderCache(cache, DynamicCache(config=config))
+    return cache
 
 
 # --- inputs ------------------------------------------------------------------------------------------------------

@@ -53,6 +53,29 @@ def tiny_model(tiny_config) -> VanillaTransformerForConditionalGeneration:
     return VanillaTransformerForConditionalGeneration(tiny_config).eval()
 
 
+@pytest.fixture(scope="session")
+def memorising_model():
+    """A tiny model trained in the test to translate four sources into their reverses (then </s>). Each next token
+    depends on the position and the tokens decoded before it, so decoding without the past (a dropped cache, or one
+    rebuilt every step) gives other tokens: a random model, which repeats one token, cannot tell the difference.
+    Returns the model, the sources (4, 7) and the memorised targets (4, 8)."""
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig(**TINY, dropout=0.0))
+    sources = torch.randint(4, TINY["vocab_size"], (4, 7), generator=torch.Generator().manual_seed(3))
+    targets = torch.cat([sources.flip(1), torch.full((4, 1), model.config.eos_token_id)], dim=1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(600):
+        output = model(input_ids=sources, labels=targets)
+        if torch.equal(output.logits.argmax(-1), targets) and output.loss < 0.05:
+            break
+        output.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    else:
+        raise AssertionError("the tiny model did not memorise its four pairs")
+    return model.eval(), sources, targets
+
+
 @pytest.fixture
 def source_batch(tiny_config):
     """Two right-padded source sentences: the second has 3 padding positions."""

@@ -80,7 +80,7 @@ def test_the_loss_without_logits_has_the_value_and_gradients_of_the_loss_on_the_
     model = modeling.VanillaTransformerForConditionalGeneration(tiny_config).train()
     input_ids, attention_mask = source_batch
     labels = random_labels((2, 6), tiny_config.vocab_size, torch.Generator().manual_seed(2))
-    batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels, label_smoothing=0.1)
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels, epsilon_ls=0.1)
 
     outputs = model(**batch, return_logits=False)
     assert outputs.logits is None

@@ -1,8 +1,14 @@
 """generate(): greedy, beam, sampling, padding, and the KV cache giving exactly the uncached tokens."""
 
+import warnings
+
 import pytest
 import torch
-from transformers import EncoderDecoderCache
+import transformers
+from transformers import DynamicCache, EncoderDecoderCache
+from transformers.testing_utils import CaptureLogger
+
+import modeling_vanilla_transformer
 
 from .test_modeling import random_ids
 
@@ -72,11 +78,91 @@ def test_incremental_decoding_matches_the_full_forward(tiny_model, tiny_config, 
             attention_mask=attention_mask,
             encoder_outputs=encoder_outputs,
             decoder_input_ids=target[:, position : position + 1],
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         )
-        cache = out.past_key_values
+        cache = getattr(out, modeling_vanilla_transformer.CACHE_NAME)
         steps.append(out.logits)
     assert isinstance(cache, EncoderDecoderCache)
     assert cache.self_attention_cache.get_seq_length() == target.shape[1]
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
+# --- the cache with a model whose tokens depend on the past --------------------------------------------------------
+
+MEMORISED_DECODING = {
+    "greedy": dict(num_beams=1),
+    "beam": dict(num_beams=4),
+    "beam, one row per beam": dict(num_beams=4, grouped_beam_cross_attention=False),
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(MEMORISED_DECODING))
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cached", "uncached"])
+@torch.no_grad()
+def test_a_model_that_depends_on_its_past_decodes_its_memorised_targets(memorising_model, strategy, use_cache):
+    model, sources, targets = memorising_model
+    settings = dict(MEMORISED_DECODING[strategy])
+    model.config.grouped_beam_cross_attention = settings.pop("grouped_beam_cross_attention", True)
+    try:
+        generated = model.generate(sources, max_new_tokens=12, use_cache=use_cache, **settings)
+    finally:
+        model.config.grouped_beam_cross_attention = True
+    assert generated[:, 1:].tolist() == targets.tolist()
+
+
+@torch.no_grad()
+def test_the_step_logits_of_generate_equal_a_full_forward_over_the_same_prefix(memorising_model):
+    model, sources, targets = memorising_model
+    generated = model.generate(
+        sources, max_new_tokens=12, num_beams=1, output_logits=True, return_dict_in_generate=True
+    )
+    step_logits = torch.stack(generated.logits, dim=1)  # (B, steps, V)
+    full = model(input_ids=sources, decoder_input_ids=generated.sequences[:, :-1]).logits
+    assert step_logits.shape == full.shape
+    assert torch.allclose(step_logits, full, atol=1e-4)
+
+
+@torch.no_grad()
+def test_forward_reads_the_cache_under_either_name_and_returns_it_as_the_installed_transformers_names_it(
+    memorising_model,
+):
+    model, sources, targets = memorising_model
+    decoder_inputs = torch.cat([torch.ones_like(targets[:, :1]), targets[:, :-1]], dim=1)
+    full = model(input_ids=sources, decoder_input_ids=decoder_inputs).logits
+    for name in ("cache", "past_key_values"):
+        cache, steps = None, []
+        for position in range(decoder_inputs.shape[1]):
+            output = model(input_ids=sources, decoder_input_ids=decoder_inputs[:, position : position + 1],
+                           use_cache=True, **{name: cache})  # fmt: skip
+            cache = output[modeling_vanilla_transformer.CACHE_NAME]
+            steps.append(output.logits)
+        assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5), name
+    assert modeling_vanilla_transformer.CACHE_NAME in type(output).__dataclass_fields__
+
+
+def test_a_cache_under_a_name_the_model_does_not_know_is_refused_naming_the_transformers_version(memorising_model):
+    model, sources, targets = memorising_model
+    with pytest.raises(TypeError, match=rf"transformers {transformers.__version__} passed the decoder cache as `kv`"):
+        model(
+            input_ids=sources, decoder_input_ids=targets[:, :1], kv=EncoderDecoderCache(DynamicCache(), DynamicCache())
+        )
+    with pytest.raises(ValueError, match="once"):
+        model(
+            input_ids=sources, decoder_input_ids=targets[:, :1], cache=DynamicCache(), past_key_values=DynamicCache()
+        )
+
+
+@torch.no_grad()
+def test_loading_and_decoding_give_no_deprecation_warning(memorising_model, tmp_path):
+    model, sources, _ = memorising_model
+    model.save_pretrained(tmp_path)
+    transformers.utils.logging.warning_once.cache_clear()  # a warning given earlier in the session is given again
+    logger = transformers.utils.logging.get_logger("transformers")
+    with warnings.catch_warnings(record=True) as caught, CaptureLogger(logger) as logged:
+        warnings.simplefilter("always")
+        loaded = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path, trust_remote_code=True)
+        for num_beams in (1, 4):
+            loaded.generate(sources, max_new_tokens=10, num_beams=num_beams)
+    messages = [str(warning.message) for warning in caught] + logged.out.splitlines()
+    assert not [message for message in messages if "deprecat" in message.lower()], messages

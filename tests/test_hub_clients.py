@@ -3,8 +3,12 @@ and speed paths, and the stock Seq2SeqTrainer fine-tunes a saved model whose che
 without this project."""
 
 import json
+import math
+import subprocess
+import sys
 
 import datasets
+import pytest
 import torch
 from accelerate.state import AcceleratorState
 from transformers import (
@@ -15,7 +19,9 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
-from .test_hub import run_without_the_project
+from vanilla_transformer import hub
+
+from .test_hub import BLOCK_PROJECT_IMPORTS, run_without_the_project
 from .test_hub_folder import CARD_VALUES, ENGLISH, GERMAN, save_tiny_model_folder
 
 TRANSLATE_IN_A_CLEAN_PROCESS = """
@@ -36,7 +42,7 @@ def test_a_loaded_model_saved_again_carries_its_pipeline_and_fast_paths(tmp_path
     code = f"""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
     AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True).save_pretrained("resaved")
-    AutoTokenizer.from_pretrained({str(folder)!r}).save_pretrained("resaved")
+    AutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True).save_pretrained("resaved")
     """
     run_without_the_project(code, cwd=tmp_path)
     resaved = tmp_path / "resaved"
@@ -49,7 +55,7 @@ def test_a_loaded_model_saved_again_carries_its_pipeline_and_fast_paths(tmp_path
 
 def test_the_stock_seq2seq_trainer_fine_tunes_a_saved_model_whose_checkpoint_translates(tmp_path):
     folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
     pairs = datasets.Dataset.from_dict({"en": ENGLISH, "de": GERMAN})
     tokenized = pairs.map(lambda pair: tokenizer(pair["en"], text_target=pair["de"]), remove_columns=["en", "de"])
@@ -87,3 +93,76 @@ def test_the_stock_seq2seq_trainer_fine_tunes_a_saved_model_whose_checkpoint_tra
     checkpoint = tmp_path / "fine-tuned" / "checkpoint-3"
     result = translate_without_the_project(checkpoint)
     assert result["class"] == "VanillaTransformerTranslationPipeline" and "translation_text" in result["output"][0]
+
+
+@pytest.mark.parametrize("predict_with_generate", [False, True], ids=["loss only", "with generate"])
+def test_the_stock_seq2seq_trainer_evaluates_a_loss_and_runs_compute_metrics(tmp_path, predict_with_generate):
+    folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
+    pairs = datasets.Dataset.from_dict({"en": ENGLISH[:8], "de": GERMAN[:8]})
+    tokenized = pairs.map(lambda pair: tokenizer(pair["en"], text_target=pair["de"]), remove_columns=["en", "de"])
+    metric_calls = []
+
+    def compute_metrics(prediction):
+        metric_calls.append(prediction.label_ids.shape)
+        return {"called": 1.0}
+
+    arguments = Seq2SeqTrainingArguments(  # the defaults, but for what keeps the test small and offline
+        output_dir=str(tmp_path / "evaluated"),
+        per_device_eval_batch_size=4,
+        predict_with_generate=predict_with_generate,
+        generation_max_length=8,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    try:
+        trainer = Seq2SeqTrainer(
+            model=model,
+            args=arguments,
+            eval_dataset=tokenized,
+            data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+            processing_class=tokenizer,
+            compute_metrics=compute_metrics,
+        )
+        metrics = trainer.evaluate()
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert trainer.label_names == ["labels"] and trainer.can_return_loss is False
+    assert math.isfinite(metrics["eval_loss"]) and metrics["eval_loss"] > 0
+    assert metrics["eval_called"] == 1.0 and len(metric_calls) == 1
+
+
+def test_the_loss_divided_by_the_trainers_item_count_sums_to_the_whole_batch_mean(tmp_path):
+    model = AutoModelForSeq2SeqLM.from_pretrained(save_tiny_model_folder(tmp_path / "m"), trust_remote_code=True)
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(4, 300, (4, 6), generator=generator)
+    labels = torch.randint(4, 300, (4, 5), generator=generator)
+    labels[0, 3:] = -100
+    whole = model(input_ids=input_ids, labels=labels).loss
+    count = (labels != -100).sum()
+    halves = [model(input_ids=input_ids[rows], labels=labels[rows], num_items_in_batch=count).loss for rows in
+              (slice(0, 2), slice(2, 4))]  # fmt: skip
+    assert torch.allclose(halves[0] + halves[1], whole, atol=1e-5)
+
+
+def test_the_documented_tokenizer_loading_asks_nothing_and_saves_no_machine_settings(tmp_path):
+    first = save_tiny_model_folder(tmp_path / "first", CARD_VALUES)
+    model = AutoModelForSeq2SeqLM.from_pretrained(first, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(first, trust_remote_code=True)  # as --tokenizer_name_or_path loads it
+    folder = hub.save_model_folder(model, tokenizer, tmp_path / "model", CARD_VALUES)
+    assert not {"is_local", "local_files_only"} & set(json.loads((folder / "tokenizer_config.json").read_text()))
+    code = f"from transformers import AutoTokenizer\nAutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True)"
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCK_PROJECT_IMPORTS + code],
+        cwd=tmp_path,
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        timeout=300,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "Do you wish to run the custom code" not in output and "model of type" not in output, output

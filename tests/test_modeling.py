@@ -367,7 +367,7 @@ def test_label_smoothing_is_an_argument_of_the_loss_not_of_the_saved_model(tiny_
     input_ids, attention_mask = source_batch
     labels = random_ids(tiny_config, (2, 5), seed=4)
     labels[1, 3:] = -100
-    output = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, label_smoothing=0.1)
+    output = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, epsilon_ls=0.1)
     log_probs = output.logits.log_softmax(-1)[labels != -100]  # (real targets, V)
     targets = labels[labels != -100]
     epsilon, vocab = 0.1, tiny_config.vocab_size

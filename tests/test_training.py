@@ -249,3 +249,13 @@ def test_bad_data_stops_every_process_instead_of_leaving_them_waiting(tmp_path):
     result = train(tmp_path / "out", *arguments, processes=2, timeout=120, check=False)
     assert result.returncode != 0
     assert "has 2 lines but" in result.stderr and "failed on another process" in result.stderr, result.stderr[-3000:]
+
+
+def test_a_greedy_run_saves_a_valid_generation_config_a_greedy_card_and_checkpoints_without_warnings(tmp_path):
+    result = train(tmp_path / "run", "--max_steps", "2", "--save_steps", "1", "--num_beams", "1")
+    folder = tmp_path / "run"
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation["num_beams"] == 1 and "length_penalty" not in generation and "early_stopping" not in generation
+    assert "Decoding: greedy search" in (folder / "README.md").read_text()
+    assert "Removed shared tensor" not in result.stdout + result.stderr
+    assert sorted(path.name for path in (tmp_path / "run" / "checkpoints").iterdir())  # checkpoints were written

@@ -54,6 +54,22 @@ STAGING_PREFIX = ".incomplete_"
 _CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
 
 
+def save_tied_weights_once(models, weights: list[dict], output_dir) -> None:
+    """`accelerator.save_state` pre-hook: each tensor stored once, under the first of its names (the shared embedding
+    matrix has four, 3.4). Accelerate drops the other names the same way, but logs "Removed shared tensor" at every
+    checkpoint; loading ties them again."""
+    for state_dict in weights:
+        seen = set()
+        for name in list(state_dict):
+            tensor = state_dict[name]
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            storage = (tensor.device, tensor.untyped_storage().data_ptr())
+            if storage in seen:
+                del state_dict[name]
+            seen.add(storage)
+
+
 def checkpoint_dir(checkpoint_root: str | Path, step: int) -> Path:
     """Final folder of the checkpoint taken at `step`, e.g. `step_000123`."""
     return Path(checkpoint_root) / f"{CHECKPOINT_PREFIX}{step:06d}"

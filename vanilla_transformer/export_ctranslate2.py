@@ -48,7 +48,7 @@ from modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerLearnedPositionalEmbedding,
 )
-from vanilla_transformer.tokenization import UNK_TOKEN_ID
+from vanilla_transformer.tokenization import UNK_TOKEN_ID, load_tokenizer
 
 # config.activation_function -> the name of CTranslate2's common_spec.Activation
 ACTIVATIONS = {
@@ -149,9 +149,7 @@ def vocabulary(model_dir: str | Path, vocab_size: int) -> list[str]:
     """Token strings by id from the tokenizer saved in `model_dir`; placeholders `id_<n>` where there are none."""
     tokens = [f"id_{index}" for index in range(vocab_size)]
     if any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = load_tokenizer(model_dir)
         for index, token in enumerate(tokenizer.convert_ids_to_tokens(list(range(min(len(tokenizer), vocab_size))))):
             if token is not None:
                 tokens[index] = token

@@ -24,6 +24,7 @@ from huggingface_hub import HfApi
 from huggingface_hub.repocard_data import EvalResult, eval_results_to_model_index
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
 
 MODEL_CARD_TEMPLATE = Path(__file__).resolve().parent.parent / "model_card.md"
@@ -31,6 +32,9 @@ MODEL_ID_PLACEHOLDER = "your-username/vanilla-transformer"  # README.md code use
 NOT_MEASURED = "not measured"
 NOT_RECORDED = "not recorded"
 PAPER_DECODING = dict(num_beams=4, length_penalty=0.6, early_stopping=True)  # section 6.1
+BEAM_ONLY = ("length_penalty", "early_stopping")
+# what `from_pretrained` records of the machine that loaded a tokenizer, and `save_pretrained` writes back
+MACHINE_SETTINGS = ("is_local", "local_files_only", "cache_dir", "token", "_commit_hash")
 EXAMPLE_SOURCES = {"en": "The house is small.", "de": "Das Haus ist klein.", "fr": "La maison est petite."}
 
 CODE_FILES = (
@@ -73,17 +77,29 @@ def save_model_folder(
     # the model (safetensors, config with auto_map, the two model files) and the tokenizer.
     translator = VanillaTransformerTranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     translator.save_pretrained(output_dir)
+    drop_machine_settings(output_dir / "tokenizer_config.json")
     paper_generation_config(model.config, **decoding).save_pretrained(output_dir)
     card = render_model_card(model, {**(card_values or {}), **decoding})
     (output_dir / "README.md").write_text(card, encoding="utf-8")
     return output_dir
 
 
+def drop_machine_settings(tokenizer_config: Path) -> None:
+    """Remove from a saved tokenizer_config.json what describes the machine that loaded the tokenizer."""
+    settings = json.loads(tokenizer_config.read_text(encoding="utf-8"))
+    if any(name in settings for name in MACHINE_SETTINGS):
+        kept = {name: value for name, value in settings.items() if name not in MACHINE_SETTINGS}
+        tokenizer_config.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def paper_generation_config(config, **decoding) -> GenerationConfig:
     """Beam search with beam 4 and length penalty 0.6 (section 6.1), or `decoding`'s values, with the model's special
-    token ids."""
+    token ids. With one beam (greedy), the beam-only settings are left out: transformers refuses to save them."""
+    decoding = {**PAPER_DECODING, **decoding}
+    if decoding["num_beams"] == 1:
+        decoding = {name: value for name, value in decoding.items() if name not in BEAM_ONLY}
     return GenerationConfig(
-        **{**PAPER_DECODING, **decoding},
+        **decoding,
         decoder_start_token_id=config.decoder_start_token_id,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
@@ -112,6 +128,12 @@ def render_model_card(model: PreTrainedModel, card_values: dict[str, Any]) -> st
     }
     for name in ("num_beams", "length_penalty"):
         values.setdefault(name, PAPER_DECODING[name])
+    values["decoding"] = (
+        "greedy search (one beam)"
+        if int(values["num_beams"]) == 1
+        else f"beam search with beam size {values['num_beams']} and length penalty {values['length_penalty']}"
+    )
+    values["transformers_range"] = SUPPORTED_TRANSFORMERS
     for name in (
         "source_lang",
         "target_lang",

@@ -41,6 +41,7 @@ from . import data
 from .batching import TokenizedPairs
 from .cli import at_least, non_negative_int, number_in, positive_int
 from .data import DataError, DataReport, Pair
+from .tokenization import load_tokenizer
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -437,7 +438,6 @@ def main_process_only(accelerator, work, what: str = "preparing the data", selec
 
 def load_prepared(folder: str | Path) -> PreparedCorpus:
     import datasets
-    from transformers import AutoTokenizer
 
     folder = Path(folder)
     if not (folder / MANIFEST).is_file():
@@ -451,7 +451,7 @@ def load_prepared(folder: str | Path) -> PreparedCorpus:
             f"{manifest['key'].get('format')}, need {FORMAT_VERSION}); prepare it again"
         )
     splits = {split: datasets.load_from_disk(str(folder / split)) for split in manifest["reports"]}
-    return PreparedCorpus(folder, AutoTokenizer.from_pretrained(folder / TOKENIZER_FOLDER), splits, manifest)
+    return PreparedCorpus(folder, load_tokenizer(folder / TOKENIZER_FOLDER), splits, manifest)
 
 
 def load_or_prepare(args, accelerator=None, splits: Iterable[str] = SPLITS, tokenizer=None) -> PreparedCorpus:
@@ -462,9 +462,7 @@ def load_or_prepare(args, accelerator=None, splits: Iterable[str] = SPLITS, toke
     if getattr(args, "prepared_data", None):
         return load_prepared(args.prepared_data)
     if tokenizer is None and args.tokenizer_name_or_path:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path)
+        tokenizer = load_tokenizer(args.tokenizer_name_or_path)
     sources = split_sources(args, splits)
     if "train" in splits and "train" not in sources:
         raise DataError("no training data: give --data_dir, --train_file or --dataset_name")
@@ -493,9 +491,7 @@ def main(argv=None) -> None:
         parser.error(f"--output_dir {folder} exists; choose a new folder (a prepared corpus is never overwritten)")
     tokenizer = None
     if args.tokenizer_name_or_path:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path)
+        tokenizer = load_tokenizer(args.tokenizer_name_or_path)
     sources = split_sources(args)
     if "train" not in sources:
         parser.error("no training data: give --data_dir, --train_file or --dataset_name")

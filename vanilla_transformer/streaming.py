@@ -88,12 +88,10 @@ def shuffled_shard(stream, seed: int, buffer_size: int, rank: int, world_size: i
 def load_or_train_tokenizer(args, accelerator=None):
     """`--tokenizer_name_or_path`, or a BPE trained on the first `--tokenizer_train_pairs` pairs of the shuffled
     stream, cached under `--data_cache_dir` by the stream and tokenizer settings (the local main process trains)."""
-    from transformers import AutoTokenizer
-
-    from .tokenization import train_shared_tokenizer
+    from .tokenization import load_tokenizer, train_shared_tokenizer
 
     if args.tokenizer_name_or_path:
-        return AutoTokenizer.from_pretrained(args.tokenizer_name_or_path)
+        return load_tokenizer(args.tokenizer_name_or_path)
     corpus_key = prepare.corpus_key(args, prepare.split_sources(args, ["train"]))
     key = {name: corpus_key[name] for name in ("format", "source_lang", "target_lang", "sources", "tokenizer")}
     key["shuffle_buffer_size"] = args.shuffle_buffer_size  # the sample is the stream's first pairs
@@ -109,7 +107,7 @@ def load_or_train_tokenizer(args, accelerator=None):
             train()
 
     prepare.main_process_only(accelerator, train_if_missing)
-    return AutoTokenizer.from_pretrained(folder)
+    return load_tokenizer(folder)
 
 
 def tokenized_examples(pairs: Iterable[dict], tokenizer, args, batch_size: int = 1000) -> Iterator[dict]:

@@ -5,10 +5,11 @@ tokens and `decode(encode(text))` gives `text` back exactly (there is no normali
 ends with `</s>`; nothing is prepended, because the decoder starts from `<s>` (the model's `decoder_start_token_id`)
 when it shifts the labels right.
 
-Save it with `tokenizer.save_pretrained(folder)` and load it back with `AutoTokenizer.from_pretrained(folder)`.
+Save it with `tokenizer.save_pretrained(folder)` and load it back with `load_tokenizer(folder)`.
 """
 
 from collections.abc import Iterable
+from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -20,6 +21,17 @@ MODEL_MAX_LENGTH = 1024
 
 # Byte-level BPE starts from all 256 byte symbols, so a smaller vocabulary cannot hold them plus the special tokens.
 MIN_VOCAB_SIZE = len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIAL_TOKENS)
+
+
+def load_tokenizer(name_or_path: str | Path):
+    """The tokenizer saved in a folder (a model folder, a prepared corpus's, a trained one) or on the Hub. A folder
+    holding `tokenizer.json` loads as the plain `tokenizers` tokenizer it is: since transformers 5, `AutoTokenizer`
+    reads a model folder's configuration first, asks whether to run its custom code and logs a model-type warning."""
+    if (Path(name_or_path) / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(name_or_path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name_or_path)
 
 
 def train_shared_tokenizer(

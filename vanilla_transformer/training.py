@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from pipeline_vanilla_transformer import paper_max_new_tokens
 
+from . import checkpoints
 from .batching import TokenBatchSampler, TranslationCollator
 
 
@@ -44,6 +45,7 @@ def make_accelerator(**kwargs):
             "check the launch command and the accelerate config."
         )
     check_distributed_setup(accelerator)
+    accelerator.register_save_state_pre_hook(checkpoints.save_tied_weights_once)
     return accelerator
 
 
@@ -120,7 +122,7 @@ def forward_backward(accelerator, model, step_batches: list[dict], global_tokens
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
                 labels=batch["labels"],
-                label_smoothing=label_smoothing,
+                epsilon_ls=label_smoothing,
                 return_logits=False,
             ).loss
             loss = mean_loss * (batch["labels"] != -100).sum()  # a tensor: no host sync per micro-batch
