@@ -1,0 +1,40 @@
+"""`python -m vanilla_transformer.refresh_code`: a saved folder's code replaced by the installed one, checked by
+decoding, the old files kept."""
+
+import json
+from pathlib import Path
+
+from modeling_vanilla_transformer import __file__ as MODELING_FILE
+from vanilla_transformer import refresh_code
+from vanilla_transformer.hub import CODE_FILES
+
+from .test_hub_folder import CARD_VALUES, save_tiny_model_folder
+
+OLD_CODE = "# saved by an older version of this project\n"
+
+
+def test_refresh_replaces_the_code_files_keeps_the_old_ones_and_checks_the_decoding(tmp_path, capsys):
+    folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
+    modeling = folder / "modeling_vanilla_transformer.py"
+    modeling.write_text(OLD_CODE + modeling.read_text())
+    (folder / "fast_paths_vanilla_transformer.py").unlink()  # folders from before the fast paths lack the file
+
+    assert refresh_code.main([str(folder)]) == 0
+
+    for name in CODE_FILES:
+        assert (folder / name).read_text() == (Path(MODELING_FILE).parent / name).read_text(), name
+    (backup,) = (folder / refresh_code.BACKUP_FOLDER).iterdir()
+    assert (backup / "modeling_vanilla_transformer.py").read_text().startswith(OLD_CODE)
+    assert "decodes as the installed code" in capsys.readouterr().out
+
+
+def test_refresh_refuses_a_folder_of_another_model_and_changes_nothing(tmp_path, capsys):
+    folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "marian"}))
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+
+    assert refresh_code.main([str(folder)]) == 1
+
+    assert "holds a 'marian' model" in capsys.readouterr().err
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
