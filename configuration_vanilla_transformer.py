@@ -61,7 +61,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "vanilla_transformer"
-    keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the cache, as named before and after transformers 5.24
+    # the decoder cache, as transformers 5.24 and later name it and as earlier releases did
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {
         "num_attention_heads": "encoder_attention_heads",
         "hidden_size": "d_model",
