@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list, gather_object, set_seed
 from accelerate.utils import load as load_with_weights_only
+from huggingface_hub import constants as hub_constants
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -42,7 +43,7 @@ from vanilla_transformer.cli import (
     positive_int,
     probability,
 )
-from vanilla_transformer.hub import push_folder_to_hub, render_model_card, save_model_folder
+from vanilla_transformer.hub import HubUploadError, push_folder_to_hub, render_model_card, save_model_folder
 from vanilla_transformer.metrics import load_bleu_metric
 from vanilla_transformer.output_folder import OutputDirError, claim_evaluation_dir, claim_output_dir
 from vanilla_transformer.training import (
@@ -256,6 +257,11 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--evaluate_only needs --model_name_or_path")
     if args.push_to_hub and not args.hub_model_id:
         parser.error("--push_to_hub needs --hub_model_id")
+    if args.push_to_hub and hub_constants.HF_HUB_OFFLINE:
+        parser.error(
+            "--push_to_hub with HF_HUB_OFFLINE set: the upload at the end could not happen; train without it and "
+            "run `python -m vanilla_transformer.push_to_hub OUTPUT_DIR --hub_model_id ID` once online"
+        )
     if args.average_last > args.save_total_limit > 0:
         parser.error("--average_last cannot exceed --save_total_limit: the checkpoints to average must be kept")
     try:  # the model the flags describe, checked before any data is read
@@ -814,11 +820,20 @@ def finish(accelerator, args, run, state: RunState, stop_reason: str, stop_signa
             f"score it with --evaluate_only --model_name_or_path {args.output_dir}"
         )
     accelerator.log({f"final/{split}_bleu": r["bleu"] for split, r in summary["results"].items()}, step=state.step)
+    upload_failure = None
     if accelerator.is_main_process:
         save_final_model(model, run["tokenizer"], args, summary, card_only=True)
         if args.push_to_hub:
-            push_folder_to_hub(args.output_dir, args.hub_model_id, private=args.hub_private)
+            try:
+                push_folder_to_hub(args.output_dir, args.hub_model_id, private=args.hub_private)
+            except HubUploadError as error:
+                upload_failure = (
+                    f"error: {error} The model folder {args.output_dir} is complete; upload it later with "
+                    f"python -m vanilla_transformer.push_to_hub {args.output_dir} --hub_model_id {args.hub_model_id}"
+                )
     accelerator.wait_for_everyone()
+    if upload_failure:
+        sys.exit(upload_failure)
 
 
 def save_final_model(model, tokenizer, args, summary: dict, card_only: bool = False) -> None:

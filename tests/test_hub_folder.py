@@ -7,8 +7,11 @@ import json
 import shutil
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
+from huggingface_hub import constants as hub_constants
+from huggingface_hub.errors import OfflineModeIsEnabled
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from configuration_vanilla_transformer import VanillaTransformerConfig
@@ -178,8 +181,8 @@ class RecordingHfApi:
         self.calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
         return f"https://huggingface.co/{repo_id}"
 
-    def upload_folder(self, **kwargs):
-        self.calls.append(("upload_folder", kwargs))
+    def create_commit(self, repo_id, operations, **kwargs):
+        self.calls.append(("create_commit", {"repo_id": repo_id, "operations": list(operations), **kwargs}))
 
 
 @pytest.fixture
@@ -189,20 +192,105 @@ def recording_api(monkeypatch):
     return RecordingHfApi
 
 
+def uploaded(recording_api) -> dict:
+    """path in repo -> what the recorded commit would send (bytes, or the local path it reads)."""
+    (_, commit), *_ = [call for call in recording_api.calls if call[0] == "create_commit"]
+    return {operation.path_in_repo: operation.path_or_fileobj for operation in commit["operations"]}
+
+
 def test_push_folder_to_hub_creates_the_repo_and_uploads_the_model_files(model_folder, recording_api):
-    (model_folder / "checkpoints" / "step_000100").mkdir(parents=True)
-    (model_folder / "checkpoints" / "step_000100" / "model.safetensors").write_bytes(b"not uploaded")
     url = hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de", token="hf_x", private=True)
 
     assert url == "https://huggingface.co/someone/vanilla-en-de"
-    (_, init), (_, create), (_, upload) = recording_api.calls
+    (_, init), (_, create), (_, commit) = recording_api.calls
     assert init == {"token": "hf_x"}
     assert create == {"repo_id": "someone/vanilla-en-de", "private": True, "exist_ok": True}
-    assert upload["repo_id"] == "someone/vanilla-en-de" and Path(upload["folder_path"]) == model_folder
-    assert sorted(upload["allow_patterns"]) == sorted(path.name for path in model_folder.iterdir() if path.is_file())
-    assert "model.safetensors" in upload["allow_patterns"] and "checkpoints" not in upload["allow_patterns"]
+    assert commit["repo_id"] == "someone/vanilla-en-de"
+    files = uploaded(recording_api)
+    assert set(files) == {path.name for path in model_folder.iterdir() if path.is_file()}
+    assert Path(files["model.safetensors"]) == model_folder / "model.safetensors"
     readme = (model_folder / "README.md").read_text()
+    assert files["README.md"] == readme.encode("utf-8")
     assert hub.MODEL_ID_PLACEHOLDER not in readme and 'model="someone/vanilla-en-de"' in readme
+
+
+def test_push_uploads_only_the_model_repository_files_never_secrets_logs_or_results(
+    model_folder, recording_api, capsys
+):
+    model_files = {path.name for path in model_folder.iterdir() if path.is_file()}
+    local_only = {
+        ".env": "HF_TOKEN=hf_secret\n",
+        "notes.txt": "my notes\n",
+        "train_log.jsonl": "{}\n",
+        "results.json": "{}\n",
+        "validation.hyp.txt": "a\n",
+        "test.hyp.txt": "b\n",
+        "eval_results.json": "{}\n",
+        "optimizer.bin": "x",
+    }
+    for name, text in local_only.items():
+        (model_folder / name).write_text(text)
+    (model_folder / "checkpoints" / "step_000100").mkdir(parents=True)
+    (model_folder / "checkpoints" / "step_000100" / "model.safetensors").write_bytes(b"not uploaded")
+
+    hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+    assert set(uploaded(recording_api)) == model_files
+    printed = capsys.readouterr().out
+    assert "model.safetensors" in printed and ".env" not in printed and "results.json" not in printed
+
+
+def test_a_sharded_model_uploads_its_shards_and_index(model_folder, recording_api):
+    (model_folder / "model.safetensors").rename(model_folder / "model-00001-of-00002.safetensors")
+    (model_folder / "model-00002-of-00002.safetensors").write_bytes(b"shard")
+    (model_folder / "model.safetensors.index.json").write_text("{}")
+    assert hub.check_model_folder(model_folder) == []
+    hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+    files = uploaded(recording_api)
+    assert {
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    } <= set(files)
+
+
+def test_weights_under_another_name_are_not_taken_for_the_model(model_folder):
+    (model_folder / "model.safetensors").rename(model_folder / "backup.safetensors")
+    assert "missing the weights: no .safetensors file" in hub.check_model_folder(model_folder)
+
+
+class UnreachableHfApi(RecordingHfApi):
+    error: Exception | None = None
+
+    def create_repo(self, repo_id, **kwargs):
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error, says",
+    [
+        (OfflineModeIsEnabled("Cannot reach https://huggingface.co: offline mode is enabled."), "offline mode is on"),
+        (httpx.ConnectError("[Errno -2] Name or service not known"), "the Hub cannot be reached (ConnectError"),
+        (ConnectionError("connection refused"), "the Hub cannot be reached"),
+        (RuntimeError("401 Unauthorized"), "the Hub refused it (RuntimeError: 401 Unauthorized); check the token"),
+    ],
+)
+def test_a_failed_upload_says_why_and_changes_nothing_locally(model_folder, monkeypatch, error, says):
+    monkeypatch.setattr(UnreachableHfApi, "error", error)
+    monkeypatch.setattr(hub, "HfApi", UnreachableHfApi)
+    before = {path.name: path.read_bytes() for path in model_folder.iterdir() if path.is_file()}
+    with pytest.raises(hub.HubUploadError, match="Nothing was uploaded") as failed:
+        hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+    assert says in str(failed.value)
+    assert {path.name: path.read_bytes() for path in model_folder.iterdir() if path.is_file()} == before
+
+
+def test_offline_the_push_command_ends_in_a_clear_error_not_a_traceback(model_folder, monkeypatch, capsys):
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)  # the real HfApi, stopped before any request
+    readme = (model_folder / "README.md").read_text()
+    assert push_to_hub.main([str(model_folder), "--hub_model_id", "someone/x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not upload") and "offline mode is on" in err and "Traceback" not in err
+    assert (model_folder / "README.md").read_text() == readme
 
 
 def test_push_refuses_an_incomplete_folder(model_folder, recording_api):
@@ -221,6 +309,6 @@ def test_push_command_checks_then_uploads(model_folder, tmp_path, recording_api,
     assert recording_api.calls == []
 
     assert push_to_hub.main([str(model_folder), "--hub_model_id", "someone/x", "--private"]) == 0
-    assert [name for name, _ in recording_api.calls] == ["init", "create_repo", "upload_folder"]
+    assert [name for name, _ in recording_api.calls] == ["init", "create_repo", "create_commit"]
     assert recording_api.calls[1][1]["private"] is True
     assert "https://huggingface.co/someone/x" in capsys.readouterr().out

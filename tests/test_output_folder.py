@@ -284,6 +284,16 @@ def test_bad_flags_are_refused_when_parsed_naming_the_flag(flags, named, capsys)
     assert named in capsys.readouterr().err
 
 
+def test_push_to_hub_is_refused_before_training_when_the_hub_is_offline(monkeypatch, capsys):
+    monkeypatch.setattr(train_accelerate.hub_constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SystemExit) as stopped:
+        train_accelerate.parse_args(["--push_to_hub", "--hub_model_id", "someone/x"])
+    assert stopped.value.code == 2
+    assert "--push_to_hub with HF_HUB_OFFLINE set" in capsys.readouterr().err
+    monkeypatch.setattr(train_accelerate.hub_constants, "HF_HUB_OFFLINE", False)
+    assert train_accelerate.parse_args(["--push_to_hub", "--hub_model_id", "someone/x"]).push_to_hub
+
+
 def test_model_flags_reach_the_config_over_the_preset():
     args = train_accelerate.parse_args(
         ["--preset", "small", "--dropout", "0.3", "--attention_dropout", "0.1", "--activation_dropout", "0.05"]

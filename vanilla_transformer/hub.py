@@ -4,7 +4,8 @@
 
     config.json               the configuration, with `auto_map` (the model classes) and `custom_pipelines`
     model.safetensors         the weights (one entry for the shared embedding matrix)
-    configuration_vanilla_transformer.py, modeling_vanilla_transformer.py, pipeline_vanilla_transformer.py
+    configuration_vanilla_transformer.py, modeling_vanilla_transformer.py, pipeline_vanilla_transformer.py,
+    fast_paths_vanilla_transformer.py
     tokenizer.json, tokenizer_config.json
     generation_config.json    the decoding the scores were measured with; by default the paper's: beam 4, length
                               penalty 0.6 (section 6.1)
@@ -12,6 +13,8 @@
 
 The paper's maximum output length, input length + 50, depends on each input, so it is not in generation_config.json:
 the translation pipeline and `vanilla_transformer.translate` apply it when no length is given.
+
+`push_folder_to_hub` uploads exactly these files (`files_to_upload`, an allow-list), whatever else the folder holds.
 """
 
 import json
@@ -20,7 +23,7 @@ from string import Template
 from typing import Any
 
 import yaml
-from huggingface_hub import HfApi
+from huggingface_hub import CommitOperationAdd, HfApi
 from huggingface_hub.repocard_data import EvalResult, eval_results_to_model_index
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -52,6 +55,14 @@ REQUIRED_FILES = (
     *CODE_FILES,
 )
 REQUIRED_AUTO_MAP = ("AutoConfig", "AutoModelForSeq2SeqLM")
+# What push_folder_to_hub uploads: exactly these names where present, plus the weights' shards.
+UPLOADED_FILES = (
+    *REQUIRED_FILES,
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "special_tokens_map.json",
+)
+UPLOADED_PATTERNS = ("model-*-of-*.safetensors",)
 
 
 def save_model_folder(
@@ -202,7 +213,7 @@ def check_model_folder(folder: str | Path) -> list[str]:
     if not folder.is_dir():
         return [f"{folder} is not a folder"]
     problems = [f"missing {name}" for name in REQUIRED_FILES if not (folder / name).is_file()]
-    if not any(folder.glob("*.safetensors")):
+    if not any(name.endswith(".safetensors") for name in files_to_upload(folder)):
         problems.append("missing the weights: no .safetensors file")
     if (folder / "config.json").is_file():
         problems += _config_problems(folder)
@@ -232,6 +243,20 @@ def _config_problems(folder: Path) -> list[str]:
     return problems
 
 
+class HubUploadError(RuntimeError):
+    """An upload that did not happen (offline, unreachable, refused); nothing local was changed."""
+
+
+def files_to_upload(folder: str | Path) -> list[str]:
+    """The model repository's files in `folder`, by an allow-list (never "everything but"): the weights, the configs,
+    the tokenizer, the Hub-facing code, the card and the demo's files if present. Logs, results, hypotheses,
+    checkpoints, notes and secrets (`.env`) stay local, whatever else the folder holds."""
+    folder = Path(folder)
+    names = [name for name in UPLOADED_FILES if (folder / name).is_file()]
+    names += sorted(path.name for pattern in UPLOADED_PATTERNS for path in folder.glob(pattern) if path.is_file())
+    return names
+
+
 def push_folder_to_hub(
     folder: str | Path,
     repo_id: str,
@@ -239,24 +264,40 @@ def push_folder_to_hub(
     private: bool = False,
     commit_message: str = "Upload vanilla-transformer model",
 ) -> str:
-    """Upload the model folder's top-level files to the Hub model repo `repo_id` (created if needed); return its URL.
-
-    Subfolders (checkpoints, the tokenizer copy, logs) stay local. The folder is checked first, and the model id
-    placeholder in README.md's code is replaced by `repo_id`.
-    """
+    """Upload the model repository's files of `folder` (`files_to_upload`) to the Hub model repo `repo_id` (created
+    if needed) in one commit; return its URL. The folder is checked first; the card is uploaded with the model id
+    placeholder in its code replaced by `repo_id`, and the local card gets the same text only once the upload
+    succeeded. Offline, unreachable or refused: a HubUploadError that says so, with nothing changed locally."""
     folder = Path(folder)
     problems = check_model_folder(folder)
     if problems:
         raise ValueError(f"{folder} is not ready for the Hub:\n- " + "\n- ".join(problems))
-    readme = folder / "README.md"
-    readme.write_text(readme.read_text(encoding="utf-8").replace(MODEL_ID_PLACEHOLDER, repo_id), encoding="utf-8")
-
-    api = HfApi(token=token)
-    repo_url = api.create_repo(repo_id, private=private, exist_ok=True)
-    api.upload_folder(
-        repo_id=repo_id,
-        folder_path=folder,
-        commit_message=commit_message,
-        allow_patterns=sorted(path.name for path in folder.iterdir() if path.is_file()),
-    )
+    names = files_to_upload(folder)
+    print(f"[hub] uploading to {repo_id}: {', '.join(names)}")
+    readme = (folder / "README.md").read_text(encoding="utf-8").replace(MODEL_ID_PLACEHOLDER, repo_id)
+    operations = [
+        CommitOperationAdd(name, readme.encode("utf-8") if name == "README.md" else folder / name) for name in names
+    ]
+    try:
+        api = HfApi(token=token)
+        repo_url = api.create_repo(repo_id, private=private, exist_ok=True)
+        api.create_commit(repo_id, operations, commit_message=commit_message)
+    except Exception as error:  # noqa: BLE001 - every failure of the Hub calls gets the same clear message
+        raise HubUploadError(hub_failure(error, f"upload {folder} to {repo_id}")) from error
+    (folder / "README.md").write_text(readme, encoding="utf-8")
     return str(repo_url)
+
+
+def hub_failure(error: Exception, action: str) -> str:
+    """A one-paragraph explanation of a failed Hub call (offline mode, no connection, refused), for the user."""
+    kinds = {cls.__name__ for cls in type(error).__mro__}
+    if "OfflineModeIsEnabled" in kinds:
+        reason = "offline mode is on (HF_HUB_OFFLINE is set); unset it to reach the Hub"
+    elif kinds & {"ConnectionError", "TransportError", "NetworkError", "TimeoutException"}:
+        reason = f"the Hub cannot be reached ({type(error).__name__}: {error})"
+    else:
+        reason = (
+            f"the Hub refused it ({type(error).__name__}: {error}); check the token (--token, HF_TOKEN or "
+            "`hf auth login`) and the repo id"
+        )
+    return f"could not {action}: {reason}. Nothing was uploaded, and nothing local was changed or deleted."

@@ -2,15 +2,16 @@
 
     python -m vanilla_transformer.push_to_hub outputs/vanilla-transformer --hub_model_id your-name/vanilla-en-de
 
-The token comes from --token, the HF_TOKEN variable or `hf auth login`. Only the folder's top-level files are
-uploaded (checkpoints and logs in subfolders stay local).
+The token comes from --token, the HF_TOKEN variable or `hf auth login`. Only the model repository's files are
+uploaded (an allow-list, printed first: weights, configs, tokenizer, code, card); checkpoints, logs, results,
+hypotheses and anything else in the folder stay local.
 """
 
 import argparse
 import sys
 from collections.abc import Sequence
 
-from vanilla_transformer.hub import check_model_folder, push_folder_to_hub
+from vanilla_transformer.hub import HubUploadError, check_model_folder, push_folder_to_hub
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,7 +27,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems:
         print(f"error: {args.folder} is not ready for the Hub:", *problems, sep="\n- ", file=sys.stderr)
         return 1
-    url = push_folder_to_hub(args.folder, args.hub_model_id, args.token, args.private, args.commit_message)
+    try:
+        url = push_folder_to_hub(args.folder, args.hub_model_id, args.token, args.private, args.commit_message)
+    except HubUploadError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(f"uploaded {args.folder} to {url}")
     return 0
 
