@@ -235,7 +235,7 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Fill the defaults that depend on the data, and refuse combinations that cannot work (parser.error)."""
     prepare.check_data_arguments(parser, args)
-    if args.resume_from_checkpoint and args.overwrite_output_dir:
+    if args.resume_from_checkpoint == "latest" and args.overwrite_output_dir:
         parser.error("--resume_from_checkpoint continues the run in --output_dir; --overwrite_output_dir deletes it")
     other_limit = args.max_epochs is not None or args.max_minutes is not None
     for name, value in (EMBEDDED_TASK_DEFAULTS if is_synthetic(args) else REAL_DATA_DEFAULTS).items():

@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,6 +98,77 @@ def test_claiming_an_output_folder(tmp_path):
         claim_output_dir(args(finished, resume="latest"))
     with pytest.raises(OutputDirError, match="already holds 1 entries"):
         claim_output_dir(args(finished))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished tiny run (4 steps, checkpoints at 2 and 4); copy it before changing it."""
+    output_dir = tmp_path_factory.mktemp("finished") / "run"
+    train(output_dir, "--max_steps", "4", "--save_steps", "2")
+    return output_dir
+
+
+def test_resuming_another_runs_checkpoint_into_a_folder_holding_a_run_is_refused_and_changes_nothing(
+    tmp_path, finished_run
+):
+    other, mine = tmp_path / "A", tmp_path / "B"
+    shutil.copytree(finished_run, other)
+    train(mine, "--max_steps", "4", "--save_steps", "2", "--seed", "3")
+    before = snapshot(mine)
+    result = train(
+        mine, "--max_steps", "6", "--resume_from_checkpoint", str(other / "checkpoints" / "step_000002"), check=False
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "is from outside it" in result.stderr and "already holds a finished run (4 steps" in result.stderr
+    assert "empty --output_dir" in result.stderr and "--overwrite_output_dir" in result.stderr
+    assert snapshot(mine) == before
+
+
+def test_which_checkpoints_may_resume_into_which_folder(tmp_path):
+    def claim(folder, resume, overwrite=False):
+        claim_output_dir(
+            Namespace(output_dir=str(folder), overwrite_output_dir=overwrite, resume_from_checkpoint=resume)
+        )
+
+    elsewhere = fake_checkpoint(tmp_path / "A" / "checkpoints", 2, "run-a")
+    folder = tmp_path / "B"
+    claim(folder, str(elsewhere))  # a new folder: the other run continues there
+    (folder / "notes.txt").parent.mkdir()
+    (folder / "notes.txt").write_text("the user's")
+    claim(folder, str(elsewhere))  # nor do a user's own files make a run
+    own = fake_checkpoint(folder / "checkpoints", 4, "run-b")
+    claim(folder, str(own))  # the folder's own run, from any of its checkpoints
+    claim(folder, str(folder / "checkpoints" / ".." / "checkpoints" / own.name))
+    with pytest.raises(OutputDirError, match="is from outside it"):
+        claim(folder, str(elsewhere))
+    stray = fake_checkpoint(folder / "checkpoints", 2, "run-c")
+    with pytest.raises(OutputDirError, match="of another run than step_000004"):
+        claim(folder, str(stray))
+    with pytest.raises(OutputDirError, match="would delete --resume_from_checkpoint"):
+        claim(folder, str(own), overwrite=True)
+    claim(folder, str(elsewhere), overwrite=True)  # the folder's run replaced, the other one continued
+    assert not (folder / "checkpoints").exists() and (folder / "notes.txt").exists()
+
+
+def test_a_crafted_trainer_state_is_named_with_its_field_before_anything_is_loaded(tmp_path, finished_run):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    checkpoint = run / "checkpoints" / "step_000004"
+    state = json.loads((checkpoint / checkpoints.TRAINER_STATE).read_text())
+    for field, value, says in (
+        ("step", "../../evil", "field 'step' holds '../../evil', not a whole number"),
+        ("elapsed_seconds", -1.0, "field 'elapsed_seconds' holds -1.0, not a finite number >= 0"),
+        ("run_id", 7, "field 'run_id' holds 7, not a string or null"),
+        ("epoch", None, "field 'epoch' holds None, not a whole number"),
+    ):
+        (checkpoint / checkpoints.TRAINER_STATE).write_text(json.dumps({**state, field: value}))
+        checkpoints.write_checksums(checkpoint)  # crafted consistently: the checksums alone cannot tell
+        assert says in checkpoints.checkpoint_problem(checkpoint)
+    result = train(
+        run, "--max_steps", "6", "--save_steps", "2", "--resume_from_checkpoint", str(checkpoint), check=False
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "trainer_state.json: field 'epoch' holds None" in result.stderr
 
 
 def test_evaluation_never_writes_over_earlier_hypotheses(tmp_path):

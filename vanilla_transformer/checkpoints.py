@@ -25,6 +25,7 @@ and averaging take `run_id` and only ever touch that run's checkpoints.
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -43,6 +44,7 @@ WEIGHTS_NAMES = (WEIGHTS_NAME, FSDP_WEIGHTS_NAME)
 CHECKSUMS_NAME = "checksums.json"
 TRAINER_STATE = "trainer_state.json"
 ANY_RUN = object()  # `run_id` that matches every checkpoint
+NO_RUN = object()  # the run of a checkpoint whose trainer_state.json is unusable: matches no run id
 
 
 class CheckpointError(Exception):
@@ -111,10 +113,60 @@ def is_complete_checkpoint(path: str | Path) -> bool:
     return checkpoint_step(path) is not None and any((path / name).is_file() for name in WEIGHTS_NAMES)
 
 
+# trainer_state.json's fields and their types: required ones first, then those older checkpoints may lack
+TRAINER_STATE_FIELDS = {"step": int, "epoch": int, "batches_done_in_epoch": int, "elapsed_seconds": (int, float)}
+OPTIONAL_TRAINER_STATE_FIELDS = {"run_id": (str, type(None)), "schedule": dict, "model_config": dict}
+
+
 def trainer_state(path: str | Path) -> dict:
-    """The training script's `trainer_state.json` of a checkpoint ({} if it has none)."""
+    """The training script's `trainer_state.json` of a checkpoint ({} if it has none); a CheckpointError naming
+    the file and field when it is not the JSON we write (`trainer_state_problem`)."""
     state_file = Path(path) / TRAINER_STATE
-    return json.loads(state_file.read_text()) if state_file.is_file() else {}
+    if not state_file.is_file():
+        return {}
+    if problem := trainer_state_problem(path):
+        raise CheckpointError(problem)
+    return json.loads(state_file.read_text())
+
+
+def trainer_state_problem(path: str | Path) -> str | None:
+    """Why a checkpoint's trainer_state.json cannot be used (not JSON, a field missing or of another type)."""
+    state_file = Path(path) / TRAINER_STATE
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError) as error:
+        return f"{state_file} cannot be read ({type(error).__name__}: {str(error)[:200]})"
+    if not isinstance(state, dict):
+        return f"{state_file} holds {type(state).__name__}, not a JSON object"
+    for name, kind in {**TRAINER_STATE_FIELDS, **OPTIONAL_TRAINER_STATE_FIELDS}.items():
+        if name not in state:
+            if name in TRAINER_STATE_FIELDS:
+                return f"{state_file}: field {name!r} is missing"
+            continue
+        value = state[name]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            expected = " or ".join(_JSON_NAMES[k] for k in kinds)
+            return f"{state_file}: field {name!r} holds {value!r}, not a {expected}"
+        if name in TRAINER_STATE_FIELDS and not 0 <= value < math.inf:
+            return f"{state_file}: field {name!r} holds {value!r}, not a finite number >= 0"
+    return None
+
+
+_JSON_NAMES = {int: "whole number", float: "number", str: "string", dict: "JSON object", type(None): "null"}
+
+
+def run_id_of(path: str | Path):
+    """The run a checkpoint belongs to: its recorded id, None if saved before ids existed; a checkpoint whose
+    trainer_state.json is unusable belongs to no run (never pruned or averaged as one of ours)."""
+    try:
+        state = json.loads((Path(path) / TRAINER_STATE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return NO_RUN
+    run_id = state.get("run_id") if isinstance(state, dict) else NO_RUN
+    return run_id if run_id is None or isinstance(run_id, str) else NO_RUN
 
 
 def list_checkpoints(checkpoint_root: str | Path, run_id=ANY_RUN) -> list[Path]:
@@ -124,7 +176,7 @@ def list_checkpoints(checkpoint_root: str | Path, run_id=ANY_RUN) -> list[Path]:
         return []
     checkpoints = [path for path in root.iterdir() if is_complete_checkpoint(path)]
     if run_id is not ANY_RUN:
-        checkpoints = [path for path in checkpoints if trainer_state(path).get("run_id") == run_id]
+        checkpoints = [path for path in checkpoints if run_id_of(path) == run_id]
     return sorted(checkpoints, key=checkpoint_step)
 
 
@@ -264,6 +316,12 @@ def checkpoint_problem(folder: str | Path, only: Sequence[str] | None = None) ->
             return f"{path} has {path.stat().st_size} bytes, {entry['size']} were written (truncated or replaced)"
         if _sha256(path) != entry["sha256"]:
             return f"{path} does not match the sha256 recorded when it was written (damaged)"
+    return _trainer_state_problem_if_checked(folder, only)
+
+
+def _trainer_state_problem_if_checked(folder: Path, only: Sequence[str] | None) -> str | None:
+    if (folder / TRAINER_STATE).is_file() and (only is None or TRAINER_STATE in only):
+        return trainer_state_problem(folder)
     return None
 
 
@@ -284,7 +342,7 @@ def _legacy_checkpoint_problem(folder: Path, only: Sequence[str] | None) -> str 
                 json.loads(path.read_text())
         except Exception as error:  # whatever a damaged or crafted file raises while being parsed
             return f"{path} cannot be read ({type(error).__name__}: {str(error)[:200]})"
-    return None
+    return _trainer_state_problem_if_checked(folder, only)
 
 
 def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:

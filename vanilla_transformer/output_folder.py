@@ -5,9 +5,12 @@
 - a missing or empty folder is used;
 - `--resume_from_checkpoint` continues the run in the folder (the checkpoint is then checked against this run's
   model and tokenizer before anything is loaded, pruned or averaged); `latest` in a folder that holds files but no
-  checkpoint is refused, as that would start a new run over an old one;
+  checkpoint is refused, as that would start a new run over an old one, and so is a checkpoint from another folder
+  or of another run when the folder holds a run (it would replace that run); into an empty folder, any checkpoint
+  continues;
 - `--overwrite_output_dir` deletes what an earlier run wrote there (`RUN_FILES`: checkpoints, logs, hypotheses,
-  results, the model folder) and leaves every other file alone;
+  results, the model folder) and leaves every other file alone; with a checkpoint from another folder, the run
+  then continues from it;
 - anything else is refused, with what the folder holds and the three ways on.
 
 Each checkpoint records its run's id (`trainer_state.json`), and the script prunes and averages only the
@@ -66,16 +69,48 @@ def claim_output_dir(args) -> None:
     if not folder.exists() or not any(folder.iterdir()):
         return
     if overwrite:
+        if resume_from_checkpoint and is_inside(Path(resume_from_checkpoint), folder):
+            raise OutputDirError(
+                f"--overwrite_output_dir would delete --resume_from_checkpoint {resume_from_checkpoint} (inside "
+                f"--output_dir {folder}): continue that run without --overwrite_output_dir"
+            )
         if deleted := clear_run_files(folder):
             print(f"[output] --overwrite_output_dir: deleted {', '.join(deleted)} from {folder}")
         return
     has_checkpoint = checkpoints.latest_checkpoint(folder / "checkpoints") is not None
-    if resume_from_checkpoint and (resume_from_checkpoint != "latest" or has_checkpoint):
+    if resume_from_checkpoint == "latest" and has_checkpoint:
+        return
+    if resume_from_checkpoint and resume_from_checkpoint != "latest":
+        check_resumes_the_folders_run(folder, Path(resume_from_checkpoint))
         return
     raise OutputDirError(
         f"--output_dir {folder} already holds {describe(folder)}. Continue that run with --resume_from_checkpoint "
         "latest" + ("" if has_checkpoint else " (it has no checkpoint left)") + ", replace it with "
         "--overwrite_output_dir (deletes its checkpoints, logs and model), or choose another --output_dir."
+    )
+
+
+def is_inside(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
+def check_resumes_the_folders_run(folder: Path, checkpoint: Path) -> None:
+    """A checkpoint resumed into a folder that holds a run must be one of that run's: from another folder, or of
+    another run, resuming would replace the folder's checkpoints, model and results with the other run's."""
+    if not any((folder / name).exists() for name in RUN_FILES):
+        return  # no run here to replace (other files are never touched)
+    newest = checkpoints.latest_checkpoint(folder / "checkpoints")
+    if is_inside(checkpoint, folder / "checkpoints"):
+        if newest is None or checkpoints.run_id_of(checkpoint) == checkpoints.run_id_of(newest):
+            return
+        whose = f"of another run than {newest.name}, the newest checkpoint in {folder / 'checkpoints'}"
+    else:
+        whose = "from outside it"
+    raise OutputDirError(
+        f"--resume_from_checkpoint {checkpoint} is {whose}, and --output_dir {folder} already holds "
+        f"{describe(folder)}: resuming would replace that run's checkpoints, model and results. Resume into an "
+        "empty --output_dir, replace the folder's run with --overwrite_output_dir (deletes its checkpoints, logs "
+        "and model), or continue the folder's own run with --resume_from_checkpoint latest."
     )
 
 
