@@ -37,6 +37,13 @@ def translate_without_the_project(folder) -> dict:
     return json.loads(run_without_the_project(code, cwd=folder.parent).strip().splitlines()[-1])
 
 
+def tokenized_pairs(tokenizer, sources: list[str], targets: list[str]) -> datasets.Dataset:
+    pairs = datasets.Dataset.from_dict({"source": sources, "target": targets})
+    return pairs.map(
+        lambda pair: tokenizer(pair["source"], text_target=pair["target"]), remove_columns=["source", "target"]
+    )
+
+
 def test_a_loaded_model_saved_again_carries_its_pipeline_and_fast_paths(tmp_path):
     folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
     code = f"""
@@ -57,8 +64,7 @@ def test_the_stock_seq2seq_trainer_fine_tunes_a_saved_model_whose_checkpoint_tra
     folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
-    pairs = datasets.Dataset.from_dict({"en": ENGLISH, "de": GERMAN})
-    tokenized = pairs.map(lambda pair: tokenizer(pair["en"], text_target=pair["de"]), remove_columns=["en", "de"])
+    tokenized = tokenized_pairs(tokenizer, ENGLISH, GERMAN)
     arguments = Seq2SeqTrainingArguments(
         output_dir=str(tmp_path / "fine-tuned"),
         max_steps=3,
@@ -100,8 +106,7 @@ def test_the_stock_seq2seq_trainer_evaluates_a_loss_and_runs_compute_metrics(tmp
     folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
-    pairs = datasets.Dataset.from_dict({"en": ENGLISH[:8], "de": GERMAN[:8]})
-    tokenized = pairs.map(lambda pair: tokenizer(pair["en"], text_target=pair["de"]), remove_columns=["en", "de"])
+    tokenized = tokenized_pairs(tokenizer, ENGLISH[:8], GERMAN[:8])
     metric_calls = []
 
     def compute_metrics(prediction):
