@@ -85,3 +85,30 @@ def source_batch(tiny_config):
     input_ids[1, 6:] = tiny_config.pad_token_id
     attention_mask[1, 6:] = 0
     return input_ids, attention_mask
+
+
+@pytest.fixture(scope="session")
+def memorising_folder(memorising_model, tmp_path_factory):
+    """The memorising model saved as a Hub-ready folder, with a word-level tokenizer that spells token i as "w{i}":
+    its four sources read as sentences ("w40 w7 ..."), and the page or the API must give back their reverses. It
+    decodes greedily by default (generation_config.json): beam search with a length penalty may end one of the
+    memorised sentences a word early. Returns the folder, the four source sentences and their four translations."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from vanilla_transformer.hub import save_model_folder
+    from vanilla_transformer.tokenization import SPECIAL_TOKENS
+
+    model, sources, targets = memorising_model
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"w{index}": index for index in range(len(SPECIAL_TOKENS), model.config.vocab_size)})
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    card_values = {"source_lang": "en", "target_lang": "de", "data": "four memorised pairs"}
+    folder = tmp_path_factory.mktemp("memorising") / "model"
+    save_model_folder(model, tokenizer, folder, card_values, decoding={"num_beams": 1})
+    spell = lambda ids: " ".join(f"w{index}" for index in ids if index != model.config.eos_token_id)  # noqa: E731
+    return folder, [spell(row.tolist()) for row in sources], [spell(row.tolist()) for row in targets]

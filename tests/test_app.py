@@ -1,0 +1,240 @@
+"""The demo (app.py) as a person and a script use it: a real browser on the page, gradio_client on /translate; and the
+Space that `python -m vanilla_transformer.space` writes. The model is the session's memorising model, whose four
+sentences have known translations (their reverses), so what the page shows can be checked word for word."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+gr = pytest.importorskip("gradio", reason="the demo needs gradio: pip install -e '.[demo]'")
+app = pytest.importorskip("app")
+
+from vanilla_transformer import space  # noqa: E402
+
+PROJECT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+SERVER_ENV = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def translator(memorising_folder):
+    return app.load_translator(str(memorising_folder[0]))
+
+
+def test_lines_translate_as_one_batch_in_their_order(translator, memorising_folder, monkeypatch):
+    _, sources, targets = memorising_folder
+    batch_sizes = []
+    translate_sentences = app.translate_sentences
+    monkeypatch.setattr(
+        app, "translate_sentences", lambda *a, **k: batch_sizes.append(k["batch_size"]) or translate_sentences(*a, **k)
+    )
+    text = "\n".join([sources[2], "", sources[0], sources[3]])
+    assert app.translate_text(translator, text, 1, 1.0) == "\n".join([targets[2], "", targets[0], targets[3]])
+    assert batch_sizes == [4]
+
+
+def test_a_line_longer_than_the_model_reads_is_refused_with_a_message(translator, memorising_folder):
+    sources = memorising_folder[1]
+    too_long = " ".join([sources[0]] * 5)  # 35 tokens; the model has 32 positions
+    translation, image, message = app.respond(
+        translator, f"{sources[1]}\n{too_long}", 4, 0.6, True, "Encoder self-attention", 1, 1
+    )
+    assert (translation, image) == ("", None)
+    assert "Line 2 is too long: 35 tokens" in message and "at most 32" in message
+    with pytest.raises(app.InputError, match="at most 32 at a time"):
+        app.translate_text(translator, "\n".join(sources * 9), 1, 0.6)
+
+
+def test_an_empty_box_changes_nothing_on_the_page(translator):
+    assert app.respond(translator, " \n ", 4, 0.6, True, "Encoder self-attention", 1, 1) == (gr.skip(),) * 3
+
+
+def test_the_attention_image_draws_the_chosen_layer_and_head_over_the_tokens(
+    translator, memorising_folder, monkeypatch
+):
+    _, sources, targets = memorising_folder
+    drawn = []
+    plot = app.plot_attention_grid
+    monkeypatch.setattr(app, "plot_attention_grid", lambda *args: drawn.append(args) or plot(*args))
+    image = app.attention_image(translator, sources[0], targets[0], "Encoder-decoder attention", 2, 3)
+    weights, queries, keys, title = drawn[0]
+    everything = app.compute_attentions(translator.model, translator.tokenizer, sources[0], targets[0])
+    assert torch_equal(weights[0, 0], everything["cross_attentions"][1, 2])  # layer 2, head 3
+    assert keys == sources[0].split() and queries == ["<s>", *targets[0].split()]  # this tokenizer adds no </s>
+    assert title == "Encoder-decoder attention" and image.width > 200 and image.height > 200
+    with pytest.raises(app.InputError, match="2 layers of 4 heads"):
+        app.attention_image(translator, sources[0], targets[0], "Decoder self-attention", 3, 1)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
+
+
+def test_the_page_offers_the_cards_languages_and_the_folders_decoding(memorising_model, memorising_folder, tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    from vanilla_transformer.hub import save_model_folder
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(memorising_folder[0])
+    card_values = {"source_lang": "fr", "target_lang": "en"}
+    folder = save_model_folder(
+        memorising_model[0], tokenizer, tmp_path / "model", card_values, {"num_beams": 3, "length_penalty": 0.8}
+    )
+    demo = app.build_demo(str(folder))
+    sliders = {block.label: block.value for block in values_of(demo, gr.Slider)}
+    assert sliders["Beam size"] == 3 and sliders["Length penalty"] == 0.8
+    labels = {block.label for block in values_of(demo, gr.Textbox)}
+    assert labels == {"Source (French)", "Translation (English)"}
+
+
+def values_of(demo, kind) -> list:
+    return [block for block in demo.blocks.values() if isinstance(block, kind)]
+
+
+def test_a_folder_that_is_not_a_model_says_why_on_the_page(tmp_path):
+    demo = app.build_demo(str(tmp_path))
+    messages = [block.value for block in values_of(demo, gr.Markdown)]
+    assert len(messages) == 1 and "could not be loaded" in messages[0] and "no config.json" in messages[0]
+
+
+def test_the_model_comes_from_the_argument_then_model_id_then_the_space_card(monkeypatch, tmp_path):
+    monkeypatch.setenv("MODEL_ID", "someone/from-settings")
+    assert app.model_name(["someone/from-argument"]) == "someone/from-argument"
+    assert app.model_name([]) == "someone/from-settings"
+    monkeypatch.delenv("MODEL_ID")
+    space.write_space("someone/from-card", tmp_path)
+    monkeypatch.setattr(app, "HERE", tmp_path)
+    assert app.model_name([]) == "someone/from-card"
+
+
+# --- the app in its own process, as `python app.py MODEL` starts it ---------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_app(argv: list[str], cwd: Path, log: Path, extra_env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`python app.py ...` on a free loopback port, offline; returns the process and its URL once the page answers."""
+    port = free_port()
+    env = {**os.environ, **SERVER_ENV, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
+    process = subprocess.Popen(
+        [sys.executable, "app.py", *argv],
+        cwd=cwd,
+        env={**env, **(extra_env or {})},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"app.py exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return process, url
+        except OSError:
+            time.sleep(0.5)
+    process.kill()
+    raise AssertionError(f"app.py did not answer at {url} within 180 s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(memorising_folder, tmp_path_factory):
+    log = tmp_path_factory.mktemp("app") / "app.log"
+    process, url = start_app([str(memorising_folder[0])], PROJECT, log)
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def test_the_translate_endpoint_answers_gradio_client_with_optional_settings(server, memorising_folder):
+    from gradio_client import Client
+
+    _, sources, targets = memorising_folder
+    client = Client(server, verbose=False)
+    assert client.predict(sources[1], api_name="/translate") == targets[1]
+    assert (
+        client.predict(f"{sources[0]}\n{sources[3]}", 1, 1.0, api_name="/translate") == f"{targets[0]}\n{targets[3]}"
+    )
+    with pytest.raises(Exception, match="too long"):
+        client.predict(" ".join(sources * 2), api_name="/translate")
+
+
+# --- a real browser on the page ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("no Chromium: apt-get install chromium chromium-driver (Debian's browser and its driver)")
+    webdriver = pytest.importorskip(
+        "selenium.webdriver", reason="the browser test needs selenium: pip install -e '.[demo]'"
+    )
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1400"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    yield driver
+    driver.quit()
+
+
+def open_page(browser, url):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(url)
+    return WebDriverWait(browser, 60).until(lambda driver: driver.find_element(By.CSS_SELECTOR, "#source textarea"))
+
+
+def translation_on_page(browser, timeout: float = 60) -> str:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    box = browser.find_element(By.CSS_SELECTOR, "#translation textarea")
+    WebDriverWait(browser, timeout).until(lambda driver: box.get_attribute("value"))
+    return box.get_attribute("value")
+
+
+def test_typing_a_sentence_and_clicking_translate_shows_its_translation(server, browser, memorising_folder):
+    from selenium.webdriver.common.by import By
+
+    _, sources, targets = memorising_folder
+    open_page(browser, server).send_keys(sources[2])
+    browser.find_element(By.ID, "translate").click()
+    assert translation_on_page(browser) == targets[2]
+    assert "Source (English)" in browser.page_source and "Translation (German)" in browser.page_source
+
+
+def test_asking_for_attention_draws_its_image_on_the_page(server, browser, memorising_folder):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    _, sources, targets = memorising_folder
+    open_page(browser, server).send_keys(sources[0])
+    browser.find_element(By.XPATH, "//button[.//*[contains(text(), 'Attention maps')]]").click()
+    WebDriverWait(browser, 30).until(
+        lambda driver: driver.find_element(By.CSS_SELECTOR, "#show_attention input")
+    ).click()
+    browser.find_element(By.ID, "translate").click()
+    assert translation_on_page(browser) == targets[0]
+    image = WebDriverWait(browser, 60).until(lambda driver: driver.find_element(By.CSS_SELECTOR, "#attention img"))
+    WebDriverWait(browser, 30).until(
+        lambda driver: driver.execute_script("return arguments[0].naturalWidth", image) > 200
+    )
