@@ -12,16 +12,21 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
-gr = pytest.importorskip("gradio", reason="the demo needs gradio: pip install -e '.[demo]'")
-app = pytest.importorskip("app")
-
-from vanilla_transformer import space  # noqa: E402
+import app
+from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
+from vanilla_transformer import space
 
 PROJECT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 SERVER_ENV = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def gr():
+    return pytest.importorskip("gradio", reason="the demo needs gradio: pip install -e '.[demo]'")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +46,7 @@ def test_lines_translate_as_one_batch_in_their_order(translator, memorising_fold
     assert batch_sizes == [4]
 
 
-def test_a_line_longer_than_the_model_reads_is_refused_with_a_message(translator, memorising_folder):
+def test_a_line_longer_than_the_model_reads_is_refused_with_a_message(gr, translator, memorising_folder):
     sources = memorising_folder[1]
     too_long = " ".join([sources[0]] * 5)  # 35 tokens; the model has 32 positions
     translation, image, message = app.respond(
@@ -53,7 +58,7 @@ def test_a_line_longer_than_the_model_reads_is_refused_with_a_message(translator
         app.translate_text(translator, "\n".join(sources * 9), 1, 0.6)
 
 
-def test_an_empty_box_changes_nothing_on_the_page(translator):
+def test_an_empty_box_changes_nothing_on_the_page(gr, translator):
     assert app.respond(translator, " \n ", 4, 0.6, True, "Encoder self-attention", 1, 1) == (gr.skip(),) * 3
 
 
@@ -80,7 +85,9 @@ def torch_equal(a, b) -> bool:
     return torch.equal(a, b)
 
 
-def test_the_page_offers_the_cards_languages_and_the_folders_decoding(memorising_model, memorising_folder, tmp_path):
+def test_the_page_offers_the_cards_languages_and_the_folders_decoding(
+    gr, memorising_model, memorising_folder, tmp_path
+):
     from transformers import PreTrainedTokenizerFast
 
     from vanilla_transformer.hub import save_model_folder
@@ -101,7 +108,7 @@ def values_of(demo, kind) -> list:
     return [block for block in demo.blocks.values() if isinstance(block, kind)]
 
 
-def test_a_folder_that_is_not_a_model_says_why_on_the_page(tmp_path):
+def test_a_folder_that_is_not_a_model_says_why_on_the_page(gr, tmp_path):
     demo = app.build_demo(str(tmp_path))
     messages = [block.value for block in values_of(demo, gr.Markdown)]
     assert len(messages) == 1 and "could not be loaded" in messages[0] and "no config.json" in messages[0]
@@ -153,7 +160,7 @@ def start_app(argv: list[str], cwd: Path, log: Path, extra_env: dict | None = No
 
 
 @pytest.fixture(scope="module")
-def server(memorising_folder, tmp_path_factory):
+def server(gr, memorising_folder, tmp_path_factory):
     log = tmp_path_factory.mktemp("app") / "app.log"
     process, url = start_app([str(memorising_folder[0])], PROJECT, log)
     yield url
@@ -238,3 +245,69 @@ def test_asking_for_attention_draws_its_image_on_the_page(server, browser, memor
     WebDriverWait(browser, 30).until(
         lambda driver: driver.execute_script("return arguments[0].naturalWidth", image) > 200
     )
+
+
+# --- the Space ------------------------------------------------------------------------------------------------------
+
+
+def test_the_space_holds_the_app_its_code_requirements_and_a_spaces_card(tmp_path):
+    paths = space.write_space("someone/vanilla-en-de", tmp_path / "space", "someone/vanilla-en-de-demo")
+    assert sorted(str(path.relative_to(tmp_path / "space")) for path in paths) == sorted(space.SPACE_FILES)
+    assert (tmp_path / "space" / "app.py").read_bytes() == (PROJECT / "app.py").read_bytes()
+    header = yaml.safe_load((tmp_path / "space" / "README.md").read_text().split("---\n")[1])
+    assert (
+        header["sdk"] == "gradio" and header["app_file"] == "app.py" and header["models"] == ["someone/vanilla-en-de"]
+    )
+    assert len(header["short_description"]) <= 60 and header["sdk_version"].count(".") == 2
+    requirements = (tmp_path / "space" / "requirements.txt").read_text().split()
+    assert f"transformers{SUPPORTED_TRANSFORMERS}" in requirements and "torch" in requirements
+
+
+def test_the_spaces_app_runs_its_own_copies_and_reads_the_model_from_its_card(tmp_path):
+    space.write_space("someone/vanilla-en-de", tmp_path)
+    code = "import app, vanilla_transformer.translate as t, modeling_vanilla_transformer as m\n"
+    code += "print(app.model_name([]), app.__file__, t.__file__, m.__file__, sep='\\n')"
+    env = {key: value for key, value in os.environ.items() if key != "MODEL_ID"}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**env, **SERVER_ENV},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    model, *files = result.stdout.split()
+    assert model == "someone/vanilla-en-de"
+    assert all(Path(file).resolve().is_relative_to(tmp_path.resolve()) for file in files), files
+
+
+def test_uploading_offline_says_so_in_one_line_and_keeps_the_files(tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert space.main(["someone/model", "--output_dir", str(tmp_path), "--space_id", "someone/demo"]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "could not upload" in error and "offline mode is on (HF_HUB_OFFLINE" in error
+    assert all((tmp_path / name).is_file() for name in space.SPACE_FILES)
+
+
+def test_an_unreachable_hub_is_named_as_such(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    space.write_space("someone/model", tmp_path)
+    with pytest.raises(space.SpaceError, match="the Hub cannot be reached"):
+        space.upload_space(tmp_path, "someone/demo", token="hf_not_a_real_token")
+    assert all((tmp_path / name).is_file() for name in space.SPACE_FILES)
+
+
+def test_a_space_is_never_written_over_a_model_folder_or_another_card(memorising_folder, tmp_path):
+    model_folder = memorising_folder[0]
+    card = (model_folder / "README.md").read_text()
+    with pytest.raises(space.SpaceError, match="is a model folder"):
+        space.write_space("someone/model", model_folder)
+    assert (model_folder / "README.md").read_text() == card and not (model_folder / "app.py").exists()
+    (tmp_path / "README.md").write_text("# my notes\n")
+    with pytest.raises(space.SpaceError, match="not a Space's card"):
+        space.write_space("someone/model", tmp_path)
