@@ -248,6 +248,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         )
     if args.prepared_data and not prepare.is_synthetic(args):
         parser.error("--prepared_data replaces --data_dir/--train_file/--dataset_name: give one or the other")
+    if args.prepared_data:
+        use_prepared_languages(parser, args)
     if args.streaming and (args.prepared_data or args.max_epochs is not None):
         parser.error(
             "--streaming reads raw data and ends at --max_steps/--max_minutes: it takes neither "
@@ -268,6 +270,21 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         VanillaTransformerConfig.from_preset(args.preset, **model_flags(args))
     except ValueError as error:
         parser.error(f"--preset {args.preset} with the model flags given: {error}")
+
+
+def use_prepared_languages(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A prepared corpus holds its languages: language flags may repeat them, never contradict them."""
+    try:
+        key = prepare.read_manifest(Path(args.prepared_data))["key"]
+    except data.DataError as error:
+        parser.error(f"--prepared_data: {error}")
+    for flag in ("source_lang", "target_lang"):
+        if getattr(args, flag) not in (None, key[flag]):
+            parser.error(
+                f"--{flag} {getattr(args, flag)}, but --prepared_data {args.prepared_data} holds "
+                f"{key['source_lang']}-{key['target_lang']} pairs: drop the language flags, or prepare that pair"
+            )
+    args.source_lang, args.target_lang = key["source_lang"], key["target_lang"]
 
 
 def is_synthetic(args) -> bool:
@@ -297,11 +314,6 @@ def load_training_data(args, accelerator):
 
     corpus = prepare.load_or_prepare(args, accelerator)
     accelerator.print("\n".join(corpus.summary()))
-    if args.prepared_data:  # the model card names the prepared corpus's languages
-        args.source_lang, args.target_lang = (
-            corpus.manifest["key"]["source_lang"],
-            corpus.manifest["key"]["target_lang"],
-        )
     train_examples = TokenizedPairs(corpus.splits["train"])
     sampler = TokenBatchSampler(
         train_examples.source_lengths,
@@ -841,10 +853,27 @@ def save_final_model(model, tokenizer, args, summary: dict, card_only: bool = Fa
     the card and results.json once the scores are known."""
     (Path(args.output_dir) / "results.json").write_text(json.dumps(summary, indent=2))
     decoding = {"num_beams": args.num_beams, "length_penalty": args.length_penalty}  # as the scores were measured
+    # The card's `datasets:` and model-index name a Hub dataset only: local files and the embedded task are named
+    # in its text. A prepared corpus records what its splits were read from.
+    sources = {}
+    if args.prepared_data:
+        sources = json.loads((Path(args.prepared_data) / prepare.MANIFEST).read_text())["key"]["sources"]
+    elif args.dataset_name:
+        names = {"train": args.train_split, "validation": args.validation_split, "test": args.test_split}
+        sources = {
+            split: {"kind": "hub", "name": args.dataset_name, "config": args.dataset_config, "split": name}
+            for split, name in names.items()
+        }
+    if sources.get("train", {}).get("kind") == "hub":
+        data_values = {"dataset": sources["train"]["name"], "dataset_config": sources["train"]["config"]}
+        data_values |= {f"{split}_split": source["split"] for split, source in sources.items() if split != "train"}
+    else:
+        local = args.data_dir or args.train_file or args.prepared_data
+        data_values = {"data": f"local files ({Path(local).name})" if local else "the embedded synthetic task"}
     card_values = {
         "source_lang": args.source_lang,
         "target_lang": args.target_lang,
-        "dataset": args.dataset_name or args.data_dir or args.train_file or args.prepared_data or "synthetic",
+        **data_values,
         "preset": args.preset,
         "steps": summary["steps"],
         "training_minutes": round(summary["training_minutes"], 1),

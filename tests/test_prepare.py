@@ -3,7 +3,11 @@
 import argparse
 import gzip
 import os
+import socket
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -25,7 +29,9 @@ TARGETS = [
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     prepare.add_data_arguments(parser)
-    return parser.parse_args(list(argv))
+    args = parser.parse_args(list(argv))
+    prepare.check_data_arguments(parser, args)
+    return args
 
 
 @pytest.fixture
@@ -151,7 +157,112 @@ def test_prepare_command_writes_a_folder_once_and_never_over_an_existing_one(cor
     with pytest.raises(SystemExit):
         prepare.main(argv)
     assert "exists" in capsys.readouterr().err
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(SystemExit):
+        prepare.main([*argv, "--output_dir", str(tmp_path / "file.txt" / "sub")])
+    assert f"{tmp_path / 'file.txt'} is a file, not a folder" in capsys.readouterr().err
     assert prepare.load_prepared(output).splits["train"]["labels"] == corpus.splits["train"]["labels"]
+
+
+def damage(folder: Path, how: str) -> str:
+    """Damage a prepared folder as disks and people do; returns what the error must name."""
+    shard = next((folder / "train").glob("*.arrow"))
+    if how == "manifest lost":
+        (folder / prepare.MANIFEST).unlink()
+        return "no manifest.json"
+    if how == "manifest invalid":
+        (folder / prepare.MANIFEST).write_text('{"key": ')
+        return "manifest.json cannot be read (JSONDecodeError"
+    if how == "shard truncated":
+        shard.write_bytes(shard.read_bytes()[:1000])
+        return f"{shard} has 1000 bytes"
+    content = bytearray(shard.read_bytes())  # "shard edited": one byte of the token ids, at the same size
+    content[-200] ^= 0xFF
+    shard.write_bytes(bytes(content))
+    return f"{shard} does not match the sha256"
+
+
+DAMAGES = ["manifest lost", "manifest invalid", "shard truncated", "shard edited"]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_cached_corpus_is_named_and_prepared_again(corpus_dir, tmp_path, how, capsys):
+    args = corpus_args(corpus_dir, tmp_path / "cache")
+    first = prepare.load_or_prepare(args)
+    expected = [list(ids) for ids in first.splits["train"]["input_ids"]]  # read now: the files get damaged
+    says = damage(first.folder, how)
+    del first
+    again = prepare.load_or_prepare(args)
+    printed = capsys.readouterr().out
+    assert f"the cached corpus {again.folder} is damaged" in printed and says in printed
+    assert [list(ids) for ids in again.splits["train"]["input_ids"]] == expected
+    assert prepare.prepared_problem(again.folder) is None
+    assert [path.name for path in (tmp_path / "cache").iterdir()] == [again.folder.name]  # nothing left aside
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_prepared_folder_is_a_named_error(corpus_dir, tmp_path, how, capsys):
+    output = tmp_path / "prepared"
+    prepare.main(
+        [
+            "--data_dir",
+            str(corpus_dir),
+            "--validation_split",
+            "val",
+            "--vocab_size",
+            "300",
+            "--output_dir",
+            str(output),
+        ]
+    )
+    says = damage(output, how)
+    with pytest.raises(DataError) as refused:
+        prepare.load_or_prepare(argparse.Namespace(prepared_data=str(output)))
+    assert says in str(refused.value) and str(output) in str(refused.value)
+    assert output.is_dir()  # a user's folder is named, never deleted
+
+
+def test_a_second_preparation_into_a_folder_finished_meanwhile_uses_it_only_if_it_is_the_same_corpus(
+    corpus_dir, tmp_path
+):
+    folder = tmp_path / "prepared"
+    args = corpus_args(corpus_dir, tmp_path / "cache")
+    sources = prepare.split_sources(args)
+    prepare.prepare_corpus(args, sources, folder, prepare.corpus_key(args, sources))
+    before = digests(folder)
+    # another command started before the folder existed, and finishes after: the same corpus is fine
+    messages = []
+    prepare.prepare_corpus(args, sources, folder, prepare.corpus_key(args, sources), log=messages.append)
+    assert any("prepared meanwhile by another process, from the same data and settings" in m for m in messages)
+    other = corpus_args(corpus_dir, tmp_path / "cache", "--vocab_size", "320")
+    with pytest.raises(
+        DataError, match="filled by another preparation while this one ran, with another corpus .*tokenizer"
+    ):
+        prepare.prepare_corpus(other, sources, folder, prepare.corpus_key(other, sources))
+    assert digests(folder) == before  # the first one's corpus, untouched
+    assert not [path for path in tmp_path.iterdir() if path.name.startswith(".incomplete")]
+
+
+def digests(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_staging_folders_of_killed_preparations_are_removed_and_live_ones_kept(corpus_dir, tmp_path):
+    folder = tmp_path / "prepared"
+    host = socket.gethostname()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed = tmp_path / f".incomplete-prepared-{host}-{dead.pid}-0123abcd"
+    live = tmp_path / f".incomplete-prepared-{host}-{os.getpid()}-4567ef01"
+    elsewhere = tmp_path / ".incomplete-prepared-another-host-12345-89abcdef"
+    for path in (killed, live, elsewhere):
+        (path / "raw").mkdir(parents=True)
+    messages = []
+    args = corpus_args(corpus_dir, tmp_path / "cache")
+    sources = prepare.split_sources(args)
+    prepare.prepare_corpus(args, sources, folder, prepare.corpus_key(args, sources), log=messages.append)
+    assert not killed.exists() and live.exists() and elsewhere.exists()
+    assert any(f"removing {killed}" in message for message in messages)
 
 
 def test_tokenized_pairs_reads_rows_and_lengths_across_arrow_chunks():
@@ -224,3 +335,32 @@ def test_the_tokenizer_fingerprint_ignores_padding_settings_but_not_the_vocabula
     assert '"padding": {' in (tmp_path / "tokenizer.json").read_text()
     assert prepare.tokenizer_fingerprint(AutoTokenizer.from_pretrained(tmp_path)) == fingerprint
     assert prepare.tokenizer_fingerprint(train_shared_tokenizer(lines, vocab_size=270)) != fingerprint
+
+
+def test_language_flags_may_repeat_a_prepared_corpus_languages_but_never_contradict_them(corpus_dir, tmp_path, capsys):
+    import train_accelerate
+
+    output = tmp_path / "prepared"
+    prepare.main(
+        [
+            "--data_dir",
+            str(corpus_dir),
+            "--validation_split",
+            "val",
+            "--vocab_size",
+            "300",
+            "--output_dir",
+            str(output),
+        ]
+    )
+    args = train_accelerate.parse_args(["--prepared_data", str(output)])
+    assert (args.source_lang, args.target_lang) == ("en", "de")
+    assert train_accelerate.parse_args(["--prepared_data", str(output), "--source_lang", "en"]).target_lang == "de"
+    with pytest.raises(SystemExit) as refused:
+        train_accelerate.parse_args(["--prepared_data", str(output), "--source_lang", "fr", "--target_lang", "es"])
+    assert refused.value.code == 2
+    assert f"--source_lang fr, but --prepared_data {output} holds en-de pairs" in capsys.readouterr().err
+    (output / prepare.MANIFEST).write_text("[]")
+    with pytest.raises(SystemExit):
+        train_accelerate.parse_args(["--prepared_data", str(output)])
+    assert "manifest.json is not a prepared corpus's manifest" in capsys.readouterr().err

@@ -23,7 +23,6 @@ loaded. Ownership: `trainer_state.json` (written by the training script) carries
 and averaging take `run_id` and only ever touch that run's checkpoints.
 """
 
-import hashlib
 import json
 import math
 import os
@@ -35,6 +34,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
+
+from .integrity import files_problem, record_files
 
 WEIGHTS_NAME = "model.safetensors"
 # FSDP with `fsdp_state_dict_type: FULL_STATE_DICT` saves the whole model as one torch file (read here with
@@ -267,14 +268,6 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
 # --- integrity ---------------------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _checkpoint_files(folder: Path) -> list[Path]:
     return sorted(path for path in folder.rglob("*") if path.is_file() and path.name != CHECKSUMS_NAME)
 
@@ -282,11 +275,7 @@ def _checkpoint_files(folder: Path) -> list[Path]:
 def write_checksums(folder: str | Path) -> None:
     """Record the size and sha256 of every file of a checkpoint folder in `checksums.json`."""
     folder = Path(folder)
-    entries = {
-        str(path.relative_to(folder)): {"size": path.stat().st_size, "sha256": _sha256(path)}
-        for path in _checkpoint_files(folder)
-    }
-    (folder / CHECKSUMS_NAME).write_text(json.dumps(entries, indent=1))
+    (folder / CHECKSUMS_NAME).write_text(json.dumps(record_files(folder, excluded=[CHECKSUMS_NAME]), indent=1))
 
 
 def checkpoint_problem(folder: str | Path, only: Sequence[str] | None = None) -> str | None:
@@ -306,17 +295,7 @@ def checkpoint_problem(folder: str | Path, only: Sequence[str] | None = None) ->
         entries = json.loads(checksums_file.read_text())
     except (ValueError, UnicodeDecodeError) as error:
         return f"{checksums_file} is damaged ({error})"
-    for name, entry in entries.items():
-        if only is not None and name not in only:
-            continue
-        path = folder / name
-        if not path.is_file():
-            return f"{path} is missing"
-        if path.stat().st_size != entry["size"]:
-            return f"{path} has {path.stat().st_size} bytes, {entry['size']} were written (truncated or replaced)"
-        if _sha256(path) != entry["sha256"]:
-            return f"{path} does not match the sha256 recorded when it was written (damaged)"
-    return _trainer_state_problem_if_checked(folder, only)
+    return files_problem(folder, entries, only) or _trainer_state_problem_if_checked(folder, only)
 
 
 def _trainer_state_problem_if_checked(folder: Path, only: Sequence[str] | None) -> str | None:

@@ -6,8 +6,9 @@
     python train_accelerate.py --prepared_data data-bin/wmt14-en-de ...      # any number of experiments
 
 A prepared folder holds
-    manifest.json         what it was made from (files with sizes and modification times, tokenizer, filters), and
-                          what reading and filtering kept and dropped per split
+    manifest.json         what it was made from (files with sizes and modification times, tokenizer, filters),
+                          what reading and filtering kept and dropped per split, and the size and sha256 of every
+                          other file in the folder (checked before use: `verify_prepared`)
     tokenizer/            the shared BPE vocabulary (5.1), trained on a seeded sample of the training pairs, or the
                           tokenizer given with --tokenizer_name_or_path
     train/                a `datasets` folder: `input_ids` and `labels` (int32, `tokens </s>`), filtered
@@ -41,6 +42,7 @@ from . import data
 from .batching import TokenizedPairs
 from .cli import at_least, non_negative_int, number_in, positive_int
 from .data import DataError, DataReport, Pair
+from .integrity import files_problem, record_files
 from .tokenization import load_tokenizer
 
 FORMAT_VERSION = 1
@@ -62,8 +64,8 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--train_split", default="train")
     group.add_argument("--validation_split", default="validation")
     group.add_argument("--test_split", default="test")
-    group.add_argument("--source_lang", default="en")
-    group.add_argument("--target_lang", default="de")
+    group.add_argument("--source_lang", help="default: en (with --prepared_data: the corpus's)")
+    group.add_argument("--target_lang", help="default: de (with --prepared_data: the corpus's)")
     group.add_argument("--synthetic_pairs", type=at_least(10), default=30000, help="size of the embedded task")
     group.add_argument(
         "--max_source_tokens", type=at_least(2), default=256, help="drop training pairs with a longer side"
@@ -96,8 +98,11 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_data_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse data flags that cannot describe a translation task (parser.error names the flags)."""
-    if args.source_lang == args.target_lang:
+    """Refuse data flags that cannot describe a translation task (parser.error names the flags); the languages
+    default to en-de, except for a prepared corpus, which holds its own."""
+    if not getattr(args, "prepared_data", None):
+        args.source_lang, args.target_lang = args.source_lang or "en", args.target_lang or "de"
+    if args.source_lang is not None and args.source_lang == args.target_lang:
         parser.error(
             f"--source_lang and --target_lang are both {args.source_lang!r}: the model would learn to copy its "
             "input; name two different languages (the file suffixes or the keys of the two sides)"
@@ -345,7 +350,8 @@ def prepare_corpus(args, sources: dict[str, dict], folder: Path, key: dict, toke
 
     start = time.time()
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = folder.parent / f".incomplete-{folder.name}-{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    remove_stale_staging(folder, log)
+    staging = folder.parent / f".incomplete-{folder.name}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     (staging / "raw").mkdir(parents=True)
 
     def raw_path(split: str) -> Path:
@@ -381,20 +387,93 @@ def prepare_corpus(args, sources: dict[str, dict], folder: Path, key: dict, toke
             "key": key,
             "reports": {split: asdict(report) for split, report in reports.items()},
             "prepared_seconds": round(time.time() - start, 1),
+            "files": record_files(staging),  # sizes and sha256, checked before every use (`prepared_problem`)
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        try:
-            os.replace(staging, folder)
-        except OSError:  # another process or node finished the same corpus first: keep theirs
-            if not (folder / MANIFEST).is_file():
-                raise
+        _move_into_place(staging, folder, key, log)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log(f"[prepare] prepared {folder} in {time.time() - start:.0f} s{_progress(start, seconds=False)}")
     return folder
 
 
+def remove_stale_staging(folder: Path, log=print) -> None:
+    """Delete what preparations of `folder` killed on this machine left behind (`kill -9`, a power cut): their
+    staging folders (named after host and process id; another live process's is left alone, as are other
+    machines') and damaged corpora moved aside."""
+    host = socket.gethostname()
+    for path in folder.parent.glob(f".incomplete-{folder.name}-{host}-*"):
+        pid = path.name.removeprefix(f".incomplete-{folder.name}-{host}-").split("-")[0]
+        if pid.isdigit() and not _process_is_alive(int(pid)):
+            log(f"[prepare] removing {path}, left by an interrupted preparation (process {pid})")
+            shutil.rmtree(path, ignore_errors=True)
+    for path in folder.parent.glob(f".damaged-{folder.name}-*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _process_is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, under another user
+        return True
+    return True
+
+
+def _move_into_place(staging: Path, folder: Path, key: dict, log) -> None:
+    """Rename the finished staging folder to `folder`. When another preparation (another process, node or command)
+    got there first, theirs is kept if it is the same corpus, and anything else is an error: never silently used."""
+    try:
+        os.replace(staging, folder)
+        return
+    except OSError:
+        if not folder.exists():
+            raise
+    theirs = read_manifest(folder)["key"]
+    if key_hash(theirs) != key_hash(key):
+        differing = [name for name in sorted(key.keys() | theirs.keys()) if key.get(name) != theirs.get(name)]
+        raise DataError(
+            f"{folder} was filled by another preparation while this one ran, with another corpus (its "
+            f"{', '.join(differing)} differ); this preparation is discarded: prepare into another folder"
+        )
+    log(f"[prepare] {folder} was prepared meanwhile by another process, from the same data and settings: using it")
+
+
 # --- loading ---------------------------------------------------------------------------------------------------
+
+
+def read_manifest(folder: Path) -> dict:
+    """A prepared folder's manifest.json, or a DataError that names the file and what is wrong with it."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise DataError(
+            f"{folder} is not a prepared corpus (no {MANIFEST}); make one with python -m vanilla_transformer.prepare"
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path} cannot be read ({type(error).__name__}: {error})") from error
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("key"), dict):
+        raise DataError(f"{path} is not a prepared corpus's manifest (no `key` object)")
+    if not isinstance(manifest.get("reports"), dict) or not set(manifest["reports"]) <= set(SPLITS):
+        raise DataError(f"{path}: `reports` must map the splits {', '.join(SPLITS)} to their reports")
+    if manifest["key"].get("format") != FORMAT_VERSION:
+        raise DataError(
+            f"{folder} was prepared by another version of this code (format "
+            f"{manifest['key'].get('format')}, need {FORMAT_VERSION}); prepare it again"
+        )
+    return manifest
+
+
+def prepared_problem(folder: Path) -> str | None:
+    """Why a prepared folder cannot be trusted (its manifest, or a file that is missing, truncated or edited since
+    preparation, named), or None. Folders prepared before sizes and sha256 were recorded are only read."""
+    try:
+        manifest = read_manifest(folder)
+    except DataError as error:
+        return str(error)
+    return files_problem(folder, manifest["files"]) if "files" in manifest else None
 
 
 @dataclass
@@ -436,22 +515,32 @@ def main_process_only(accelerator, work, what: str = "preparing the data", selec
         raise DataError(f"{what} failed on another process: see its error above")
 
 
+def verify_prepared(folder: str | Path) -> None:
+    """A DataError naming what is damaged in a prepared folder (see `prepared_problem`)."""
+    if problem := prepared_problem(Path(folder)):
+        raise DataError(f"the prepared corpus {folder} cannot be used: {problem}; prepare it again")
+
+
 def load_prepared(folder: str | Path) -> PreparedCorpus:
+    """Memory-map a prepared folder (checked beforehand with `verify_prepared`, once per machine)."""
     import datasets
 
     folder = Path(folder)
-    if not (folder / MANIFEST).is_file():
-        raise DataError(
-            f"{folder} is not a prepared corpus (no {MANIFEST}); make one with python -m vanilla_transformer.prepare"
-        )
-    manifest = json.loads((folder / MANIFEST).read_text())
-    if manifest["key"].get("format") != FORMAT_VERSION:
-        raise DataError(
-            f"{folder} was prepared by another version of this code (format "
-            f"{manifest['key'].get('format')}, need {FORMAT_VERSION}); prepare it again"
-        )
-    splits = {split: datasets.load_from_disk(str(folder / split)) for split in manifest["reports"]}
-    return PreparedCorpus(folder, load_tokenizer(folder / TOKENIZER_FOLDER), splits, manifest)
+    manifest = read_manifest(folder)
+    try:
+        splits = {split: datasets.load_from_disk(str(folder / split)) for split in manifest["reports"]}
+        tokenizer = load_tokenizer(folder / TOKENIZER_FOLDER)
+    except Exception as error:  # whatever pyarrow, datasets or tokenizers raise on a damaged folder
+        raise DataError(f"the prepared corpus {folder} cannot be read ({type(error).__name__}: {error})") from error
+    return PreparedCorpus(folder, tokenizer, splits, manifest)
+
+
+def discard_damaged(folder: Path, problem: str, log=print) -> None:
+    """Move a damaged cached corpus out of the way (renamed first, so no reader finds half of it), then delete it."""
+    log(f"[data] the cached corpus {folder} is damaged ({problem}): preparing it again")
+    aside = folder.parent / f".damaged-{folder.name}-{uuid.uuid4().hex[:8]}"
+    os.replace(folder, aside)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def load_or_prepare(args, accelerator=None, splits: Iterable[str] = SPLITS, tokenizer=None) -> PreparedCorpus:
@@ -460,6 +549,9 @@ def load_or_prepare(args, accelerator=None, splits: Iterable[str] = SPLITS, toke
     tokenizer flags. With several processes, each node's local main process prepares (on its own disk) while the
     others wait, then every process memory-maps the same files."""
     if getattr(args, "prepared_data", None):
+        main_process_only(
+            accelerator, functools.partial(verify_prepared, args.prepared_data), "checking --prepared_data"
+        )
         return load_prepared(args.prepared_data)
     if tokenizer is None and args.tokenizer_name_or_path:
         tokenizer = load_tokenizer(args.tokenizer_name_or_path)
@@ -470,8 +562,11 @@ def load_or_prepare(args, accelerator=None, splits: Iterable[str] = SPLITS, toke
     folder = Path(args.data_cache_dir or default_cache_dir()) / key_hash(key)
 
     def prepare_if_missing():
-        if not (folder / MANIFEST).is_file():
-            prepare_corpus(args, sources, folder, key, tokenizer)
+        if folder.exists():
+            if (problem := prepared_problem(folder)) is None:
+                return
+            discard_damaged(folder, problem)
+        prepare_corpus(args, sources, folder, key, tokenizer)
 
     main_process_only(accelerator, prepare_if_missing)
     corpus = load_prepared(folder)
@@ -489,6 +584,8 @@ def main(argv=None) -> None:
     folder = Path(args.output_dir)
     if folder.exists():
         parser.error(f"--output_dir {folder} exists; choose a new folder (a prepared corpus is never overwritten)")
+    if blocking := next((parent for parent in folder.absolute().parents if parent.is_file()), None):
+        parser.error(f"--output_dir {folder}: {blocking} is a file, not a folder")
     tokenizer = None
     if args.tokenizer_name_or_path:
         tokenizer = load_tokenizer(args.tokenizer_name_or_path)
