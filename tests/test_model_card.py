@@ -1,9 +1,14 @@
 """The model card (README.md from model_card.md): Hub metadata with the measured BLEU, and usage code that runs."""
 
+import json
 import re
 
+import pytest
+import yaml
 from huggingface_hub import ModelCard
 
+import train_accelerate
+from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from tests.test_hub import run_without_the_project
 from tests.test_hub_folder import CARD_VALUES, save_tiny_model_folder
 from vanilla_transformer import hub
@@ -46,3 +51,124 @@ def test_card_python_code_runs_against_a_saved_model_without_the_project(tmp_pat
     code = "\n".join(block.replace(hub.MODEL_ID_PLACEHOLDER, str(folder)) for block in blocks)
     stdout = run_without_the_project("import torch\ntorch.set_num_threads(1)\n" + code, cwd=tmp_path)
     assert stdout.count("translation_text") == 3  # one sentence, then a list of two
+
+
+HUB_DATA = {
+    "source_lang": "en",
+    "target_lang": "de",
+    "dataset": "wmt/wmt14",
+    "dataset_config": "de-en",
+    "validation_split": "validation",
+    "test_split": "test",
+    "validation_bleu": 25.04,
+    "test_bleu": 27.3,
+    "test_chrf": 55.1,
+    "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0",
+}
+
+
+def front_matter(card_text: str) -> dict:
+    return yaml.safe_load(card_text.split("---\n")[1])
+
+
+def test_every_card_field_round_trips_through_the_hubs_model_card_data(tmp_path):
+    text = (save_tiny_model_folder(tmp_path / "model", HUB_DATA) / "README.md").read_text()
+    card = ModelCard(text)
+    assert card.data.to_dict() == front_matter(text)  # the Hub's parser keeps every field, and writes them back
+    assert card.data.datasets == ["wmt/wmt14"] and card.data.base_model is None
+    assert card.data.model_name == "vanilla-transformer-en-de"
+    scores = {(result.dataset_split, result.metric_type): result for result in card.data.eval_results}
+    assert {key: result.metric_value for key, result in scores.items()} == {
+        ("validation", "bleu"): 25.04,
+        ("test", "bleu"): 27.3,
+        ("test", "chrf"): 55.1,
+    }
+    for result in scores.values():
+        assert (result.dataset_type, result.dataset_config, result.dataset_name) == (
+            "wmt/wmt14",
+            "de-en",
+            "wmt/wmt14 de-en",
+        )
+        assert result.task_type == "translation"
+    assert scores["test", "bleu"].metric_args == {"signature": HUB_DATA["bleu_signature"]}
+    assert scores["test", "chrf"].metric_args is None  # chrF's own signature was not recorded: none is claimed
+    assert "on wmt/wmt14 (de-en)." in card.text
+
+
+def test_local_data_is_named_in_the_text_and_never_as_a_hub_dataset(tmp_path):
+    values = {**HUB_DATA, "data": "local files (multi30k)"}
+    del values["dataset"], values["dataset_config"]
+    card = ModelCard.load(save_tiny_model_folder(tmp_path / "model", values) / "README.md")
+    assert card.data.datasets == [] and card.data.eval_results is None and "model-index" not in card.content
+    assert "on local files (multi30k)." in card.text and "| data | local files (multi30k) |" in card.text
+    assert "| test | 27.3 | 55.1 |" in card.text  # the scores stay in the text
+
+
+def training_card(tmp_path, tiny_model, *flags: str, prepared_sources: dict | None = None) -> ModelCard:
+    """The card train_accelerate's save_final_model writes for a run with `flags` (scores of both splits)."""
+    args = train_accelerate.parse_args(["--output_dir", str(tmp_path), *flags])
+    if prepared_sources is not None:
+        (tmp_path / "prepared").mkdir()
+        (tmp_path / "prepared" / "manifest.json").write_text(json.dumps({"key": {"sources": prepared_sources}}))
+        args.prepared_data = str(tmp_path / "prepared")
+    score = {"bleu": 20.123, "chrf": 50.0, "signature": "nrefs:1|tok:13a"}
+    summary = {"steps": 10, "training_minutes": 1.0, "checkpoints_averaged": 1, "mixed_precision": "no"}
+    summary["results"] = {"validation": score, "test": score}
+    train_accelerate.save_final_model(tiny_model, None, args, summary, card_only=True)
+    return ModelCard.load(tmp_path / "README.md")
+
+
+def test_training_names_a_hub_dataset_with_its_config_and_evaluated_splits(tmp_path, tiny_model):
+    flags = (
+        "--dataset_name",
+        "wmt/wmt14",
+        "--dataset_config",
+        "de-en",
+        "--validation_split",
+        "dev",
+        "--test_split",
+        "newstest",
+    )
+    card = training_card(tmp_path, tiny_model, *flags)
+    assert card.data.datasets == ["wmt/wmt14"]
+    assert {(r.dataset_type, r.dataset_config, r.dataset_split) for r in card.data.eval_results} == {
+        ("wmt/wmt14", "de-en", "dev"),
+        ("wmt/wmt14", "de-en", "newstest"),
+    }
+    assert {r.metric_value for r in card.data.eval_results} == {20.12, 50.0}
+
+
+def test_a_prepared_corpus_from_the_hub_is_named_by_its_manifest(tmp_path, tiny_model):
+    sources = {
+        split: {"kind": "hub", "name": "wmt/wmt16", "config": "ro-en", "split": split}
+        for split in ("train", "validation", "test")
+    }
+    card = training_card(tmp_path, tiny_model, prepared_sources=sources)
+    assert card.data.datasets == ["wmt/wmt16"]
+    assert {(r.dataset_config, r.dataset_split) for r in card.data.eval_results} == {
+        ("ro-en", "validation"),
+        ("ro-en", "test"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("flags", "prepared", "words"),
+    [
+        ((), None, "the embedded synthetic task"),
+        (("--data_dir", "/data/multi30k"), None, "local files (multi30k)"),
+        ((), {"train": {"kind": "parallel", "files": []}}, "local files (prepared)"),
+    ],
+)
+def test_local_and_embedded_training_data_gets_no_hub_dataset(tmp_path, tiny_model, flags, prepared, words):
+    card = training_card(tmp_path, tiny_model, *flags, prepared_sources=prepared)
+    assert card.data.datasets == [] and card.data.eval_results is None
+    assert f"| data | {words} |" in card.text and "synthetic\n" not in card.content
+
+
+def test_card_shows_the_pipeline_the_model_with_generate_and_the_demo(tmp_path):
+    text = (save_tiny_model_folder(tmp_path / "model", CARD_VALUES) / "README.md").read_text()
+    pipeline_block, generate_block = python_blocks(text)
+    assert 'pipeline("translation", model="your-username/vanilla-transformer"' in pipeline_block
+    assert "AutoModelForSeq2SeqLM.from_pretrained" in generate_block and "model.generate(" in generate_block
+    assert f"python app.py {hub.MODEL_ID_PLACEHOLDER}\n" in text and 'pip install -e ".[demo]"' in text
+    assert f"supports transformers\n{SUPPORTED_TRANSFORMERS}." in text

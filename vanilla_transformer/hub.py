@@ -119,7 +119,11 @@ def paper_generation_config(config, **decoding) -> GenerationConfig:
 
 
 def render_model_card(model: PreTrainedModel, card_values: dict[str, Any]) -> str:
-    """README.md: model_card.md with its `$name` placeholders filled from the model's config and `card_values`."""
+    """README.md: model_card.md with its `$name` placeholders filled from the model's config and `card_values`.
+
+    `dataset` (with `dataset_config` and the `validation_split`/`test_split` names) is a Hub dataset id: it fills
+    `datasets:` and the model-index. Data from local files or the embedded task has no `dataset`, only `data`, the
+    words that name it in the card's text (default: the Hub id and config)."""
     if not MODEL_CARD_TEMPLATE.is_file():
         raise FileNotFoundError(f"The model card template is missing: {MODEL_CARD_TEMPLATE}")
     config = model.config
@@ -145,10 +149,13 @@ def render_model_card(model: PreTrainedModel, card_values: dict[str, Any]) -> st
         else f"beam search with beam size {values['num_beams']} and length penalty {values['length_penalty']}"
     )
     values["transformers_range"] = SUPPORTED_TRANSFORMERS
+    if "dataset" in values:
+        config_name = f" ({values['dataset_config']})" if values.get("dataset_config") else ""
+        values.setdefault("data", f"{values['dataset']}{config_name}")
     for name in (
         "source_lang",
         "target_lang",
-        "dataset",
+        "data",
         "steps",
         "training_minutes",
         "max_tokens",
@@ -167,10 +174,9 @@ def render_model_card(model: PreTrainedModel, card_values: dict[str, Any]) -> st
     values["example_literal"] = json.dumps(str(values["example_source"]), ensure_ascii=False)
 
     # The YAML front matter gets YAML values (JSON flow lists are YAML); the body gets plain text.
-    datasets = [str(values["dataset"])] if values["dataset"] != NOT_RECORDED else []
     front_values = {
         "language": json.dumps(languages, ensure_ascii=False),
-        "datasets": json.dumps(datasets, ensure_ascii=False),
+        "datasets": json.dumps([str(values["dataset"])] if "dataset" in values else [], ensure_ascii=False),
         "model_index": _model_index_yaml(values),
     }
     _, front_template, body_template = MODEL_CARD_TEMPLATE.read_text(encoding="utf-8").split("---\n", 2)
@@ -182,20 +188,26 @@ def render_model_card(model: PreTrainedModel, card_values: dict[str, Any]) -> st
 
 
 def _model_index_yaml(values: dict[str, Any]) -> str:
-    """The `model-index` block of the Hub's model card spec, with the measured BLEU and chrF; "" if none."""
-    task_name = f"Translation {values['source_lang']}-{values['target_lang']}"
+    """The `model-index` block of the Hub's model card spec: the measured BLEU and chrF on the Hub dataset (its id,
+    config and split), each with its sacreBLEU signature where recorded; "" without a Hub dataset or a score."""
+    if "dataset" not in values:
+        return ""  # local data: a dataset `type` would link to a Hub page that is not this data
     dataset = str(values["dataset"])
+    config_name = values.get("dataset_config")
+    signatures = {metric: values.get(f"{metric}_signature", NOT_MEASURED) for metric in ("bleu", "chrf")}
+    args = {metric: {"signature": str(value)} for metric, value in signatures.items() if value != NOT_MEASURED}
     results = [
         EvalResult(
             task_type="translation",
-            task_name=task_name,
+            task_name=f"Translation {values['source_lang']}-{values['target_lang']}",
             dataset_type=dataset,
-            dataset_name=dataset,
-            dataset_config=values.get("dataset_config"),
-            dataset_split=split,
+            dataset_name=f"{dataset} {config_name}" if config_name else dataset,
+            dataset_config=config_name,
+            dataset_split=str(values.get(f"{split}_split", split)),
             metric_type=metric,
             metric_name=display_name,
             metric_value=float(values[f"{split}_{metric}"]),
+            metric_args=args.get(metric),
         )
         for split in ("validation", "test")
         for metric, display_name in (("bleu", "BLEU"), ("chrf", "chrF"))
