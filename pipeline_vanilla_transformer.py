@@ -17,14 +17,32 @@ output length, input length + 50 (section 6.1), depends on the input, so the pip
 import torch
 from transformers import AutoModelForSeq2SeqLM, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
+from transformers.utils import logging
 
 EXTRA_OUTPUT_TOKENS = 50  # section 6.1: "maximum output length to input length + 50"
+
+logger = logging.get_logger(__name__)
 
 
 def paper_max_new_tokens(attention_mask: torch.Tensor) -> int:
     """Section 6.1's maximum output length for a batch: its longest source, in tokens (padding excluded), + 50.
     The one definition, used by this pipeline, `vanilla_transformer.translate` and the training's evaluation."""
     return int(attention_mask.sum(dim=1).max()) + EXTRA_OUTPUT_TOKENS
+
+
+def output_length(attention_mask: torch.Tensor, config, requested: int | None = None) -> int:
+    """The new tokens a batch may generate: `requested`, else section 6.1's input + 50, and at most what the model
+    can represent. A learned position table (Table 3, row E) has `max_position_embeddings` rows and the decoder
+    start token takes the first; sinusoids have no limit. A cut is logged once."""
+    length = requested if requested is not None else paper_max_new_tokens(attention_mask)
+    if config.position_embedding_type != "learned" or length < config.max_position_embeddings:
+        return length
+    cap = config.max_position_embeddings - 1
+    logger.warning_once(
+        f"The model's learned position table has {config.max_position_embeddings} positions: translations longer "
+        f"than {cap} tokens are cut there."
+    )
+    return cap
 
 
 def _check_text(text, position: int | None = None) -> None:
@@ -79,10 +97,9 @@ class VanillaTransformerTranslationPipeline(Pipeline):
         input_ids, attention_mask = model_inputs["input_ids"], model_inputs["attention_mask"]
         prepared = self._prepare_generate_kwargs(generate_kwargs)
         set_params = self._get_set_generation_params(prepared)
-        if "max_new_tokens" not in set_params and "max_length" not in set_params:
-            prepared = self._prepare_generate_kwargs(
-                generate_kwargs, max_new_tokens=paper_max_new_tokens(attention_mask)
-            )
+        if "max_length" not in set_params:  # input + 50 unless given, at most what the positions can represent
+            length = output_length(attention_mask, self.model.config, set_params.get("max_new_tokens"))
+            prepared = self._prepare_generate_kwargs(generate_kwargs, max_new_tokens=length)
         output_ids = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **prepared)
         # (batch * sequences per input, length) -> (batch, sequences per input, length), unbatched per input
         return {"output_ids": output_ids.reshape(input_ids.shape[0], -1, output_ids.shape[-1])}

@@ -103,3 +103,13 @@ def test_bad_numbers_are_refused_when_the_flags_are_parsed(tmp_path, capsys, fla
     assert exit_info.value.code == 2
     assert f"argument {flag}: {message}" in capsys.readouterr().err
     assert not (tmp_path / "maps").exists()
+
+
+def test_an_output_dir_that_is_a_file_is_refused_when_parsed(tmp_path, capsys):
+    (tmp_path / "maps.png").write_bytes(b"a user's file")
+    for output_dir in (tmp_path / "maps.png", tmp_path / "maps.png" / "sub"):
+        with pytest.raises(SystemExit) as refused:
+            attention_maps.main([str(tmp_path), "--source", "a sentence", "--output_dir", str(output_dir)])
+        assert refused.value.code == 2
+        assert f"{tmp_path / 'maps.png'} is a file, not a folder" in capsys.readouterr().err
+    assert (tmp_path / "maps.png").read_bytes() == b"a user's file"

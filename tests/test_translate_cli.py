@@ -195,3 +195,64 @@ def test_the_folders_own_code_is_trusted_only_with_trust_remote_code(folder, tmp
     for flags in ([], ["--trust_remote_code"]):
         assert main([str(folder), "--input", str(sources), "--output", str(tmp_path / "out.txt"), *flags]) == 0
     assert calls == [False, True]
+
+
+@pytest.mark.parametrize(
+    "output, message",
+    [("missing/hypotheses.de", "the folder {tmp}/missing does not exist"), (".", "is a folder: name the file")],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_the_model_is_loaded(
+    tmp_path, capsys, monkeypatch, output, message
+):
+    loaded = []
+    monkeypatch.setattr(translate, "load_model_and_tokenizer", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{SOURCES[0]}\n"))
+    assert main([str(tmp_path), "--output", str(tmp_path / output)]) == 1
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err and loaded == []
+
+
+def test_translations_are_written_a_buffer_at_a_time_and_an_interruption_keeps_them(
+    folder, tmp_path, capsys, monkeypatch
+):
+    source_file, output_file = tmp_path / "source.en", tmp_path / "hypotheses.de"
+    source_file.write_text("".join(f"{source}\n" for source in SOURCES + SOURCES[:1]), encoding="utf-8")
+    translated_buffers, seen_on_disk = [], []
+    real = translate.translate_sentences
+
+    def translate_then_stop(model, tokenizer, lines, *args):
+        seen_on_disk.append(output_file.read_text(encoding="utf-8") if output_file.exists() else None)
+        if len(translated_buffers) == 2:
+            raise KeyboardInterrupt  # Ctrl-C while the third buffer is decoded
+        translated_buffers.append(lines)
+        return real(model, tokenizer, lines, *args)
+
+    monkeypatch.setattr(translate, "translate_sentences", translate_then_stop)
+    argv = [str(folder), "--input", str(source_file), "--output", str(output_file), "--num_beams", "1"]
+    assert main([*argv, "--batch_size", "1", "--buffer_size", "2", "--max_new_tokens", "5"]) == 130
+    assert translated_buffers == [SOURCES[:2], SOURCES[2:4]]
+    assert seen_on_disk[1].count("\n") == 2 and seen_on_disk[2].count("\n") == 4  # each buffer written at once
+    assert output_file.read_text(encoding="utf-8").count("\n") == 4
+    assert "interrupted: the translations of lines 1-4 are in" in capsys.readouterr().err
+
+
+def test_a_learned_position_model_translates_input_it_accepts_with_its_output_cut_at_its_table(tmp_path, caplog):
+    from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
+    from vanilla_transformer.attention_maps import compute_attentions
+
+    folder = save_tiny_model_folder(
+        tmp_path / "learned", position_embedding_type="learned", max_position_embeddings=40
+    )
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    source = " ".join(ENGLISH[:6])
+    source = tokenizer.decode(tokenizer(source)["input_ids"][:36], skip_special_tokens=True)
+    assert 30 < len(tokenizer(source)["input_ids"]) <= 40  # accepted by the translator (40 source positions)
+    source_file = tmp_path / "source.en"
+    source_file.write_text(source + "\n", encoding="utf-8")
+    argv = [str(folder), "--input", str(source_file), "--output", str(tmp_path / "out.de"), "--num_beams", "1"]
+    with caplog.at_level("WARNING"):  # transformers' logger: on stderr at a terminal
+        assert main(argv) == 0  # input + 50 would reach position 86 of 40
+    assert "learned position table has 40 positions: translations longer than 39 tokens are cut" in caplog.text
+    (generated,) = VanillaTransformerTranslationPipeline(model=model, tokenizer=tokenizer)(source, num_beams=1)
+    assert len(tokenizer(generated["translation_text"])["input_ids"]) <= 40
+    attentions = compute_attentions(model, tokenizer, source, num_beams=1)
+    assert attentions["cross_attentions"].shape[-2] <= 40

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline_vanilla_transformer import paper_max_new_tokens
+from pipeline_vanilla_transformer import output_length
 from vanilla_transformer.cli import positive_int
 from vanilla_transformer.translate import CommandLineError, load_model_and_tokenizer
 
@@ -63,7 +63,7 @@ def compute_attentions(
     start = torch.tensor([[model.config.decoder_start_token_id]], device=model.device)
     with torch.inference_mode():
         if target is None:
-            max_new_tokens = max_new_tokens or paper_max_new_tokens(torch.ones_like(source_ids))
+            max_new_tokens = output_length(torch.ones_like(source_ids), model.config, max_new_tokens)
             generated = model.generate(source_ids, num_beams=num_beams, max_new_tokens=max_new_tokens)[0]
             target_ids = generated[1:][generated[1:] != model.config.pad_token_id]  # drop the start token and padding
         else:
@@ -151,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--source is empty: give a sentence")
     if args.target is not None and not args.target.strip():
         parser.error("--target is empty: give a translation, or leave --target out to use the model's own")
+    output_dir = Path(args.output_dir).absolute()
+    if blocking := next((path for path in (output_dir, *output_dir.parents) if path.is_file()), None):
+        parser.error(f"--output_dir {args.output_dir}: {blocking} is a file, not a folder")
     try:
         model, tokenizer = load_model_and_tokenizer(
             args.model_dir, attn_implementation="eager", trust_remote_code=args.trust_remote_code

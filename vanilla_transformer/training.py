@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from pipeline_vanilla_transformer import paper_max_new_tokens
+from pipeline_vanilla_transformer import output_length
 
 from . import checkpoints
 from .batching import TokenBatchSampler, TranslationCollator
@@ -307,7 +307,9 @@ def translate_for_evaluation(accelerator, model, loader, tokenizer, generation_k
         gathered = FullyShardedDataParallel.summon_full_params(model, writeback=False)
     with gathered:
         for batch in loader:
-            max_new_tokens = generation_kwargs.get("max_new_tokens") or paper_max_new_tokens(batch["attention_mask"])
+            max_new_tokens = output_length(
+                batch["attention_mask"], unwrapped.config, generation_kwargs.get("max_new_tokens")
+            )
             generated = unwrapped.generate(
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],

@@ -9,17 +9,21 @@ bf16 with eager attention translated Multi30k 1.5-1.7x as fast as float32 on a C
 BLEU (docs/BENCHMARKS.md); torch's CPU sdpa kernels are slow in bf16, hence eager there.
 
 Line i of the output translates line i of the input, so the output can be scored against references: an empty input
-line gives an empty output line (with a warning). The input is UTF-8 (a byte-order mark at its start is dropped);
-undecodable bytes stop the run, naming their line. Lines longer than --max_source_tokens stop the run, naming them.
-Decoding follows the model's generation_config.json (the paper: beam 4, length penalty 0.6) with a maximum output
-length of input length + 50 tokens (section 6.1) unless --max_new_tokens is given.
+line gives an empty output line (with a warning). The input is read, checked, translated and written --buffer_size
+lines at a time, in input order, so memory stays bounded on any file and an interruption (Ctrl-C, an error) keeps
+every translation written so far; the output path is checked before the model is loaded. The input is UTF-8 (a
+byte-order mark at its start is dropped); undecodable bytes stop the run, naming their line. Lines longer than
+--max_source_tokens stop the run, naming them. Decoding follows the model's generation_config.json (the paper: beam
+4, length penalty 0.6) with a maximum output length of input length + 50 tokens (section 6.1) unless
+--max_new_tokens is given, at most what a learned position table can represent (said once when it cuts).
 """
 
 import argparse
 import codecs
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -27,7 +31,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, 
 from transformers.utils import logging
 
 import modeling_vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
-from pipeline_vanilla_transformer import paper_max_new_tokens
+from pipeline_vanilla_transformer import output_length
 from vanilla_transformer.cli import positive_int
 
 MAX_LINES_NAMED = 10
@@ -69,7 +73,7 @@ def translate_sentences(
         indices = longest_first[start : start + batch_size]
         batch = tokenizer([sentences[index] for index in indices], padding=True, return_tensors="pt")
         batch = {name: batch[name].to(model.device) for name in ("input_ids", "attention_mask")}
-        length = max_new_tokens if max_new_tokens is not None else paper_max_new_tokens(batch["attention_mask"])
+        length = output_length(batch["attention_mask"], model.config, max_new_tokens)
         with torch.inference_mode():
             output_ids = model.generate(**batch, max_new_tokens=length, **generate_kwargs)
         texts = tokenizer.batch_decode(output_ids, skip_special_tokens=True)
@@ -97,37 +101,63 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
-def decode_input(content: bytes, name: str) -> str:
-    """`content` decoded as UTF-8 without a leading byte-order mark; CommandLineError names the line of bad bytes."""
-    content = content.removeprefix(codecs.BOM_UTF8)
+def decode_line(raw: bytes | str, number: int, name: str) -> str:
+    """Line `number` of the input without its line ending (and, on line 1, a byte-order mark); CommandLineError names
+    the line and byte of bad UTF-8."""
+    if isinstance(raw, str):  # a text stdin without .buffer
+        line = raw.removeprefix("\ufeff") if number == 1 else raw
+        return line.removesuffix("\n").removesuffix("\r")
+    raw = raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw
     try:
-        return content.decode("utf-8")
+        return raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
     except UnicodeDecodeError as error:
-        line = content.count(b"\n", 0, error.start) + 1
-        column = error.start - content.rfind(b"\n", 0, error.start)  # 1-based byte of the line
         raise CommandLineError(
-            f"cannot read the input {name}: invalid UTF-8 on line {line} ({error.reason} at byte {column} of the "
-            "line): the input must be UTF-8 text"
+            f"cannot read the input {name}: invalid UTF-8 on line {number} ({error.reason} at byte {error.start + 1} "
+            "of the line): the input must be UTF-8 text"
         ) from None
 
 
-def read_lines(path: str | None) -> list[str]:
-    """The lines of a UTF-8 file, or of stdin when `path` is None, without their line endings.
-
-    Both are read as bytes and decoded strictly, so that bad bytes are an error naming their line (stdin's own
-    decoding would let them through as lone surrogates, which the tokenizer rejects with a traceback)."""
+def read_chunks(path: str | None, chunk_lines: int) -> Iterator[tuple[int, list[str]]]:
+    """(number of the first line, the lines) of a UTF-8 file, or of stdin when `path` is None, `chunk_lines` at a
+    time. Read as bytes split at "\n" only and decoded strictly, so bad bytes are an error naming their line (stdin's
+    own decoding would let them through as lone surrogates) and other line-breaking characters stay in their line."""
     name = path or "(stdin)"
     try:
-        content = getattr(sys.stdin, "buffer", sys.stdin).read() if path is None else Path(path).read_bytes()
+        stream = open(path, "rb") if path is not None else getattr(sys.stdin, "buffer", sys.stdin)
     except OSError as error:
         raise CommandLineError(f"cannot read the input {name}: {error}") from error
-    text = decode_input(content, name) if isinstance(content, bytes) else content  # a text stdin without .buffer
-    lines = text.split("\n") if text else []  # not splitlines(): it splits on characters other tools keep in a line
-    if text.endswith("\n"):
-        lines.pop()
-    if not lines:
-        raise CommandLineError(f"the input {path or '(stdin)'} is empty: there is nothing to translate.")
-    return [line.removesuffix("\r") for line in lines]
+    first, chunk = 1, []
+    try:
+        for number, raw in enumerate(stream, start=1):
+            chunk.append(decode_line(raw, number, name))
+            if len(chunk) == chunk_lines:
+                yield first, chunk
+                first, chunk = first + len(chunk), []
+    except OSError as error:
+        raise CommandLineError(f"cannot read the input {name}: {error}") from error
+    finally:
+        if path is not None:
+            stream.close()
+    if first == 1 and not chunk:
+        raise CommandLineError(f"the input {name} is empty: there is nothing to translate.")
+    if chunk:
+        yield first, chunk
+
+
+def read_lines(path: str | None) -> list[str]:
+    """Every line of a UTF-8 file, or of stdin when `path` is None, without line endings (see `read_chunks`)."""
+    return [line for _, chunk in read_chunks(path, chunk_lines=10_000) for line in chunk]
+
+
+def check_output(path: str) -> None:
+    """Refuse, before anything is loaded or translated, an --output that could not be written."""
+    output = Path(path)
+    if output.is_dir():
+        raise CommandLineError(f"--output {path} is a folder: name the file to write")
+    if not output.parent.is_dir():
+        raise CommandLineError(f"--output {path}: the folder {output.parent} does not exist")
+    if not os.access(output if output.exists() else output.parent, os.W_OK):
+        raise CommandLineError(f"--output {path} cannot be written (permission denied)")
 
 
 def _name_lines(numbers: list[int]) -> str:
@@ -135,11 +165,14 @@ def _name_lines(numbers: list[int]) -> str:
     return named + (f" and {len(numbers) - MAX_LINES_NAMED} more" if len(numbers) > MAX_LINES_NAMED else "")
 
 
-def check_lines(lines: list[str], tokenizer: PreTrainedTokenizerBase, max_source_tokens: int) -> list[int]:
-    """Raise CommandLineError naming the lines longer than `max_source_tokens`; return the empty lines' numbers."""
-    empty = [number for number, line in enumerate(lines, start=1) if not line.strip()]
+def check_lines(
+    lines: list[str], tokenizer: PreTrainedTokenizerBase, max_source_tokens: int, first_line: int = 1
+) -> list[int]:
+    """Raise CommandLineError naming the lines longer than `max_source_tokens`; return the empty lines' numbers
+    (the first of `lines` is line `first_line`)."""
+    empty = [number for number, line in enumerate(lines, start=first_line) if not line.strip()]
     lengths = [len(ids) for ids in tokenizer(lines)["input_ids"]]
-    too_long = [number for number, length in enumerate(lengths, start=1) if length > max_source_tokens]
+    too_long = [number for number, length in enumerate(lengths, start=first_line) if length > max_source_tokens]
     if too_long:
         raise CommandLineError(
             f"line(s) {_name_lines(too_long)} have more than {max_source_tokens} source tokens (the longest has "
@@ -166,6 +199,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--input", help="source sentences, one per line (default: stdin)")
     parser.add_argument("--output", help="where to write the translations (default: stdout)")
     parser.add_argument("--batch_size", type=positive_int, default=32, help="sentences per batch")
+    parser.add_argument(
+        "--buffer_size",
+        type=positive_int,
+        default=1000,
+        help="lines read, sorted by length, translated and written at a time (at least --batch_size)",
+    )
     parser.add_argument("--num_beams", type=positive_int, help="beam size (default: generation_config.json; paper: 4)")
     parser.add_argument("--max_new_tokens", type=positive_int, help="output length limit (default: input length + 50)")
     parser.add_argument(
@@ -188,36 +227,67 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.disable_progress_bar()  # stderr is for this command's own messages
+    progress = {"translated": 0, "written": 0, "empty": []}
+    destination = args.output or "(stdout)"
     try:
+        if args.output:
+            check_output(args.output)
         device = resolve_device(args.device)
         model_kwargs = {"dtype": DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}
         if args.attn_implementation:
             model_kwargs["attn_implementation"] = args.attn_implementation
         model, tokenizer = load_model_and_tokenizer(args.model_dir, device, **model_kwargs)
-        lines = read_lines(args.input)
-        max_source_tokens = args.max_source_tokens or model.config.max_position_embeddings
-        empty = check_lines(lines, tokenizer, max_source_tokens)
-        if empty:
-            print(f"warning: line(s) {_name_lines(empty)} are empty: so are their output lines.", file=sys.stderr)
         started = time.perf_counter()
-        translations = translate_sentences(
-            model, tokenizer, lines, args.batch_size, args.num_beams, args.max_new_tokens
-        )
-        # one translation per line, whatever characters the model produced
-        text = "".join(" ".join(translation.splitlines()) + "\n" for translation in translations)
-        if args.output is None:
-            sys.stdout.write(text)
-        else:
-            try:
-                Path(args.output).write_text(text, encoding="utf-8")
-            except OSError as error:
-                raise CommandLineError(f"cannot write the output {args.output}: {error}") from error
+        translate_stream(args, model, tokenizer, progress)
     except CommandLineError as error:
         print(f"error: {error}", file=sys.stderr)
+        if progress["written"]:
+            print(f"the translations of lines 1-{progress['written']} are in {destination}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"interrupted: the translations of lines 1-{progress['written']} are in {destination}", file=sys.stderr)
+        return 130
+    if progress["empty"]:
+        print(
+            f"warning: line(s) {_name_lines(progress['empty'])} are empty: so are their output lines.", file=sys.stderr
+        )
     seconds = time.perf_counter() - started
-    print(f"translated {len(lines) - len(empty)} sentence(s) in {seconds:.1f} s on {device}", file=sys.stderr)
+    print(f"translated {progress['translated']} sentence(s) in {seconds:.1f} s on {device}", file=sys.stderr)
     return 0
+
+
+def translate_stream(args, model, tokenizer, progress: dict) -> None:
+    """Read, check, translate and write the input --buffer_size lines at a time, in input order, flushing each
+    buffer; `progress` counts what was translated and written (and the empty lines), for the messages."""
+    max_source_tokens = args.max_source_tokens or model.config.max_position_embeddings
+    output = sys.stdout
+    try:
+        for first_line, lines in read_chunks(args.input, max(args.buffer_size, args.batch_size)):
+            empty = check_lines(lines, tokenizer, max_source_tokens, first_line)
+            translations = translate_sentences(
+                model, tokenizer, lines, args.batch_size, args.num_beams, args.max_new_tokens
+            )
+            if output is sys.stdout and args.output:  # opened once the first buffer is translated
+                output = open_output(args.output)
+            # one translation per line, whatever characters the model produced
+            try:
+                output.write("".join(" ".join(translation.splitlines()) + "\n" for translation in translations))
+                output.flush()
+            except OSError as error:  # a full disk, a closed pipe
+                raise CommandLineError(f"cannot write the output {args.output or '(stdout)'}: {error}") from error
+            progress["translated"] += len(lines) - len(empty)
+            progress["written"] += len(lines)
+            progress["empty"] += empty
+    finally:
+        if output is not sys.stdout:
+            output.close()
+
+
+def open_output(path: str):
+    try:
+        return open(path, "w", encoding="utf-8")  # closed by translate_stream
+    except OSError as error:
+        raise CommandLineError(f"cannot write the output {path}: {error}") from error
 
 
 if __name__ == "__main__":
