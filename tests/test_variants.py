@@ -61,3 +61,27 @@ def test_a_three_row_sweep_writes_the_table_and_plots_and_resumes_without_rerunn
 def test_flags_that_each_row_sets_are_refused(tmp_path):
     result = variants(tmp_path, "--steps", "3", "--d_model", "64")
     assert result.returncode == 2 and "--d_model: set by each row of the table" in result.stderr
+
+
+def test_a_row_trained_under_other_settings_is_refused_until_restarted_and_a_row_that_died_early_starts_again(
+    tmp_path,
+):
+    one_row = ["--rows", "base", *SWEEP[2:]]
+    dead_row = tmp_path / "runs" / "base"
+    dead_row.mkdir(parents=True)
+    (dead_row / "train_log.jsonl").write_text('{"step": 1, "loss": 9.0}\n')  # killed before its first checkpoint
+    first = variants(tmp_path, *one_row)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    assert "stopped before its first checkpoint; starting it again" in first.stdout
+
+    other = [arg if arg != "400" else "500" for arg in one_row]  # other data (--synthetic_pairs 500)
+    other[other.index("--steps") + 1] = "6"
+    refused = variants(tmp_path, *other)
+    assert refused.returncode != 0 and "finished earlier" not in refused.stdout
+    assert "row base" in refused.stderr and "was trained with other settings" in refused.stderr
+    assert "budget: {'steps': 3} there, {'steps': 6} now" in refused.stderr and "training_flags" in refused.stderr
+    assert "--restart_rows base" in refused.stderr
+
+    restarted = variants(tmp_path, *other, "--restart_rows", "base")
+    assert restarted.returncode == 0, restarted.stdout[-2000:] + restarted.stderr[-3000:]
+    assert json.loads((tmp_path / "table.json").read_text())[0]["steps"] == 6

@@ -10,7 +10,10 @@ table (JSON, CSV, markdown) and one plot per row group.
 Each row is one run of `train_accelerate.py` (its own folder under --output_dir/runs; every flag this command does
 not know goes to it), so the rows train, average and score exactly as the recipe does; dev BLEU and perplexity are
 the final model's on the validation split (beam 4, length penalty 0.6). Resumable: a finished row is read, not
-re-run; an interrupted one continues from its last checkpoint (its budget counts the time already spent).
+re-run; an interrupted one continues from its last checkpoint (its budget counts the time already spent), and one
+that stopped before its first checkpoint starts again. Each row records its settings (model, scale, budget, training
+flags) in `runs/<row>/variant.json`: a row trained under other settings is refused, naming what differs, until
+`--restart_rows ROW` deletes it or another --output_dir is given.
 
 Rows, relative to the base row of --scale (the paper's, with --scale base):
 - base: the preset as it is (P_drop 0.1; 0.3 for big), epsilon_ls 0.1, sinusoidal positions.
@@ -25,6 +28,7 @@ import argparse
 import csv
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, replace
@@ -35,6 +39,7 @@ from configuration_vanilla_transformer import PRESETS
 from .cli import positive_float, positive_int
 
 GROUPS = ("base", "A", "B", "C", "D", "E")
+SETTINGS_FILE = "variant.json"  # in each row's run folder: what it was trained with (`row_settings`)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -132,18 +137,51 @@ def training_command(variant: Variant, args, training_flags: list[str], run_dir:
     if variant.qk_head_dim:
         command += ["--qk_head_dim", str(variant.qk_head_dim)]
     command += ["--max_minutes", str(args.minutes)] if args.minutes else ["--max_steps", str(args.steps)]
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    if any((run_dir / "checkpoints").glob("step_*")):
         command += ["--resume_from_checkpoint", "latest"]  # an interrupted row: continue it
+    elif run_dir.is_dir() and any(run_dir.iterdir()):
+        print(f"[variants] {variant.name}: its earlier run stopped before its first checkpoint; starting it again")
+        command += ["--overwrite_output_dir"]  # nothing to continue: only that run's own files go
     return command
 
 
+def row_settings(variant: Variant, args, training_flags: list[str]) -> dict:
+    """What a row's result depends on: its model, the scale, the budget and every flag passed to training."""
+    budget = {"minutes": args.minutes} if args.minutes else {"steps": args.steps}
+    return {"variant": asdict(variant), "scale": args.scale, "budget": budget, "training_flags": training_flags}
+
+
+def check_row_settings(run_dir: Path, settings: dict, name: str) -> None:
+    """A row trained (or begun) under other settings is never reused or continued: RuntimeError saying what differs.
+    Rows from before settings were recorded are reused as they are, with a note."""
+    recorded_file = run_dir / SETTINGS_FILE
+    if not recorded_file.is_file():
+        if run_dir.is_dir() and any(run_dir.iterdir()):
+            print(f"[variants] {name}: its settings were not recorded (an older sweep); reusing it as it is")
+        return
+    recorded = json.loads(recorded_file.read_text())
+    if differing := [key for key in settings if recorded.get(key) != settings[key]]:
+        details = "; ".join(f"{key}: {recorded.get(key)} there, {settings[key]} now" for key in differing)
+        raise RuntimeError(
+            f"row {name} in {run_dir} was trained with other settings ({details}): use another --output_dir, "
+            f"or retrain it with --restart_rows {name} (deletes that row's run)"
+        )
+
+
 def run_variant(variant: Variant, args, training_flags: list[str]) -> dict:
-    """Train and score one row (or read it, if finished); returns its line of the table."""
+    """Train and score one row (or read it, if finished under the same settings); returns its line of the table."""
     run_dir = Path(args.output_dir) / "runs" / variant.name
     results_file = run_dir / "results.json"
+    settings = row_settings(variant, args, training_flags)
+    if variant.name in args.restart_rows and run_dir.exists():
+        print(f"[variants] {variant.name}: --restart_rows: deleting {run_dir}")
+        shutil.rmtree(run_dir)
+    check_row_settings(run_dir, settings, variant.name)
     if results_file.is_file():
         print(f"[variants] {variant.name} ({variant.varied or 'base'}): finished earlier, read from {results_file}")
     else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
         log_file = Path(args.output_dir) / "logs" / f"{variant.name}.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         command = training_command(variant, args, training_flags, run_dir)
@@ -262,8 +300,16 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--launcher", help='prefix of each run, e.g. "accelerate launch --multi_gpu --num_processes 8"'
     )
+    parser.add_argument(
+        "--restart_rows",
+        default="",
+        help="rows (names, e.g. base,A1) whose earlier run in --output_dir is deleted and trained again",
+    )
     args, training_flags = parser.parse_known_args(argv)
     names = {variant.name for variant in table3_variants(args.scale)}
+    args.restart_rows = [row for row in args.restart_rows.split(",") if row]
+    if unknown := [row for row in args.restart_rows if row not in names]:
+        parser.error(f"--restart_rows: unknown {unknown}; rows are {','.join(sorted(names))}")
     args.rows = ["base", *(row for row in args.rows.split(",") if row != "base")]
     if unknown := [row for row in args.rows if row not in GROUPS and row not in names]:
         parser.error(
