@@ -442,6 +442,7 @@ def save_checkpoint(accelerator, args, state: RunState, schedule, identity: dict
             "batches_done_in_epoch": state.position.batches_done_in_epoch,
             "elapsed_seconds": state.elapsed_seconds,
             "schedule": schedule.state_dict(),
+            "continuation": continuation_settings(accelerator, args),
             **identity,
         }
         (staging / checkpoints.TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
@@ -482,6 +483,29 @@ def find_resume_checkpoint(args, accelerator) -> Path | None:
     )
 
 
+def continuation_settings(accelerator, args) -> dict:
+    """What an exact continuation needs unchanged: the batches (tokens per batch, accumulation, processes, seed; the
+    data position counts batches) and the schedule (its scale)."""
+    return {
+        "max_tokens": args.max_tokens,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "num_processes": accelerator.num_processes,
+        "seed": args.seed,
+        "learning_rate_scale": args.learning_rate_scale,
+    }
+
+
+def warn_if_not_exact(accelerator, saved: dict, args) -> None:
+    """Resuming with other batches or another schedule is allowed (a longer run at a new learning rate, more GPUs),
+    but said: the data position then points at other batches, so the run is no longer the one it continues."""
+    there, here = saved.get("continuation", {}), continuation_settings(accelerator, args)
+    if changed := [f"{k} {there[k]} -> {here[k]}" for k in here if k in there and there[k] != here[k]]:
+        accelerator.print(
+            f"[resume] warning: {', '.join(changed)} since the checkpoint: training continues, but not exactly as "
+            "the interrupted run would have (other batches or another learning-rate schedule)"
+        )
+
+
 def check_checkpoint_matches(path: Path, identity: dict, model) -> None:
     """Refuse a checkpoint of another model or tokenizer, naming what differs, before anything is loaded (checkpoints
     saved before the model's config was recorded are compared by their weights' shapes)."""
@@ -515,6 +539,7 @@ def resume(accelerator, args, model, schedule, identity: dict) -> RunState | Non
     check_checkpoint_matches(path, identity, accelerator.unwrap_model(model))
     accelerator.load_state(str(path))
     saved = checkpoints.trainer_state(path)
+    warn_if_not_exact(accelerator, saved, args)
     if "schedule" in saved:
         schedule.load_state_dict(saved["schedule"])
     else:  # saved before the schedule went into trainer_state.json: accelerate's pickle, read with weights_only
@@ -629,10 +654,21 @@ class TrainingLog:
     """Every --logging_steps: the mean loss per target token and tokens/s since the last line, into
     train_log.jsonl (main process), accelerate's trackers and the progress bar."""
 
-    def __init__(self, accelerator, args, progress):
+    def __init__(self, accelerator, args, progress, start_step: int):
         self.accelerator, self.progress = accelerator, progress
         self.file = Path(args.output_dir) / "train_log.jsonl"
         self.loss, self.tokens, self.start = 0.0, 0.0, time.time()
+        if accelerator.is_main_process and self.file.is_file():
+            self.drop_lines_after(start_step)
+
+    def drop_lines_after(self, step: int) -> None:
+        """Resumed from `step`: the lines of later steps belong to steps trained again now, so each step keeps one."""
+        lines = self.file.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if _logged_step(line) <= step]
+        if len(kept) < len(lines):
+            staging = self.file.with_name(self.file.name + ".tmp")
+            staging.write_text("".join(kept))
+            staging.replace(self.file)
 
     def add(self, step_loss: float, step_tokens: float) -> None:
         self.loss, self.tokens = self.loss + step_loss, self.tokens + step_tokens
@@ -655,6 +691,13 @@ class TrainingLog:
         self.loss, self.tokens, self.start = 0.0, 0.0, time.time()
 
 
+def _logged_step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return -1  # a damaged line stays as it is
+
+
 def periodic_evaluation(accelerator, model, tokenizer, validation, loader, step: int, progress) -> None:
     """Validation loss and greedy BLEU on the first --eval_max_sentences validation pairs."""
     losses = validation_loss(accelerator, model, loader)
@@ -672,7 +715,7 @@ def train_loop(accelerator, args, run, state: RunState, stop_signals: StopSignal
     progress = tqdm(
         total=args.max_steps, initial=state.step, disable=not accelerator.is_local_main_process, desc="train"
     )
-    log = TrainingLog(accelerator, args, progress)
+    log = TrainingLog(accelerator, args, progress, state.step)
     start_time, last_saved_step, stop_reason = time.time() - state.elapsed_seconds, state.step, "max_epochs"
     steps = prefetch(run["step_stream"](state.position), args.prefetch_batches, accelerator.device.type == "cuda")
     for step_batches, position_after_step in steps:

@@ -171,6 +171,33 @@ def test_a_crafted_trainer_state_is_named_with_its_field_before_anything_is_load
     assert "trainer_state.json: field 'epoch' holds None" in result.stderr
 
 
+def test_resuming_with_other_batches_or_schedule_says_the_continuation_is_not_exact_and_logs_each_step_once(
+    tmp_path, finished_run
+):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    checkpoint = run / "checkpoints" / "step_000002"
+    exact = train(run, "--max_steps", "5", "--save_steps", "2", "--resume_from_checkpoint", str(checkpoint))
+    assert "not exactly" not in exact.stdout
+    assert sorted(logged_losses(run)) == [1, 2, 3, 4, 5]
+    assert len((run / "train_log.jsonl").read_text().splitlines()) == 5  # steps 3-4 of the first run dropped
+    changed = train(
+        run,
+        "--max_steps",
+        "7",
+        "--save_steps",
+        "2",
+        "--resume_from_checkpoint",
+        "latest",
+        "--max_tokens",
+        "500",
+        "--seed",
+        "9",
+    )
+    assert "[resume] warning: max_tokens 600 -> 500, seed 42 -> 9 since the checkpoint" in changed.stdout
+    assert len((run / "train_log.jsonl").read_text().splitlines()) == 7
+
+
 def test_evaluation_never_writes_over_earlier_hypotheses(tmp_path):
     claim_evaluation_dir(tmp_path, overwrite=False)
     (tmp_path / "test.hyp.txt").write_text("earlier\n")

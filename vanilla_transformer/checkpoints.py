@@ -116,7 +116,12 @@ def is_complete_checkpoint(path: str | Path) -> bool:
 
 # trainer_state.json's fields and their types: required ones first, then those older checkpoints may lack
 TRAINER_STATE_FIELDS = {"step": int, "epoch": int, "batches_done_in_epoch": int, "elapsed_seconds": (int, float)}
-OPTIONAL_TRAINER_STATE_FIELDS = {"run_id": (str, type(None)), "schedule": dict, "model_config": dict}
+OPTIONAL_TRAINER_STATE_FIELDS = {
+    "run_id": (str, type(None)),
+    "schedule": dict,
+    "model_config": dict,
+    "continuation": dict,
+}
 
 
 def trainer_state(path: str | Path) -> dict:
