@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -148,7 +149,14 @@ def model_spec(model: VanillaTransformerForConditionalGeneration) -> transformer
 def vocabulary(model_dir: str | Path, vocab_size: int) -> list[str]:
     """Token strings by id from the tokenizer saved in `model_dir`; placeholders `id_<n>` where there are none."""
     tokens = [f"id_{index}" for index in range(vocab_size)]
-    if any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        warnings.warn(
+            f"{model_dir} has no tokenizer ({', '.join(TOKENIZER_FILES)}): the export's vocabulary is the placeholders "
+            f"id_0 ... id_{vocab_size - 1}, so its users must pass token ids as such; save the tokenizer into the "
+            "model folder first to export real tokens",
+            stacklevel=2,
+        )
+    else:
         tokenizer = load_tokenizer(model_dir)
         for index, token in enumerate(tokenizer.convert_ids_to_tokens(list(range(min(len(tokenizer), vocab_size))))):
             if token is not None:
