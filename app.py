@@ -129,7 +129,7 @@ def attention_image(translator: Translator, source: str, translation: str, kind_
     )
     figure.axes[0].set_title(f"layer {layer}, head {head}", fontsize=8)  # the grid numbers its one map 1, 1
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
+    figure.savefig(buffer, format="png", dpi=150)
     return Image.open(io.BytesIO(buffer.getvalue()))
 
 
