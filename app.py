@@ -90,6 +90,8 @@ def load_translator(name: str) -> Translator:
 def translate_text(translator: Translator, text: str, num_beams: int, length_penalty: float) -> str:
     """Each line of `text` translated, all lines as one batch; line i of the result translates line i.
     InputError refuses too many lines or a line longer than the model's positions."""
+    if int(num_beams) < 1 or not 0 <= float(length_penalty) <= 10:
+        raise InputError(f"Beam size {num_beams} or length penalty {length_penalty} is out of range (1+, 0-10).")
     lines = text.splitlines()
     if len(lines) > MAX_LINES:
         raise InputError(f"The input has {len(lines)} lines; the demo translates at most {MAX_LINES} at a time.")

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import app
@@ -46,7 +47,7 @@ def test_lines_translate_as_one_batch_in_their_order(translator, memorising_fold
     assert batch_sizes == [4]
 
 
-def test_a_line_longer_than_the_model_reads_is_refused_with_a_message(gr, translator, memorising_folder):
+def test_long_input_and_bad_settings_are_refused_with_a_message(gr, translator, memorising_folder):
     sources = memorising_folder[1]
     too_long = " ".join([sources[0]] * 5)  # 35 tokens; the model has 32 positions
     translation, image, message = app.respond(
@@ -54,6 +55,8 @@ def test_a_line_longer_than_the_model_reads_is_refused_with_a_message(gr, transl
     )
     assert (translation, image) == ("", None)
     assert "Line 2 is too long: 35 tokens" in message and "at most 32" in message
+    with pytest.raises(app.InputError, match="Beam size 0 or length penalty 0.6 is out of range"):
+        app.translate_text(translator, sources[0], 0, 0.6)
     with pytest.raises(app.InputError, match="at most 32 at a time"):
         app.translate_text(translator, "\n".join(sources * 9), 1, 0.6)
 
@@ -72,17 +75,11 @@ def test_the_attention_image_draws_the_chosen_layer_and_head_over_the_tokens(
     image = app.attention_image(translator, sources[0], targets[0], "Encoder-decoder attention", 2, 3)
     weights, queries, keys, title = drawn[0]
     everything = app.compute_attentions(translator.model, translator.tokenizer, sources[0], targets[0])
-    assert torch_equal(weights[0, 0], everything["cross_attentions"][1, 2])  # layer 2, head 3
+    assert torch.equal(weights[0, 0], everything["cross_attentions"][1, 2])  # layer 2, head 3
     assert keys == sources[0].split() and queries == ["<s>", *targets[0].split()]  # this tokenizer adds no </s>
     assert title == "Encoder-decoder attention" and image.width > 200 and image.height > 200
     with pytest.raises(app.InputError, match="2 layers of 4 heads"):
         app.attention_image(translator, sources[0], targets[0], "Decoder self-attention", 3, 1)
-
-
-def torch_equal(a, b) -> bool:
-    import torch
-
-    return torch.equal(a, b)
 
 
 def test_the_page_offers_the_cards_languages_and_the_folders_decoding(
