@@ -261,8 +261,8 @@ class HubUploadError(RuntimeError):
 
 def files_to_upload(folder: str | Path) -> list[str]:
     """The model repository's files in `folder`, by an allow-list (never "everything but"): the weights, the configs,
-    the tokenizer, the Hub-facing code, the card and the demo's files if present. Logs, results, hypotheses,
-    checkpoints, notes and secrets (`.env`) stay local, whatever else the folder holds."""
+    the tokenizer, the Hub-facing code and the card. Logs, results, hypotheses, checkpoints, notes, secrets (`.env`)
+    and subfolders (the demo's Space, `vanilla_transformer.space`) stay local, whatever else the folder holds."""
     folder = Path(folder)
     names = [name for name in UPLOADED_FILES if (folder / name).is_file()]
     names += sorted(path.name for pattern in UPLOADED_PATTERNS for path in folder.glob(pattern) if path.is_file())
@@ -305,7 +305,7 @@ def hub_failure(error: Exception, action: str) -> str:
     kinds = {cls.__name__ for cls in type(error).__mro__}
     if "OfflineModeIsEnabled" in kinds:
         reason = "offline mode is on (HF_HUB_OFFLINE is set); unset it to reach the Hub"
-    elif kinds & {"ConnectionError", "TransportError", "NetworkError", "TimeoutException"}:
+    elif kinds & {"ConnectionError", "TransportError", "NetworkError", "TimeoutException"}:  # requests, httpx
         reason = f"the Hub cannot be reached ({type(error).__name__}: {error})"
     else:
         reason = (

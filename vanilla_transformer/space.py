@@ -22,6 +22,7 @@ from pathlib import Path
 from huggingface_hub import HfApi
 
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
+from vanilla_transformer.hub import hub_failure
 
 PROJECT = Path(__file__).resolve().parent.parent
 # what app.py imports, by its path in the Space (= its path in this project)
@@ -112,18 +113,8 @@ def upload_space(folder: str | Path, space_id: str, token: str | None = None, pr
             commit_message="vanilla-transformer demo",
         )
     except Exception as error:  # noqa: BLE001 - each failure of the Hub calls becomes one message
-        raise SpaceError(f"could not upload {folder} to the Space {space_id}: {hub_reason(error)}") from error
+        raise SpaceError(hub_failure(error, f"upload {folder} to the Space {space_id}")) from error
     return str(url)
-
-
-def hub_reason(error: Exception) -> str:
-    """Why a Hub call failed, in words: offline mode, no connection, or the Hub's own answer."""
-    names = {cls.__name__ for cls in type(error).__mro__}
-    if "OfflineModeIsEnabled" in names:
-        return "offline mode is on (HF_HUB_OFFLINE is set); unset it to reach the Hub"
-    if names & {"ConnectionError", "TransportError", "TimeoutException"}:
-        return f"the Hub cannot be reached ({type(error).__name__}: {error})"
-    return f"the Hub refused it ({type(error).__name__}: {error}); check the token and the Space id"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
