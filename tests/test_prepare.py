@@ -182,6 +182,23 @@ def damage(folder: Path, how: str) -> str:
     return f"{shard} does not match the sha256"
 
 
+def prepared_folder(corpus_dir: Path, output: Path) -> Path:
+    """A folder written by the prepare command from the test corpus."""
+    prepare.main(
+        [
+            "--data_dir",
+            str(corpus_dir),
+            "--validation_split",
+            "val",
+            "--vocab_size",
+            "300",
+            "--output_dir",
+            str(output),
+        ]
+    )
+    return output
+
+
 DAMAGES = ["manifest lost", "manifest invalid", "shard truncated", "shard edited"]
 
 
@@ -202,19 +219,7 @@ def test_a_damaged_cached_corpus_is_named_and_prepared_again(corpus_dir, tmp_pat
 
 @pytest.mark.parametrize("how", DAMAGES)
 def test_a_damaged_prepared_folder_is_a_named_error(corpus_dir, tmp_path, how, capsys):
-    output = tmp_path / "prepared"
-    prepare.main(
-        [
-            "--data_dir",
-            str(corpus_dir),
-            "--validation_split",
-            "val",
-            "--vocab_size",
-            "300",
-            "--output_dir",
-            str(output),
-        ]
-    )
+    output = prepared_folder(corpus_dir, tmp_path / "prepared")
     says = damage(output, how)
     with pytest.raises(DataError) as refused:
         prepare.load_or_prepare(argparse.Namespace(prepared_data=str(output)))
@@ -340,19 +345,7 @@ def test_the_tokenizer_fingerprint_ignores_padding_settings_but_not_the_vocabula
 def test_language_flags_may_repeat_a_prepared_corpus_languages_but_never_contradict_them(corpus_dir, tmp_path, capsys):
     import train_accelerate
 
-    output = tmp_path / "prepared"
-    prepare.main(
-        [
-            "--data_dir",
-            str(corpus_dir),
-            "--validation_split",
-            "val",
-            "--vocab_size",
-            "300",
-            "--output_dir",
-            str(output),
-        ]
-    )
+    output = prepared_folder(corpus_dir, tmp_path / "prepared")
     args = train_accelerate.parse_args(["--prepared_data", str(output)])
     assert (args.source_lang, args.target_lang) == ("en", "de")
     assert train_accelerate.parse_args(["--prepared_data", str(output), "--source_lang", "en"]).target_lang == "de"
