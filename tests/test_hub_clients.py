@@ -44,6 +44,14 @@ def tokenized_pairs(tokenizer, sources: list[str], targets: list[str]) -> datase
     )
 
 
+def stock_trainer(model, tokenizer, arguments, **datasets_and_metrics) -> Seq2SeqTrainer:
+    """transformers' own Seq2SeqTrainer with its own collator, as a user sets it up for a Hub model."""
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+    return Seq2SeqTrainer(
+        model=model, args=arguments, data_collator=collator, processing_class=tokenizer, **datasets_and_metrics
+    )
+
+
 def test_a_loaded_model_saved_again_carries_its_pipeline_and_fast_paths(tmp_path):
     folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
     code = f"""
@@ -80,13 +88,7 @@ def test_the_stock_seq2seq_trainer_fine_tunes_a_saved_model_whose_checkpoint_tra
         disable_tqdm=True,
     )
     try:
-        trainer = Seq2SeqTrainer(
-            model=model,
-            args=arguments,
-            train_dataset=tokenized,
-            data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
-            processing_class=tokenizer,
-        )
+        trainer = stock_trainer(model, tokenizer, arguments, train_dataset=tokenized)
         before = model.model.shared.weight.detach().clone()
         history = trainer.train()
         predictions = trainer.predict(tokenized.select(range(4)))
@@ -123,14 +125,7 @@ def test_the_stock_seq2seq_trainer_evaluates_a_loss_and_runs_compute_metrics(tmp
         disable_tqdm=True,
     )
     try:
-        trainer = Seq2SeqTrainer(
-            model=model,
-            args=arguments,
-            eval_dataset=tokenized,
-            data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
-            processing_class=tokenizer,
-            compute_metrics=compute_metrics,
-        )
+        trainer = stock_trainer(model, tokenizer, arguments, eval_dataset=tokenized, compute_metrics=compute_metrics)
         metrics = trainer.evaluate()
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)

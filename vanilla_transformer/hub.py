@@ -126,6 +126,29 @@ def render_model_card(model: PreTrainedModel, card_values: dict[str, Any]) -> st
     words that name it in the card's text (default: the Hub id and config)."""
     if not MODEL_CARD_TEMPLATE.is_file():
         raise FileNotFoundError(f"The model card template is missing: {MODEL_CARD_TEMPLATE}")
+    values = _card_values(model, card_values)
+    languages = [str(values[name]) for name in ("source_lang", "target_lang") if values[name] != NOT_RECORDED]
+    values.setdefault("model_name", "-".join(["vanilla-transformer", *languages]))
+    values.setdefault("example_source", EXAMPLE_SOURCES.get(values["source_lang"], EXAMPLE_SOURCES["en"]))
+    values["example_literal"] = json.dumps(str(values["example_source"]), ensure_ascii=False)
+
+    # The YAML front matter gets YAML values (JSON flow lists are YAML); the body gets plain text.
+    front_values = {
+        "language": json.dumps(languages, ensure_ascii=False),
+        "datasets": json.dumps([str(values["dataset"])] if "dataset" in values else [], ensure_ascii=False),
+        "model_index": _model_index_yaml(values),
+    }
+    _, front_template, body_template = MODEL_CARD_TEMPLATE.read_text(encoding="utf-8").split("---\n", 2)
+    front = Template(front_template).substitute(front_values)
+    if not isinstance(yaml.safe_load(front), dict):
+        raise ValueError(f"The model card's YAML front matter did not render to a mapping:\n{front}")
+    body = Template(body_template).substitute({key: str(value) for key, value in values.items()})
+    return f"---\n{front}---\n{body}"
+
+
+def _card_values(model: PreTrainedModel, card_values: dict[str, Any]) -> dict[str, Any]:
+    """The card's values: the architecture from the model's config, then `card_values`, then the defaults (the
+    paper's decoding; "not recorded" and "not measured" for what is missing)."""
     config = model.config
     values = {
         "model_id": MODEL_ID_PLACEHOLDER,
@@ -168,23 +191,7 @@ def render_model_card(model: PreTrainedModel, card_values: dict[str, Any]) -> st
         values.setdefault(name, NOT_RECORDED)
     for name in ("validation_bleu", "validation_chrf", "test_bleu", "test_chrf", "bleu_signature"):
         values.setdefault(name, NOT_MEASURED)
-    languages = [str(values[name]) for name in ("source_lang", "target_lang") if values[name] != NOT_RECORDED]
-    values.setdefault("model_name", "-".join(["vanilla-transformer", *languages]))
-    values.setdefault("example_source", EXAMPLE_SOURCES.get(values["source_lang"], EXAMPLE_SOURCES["en"]))
-    values["example_literal"] = json.dumps(str(values["example_source"]), ensure_ascii=False)
-
-    # The YAML front matter gets YAML values (JSON flow lists are YAML); the body gets plain text.
-    front_values = {
-        "language": json.dumps(languages, ensure_ascii=False),
-        "datasets": json.dumps([str(values["dataset"])] if "dataset" in values else [], ensure_ascii=False),
-        "model_index": _model_index_yaml(values),
-    }
-    _, front_template, body_template = MODEL_CARD_TEMPLATE.read_text(encoding="utf-8").split("---\n", 2)
-    front = Template(front_template).substitute(front_values)
-    if not isinstance(yaml.safe_load(front), dict):
-        raise ValueError(f"The model card's YAML front matter did not render to a mapping:\n{front}")
-    body = Template(body_template).substitute({key: str(value) for key, value in values.items()})
-    return f"---\n{front}---\n{body}"
+    return values
 
 
 def _model_index_yaml(values: dict[str, Any]) -> str:
