@@ -7,6 +7,7 @@ error: argument --warmup_steps: must be an integer >= 1, got -5
 
 import argparse
 import math
+import sys
 
 
 def at_least(minimum: int):
@@ -49,3 +50,25 @@ non_negative_int = at_least(0)
 positive_float = number_in(0, low_open=True)
 non_negative_float = number_in(0)
 probability = number_in(0, 1, high_open=True)  # dropout, label smoothing: 1 would zero everything
+
+
+def add_deprecated_alias(group, old: str, new: str) -> None:
+    """Keep `old` working as a hidden spelling of the flag `new` (already added to `group`, or its parser), with a
+    warning that names the new flag. For a flag that stores a value or is a switch (store_true)."""
+    action = next(a for a in group._group_actions if new in a.option_strings)
+    takes_value = action.nargs != 0
+
+    class DeprecatedAlias(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            print(f"warning: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
+            setattr(namespace, action.dest, values if takes_value else action.const)
+
+    group.add_argument(
+        old,
+        dest=action.dest,
+        type=action.type if takes_value else None,
+        nargs=None if takes_value else 0,
+        action=DeprecatedAlias,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )
