@@ -3,9 +3,18 @@ a token budget, instead of a fixed number of sentences.
 """
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+
+@dataclass
+class DataPosition:
+    """Where a stream of batches stands: exactly enough to continue the same data order after a resume."""
+
+    epoch: int = 0
+    batches_done_in_epoch: int = 0
 
 
 class TokenBatchSampler:

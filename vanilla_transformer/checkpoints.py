@@ -1,26 +1,21 @@
-"""Checkpoint folders written by `accelerator.save_state`: listing, resuming, pruning and averaging.
+"""Checkpoints: the folders `accelerator.save_state` writes, and a run's saving, resuming and averaging with them.
 
-Layout: `<checkpoint_root>/step_000123/` holds everything `save_state` wrote, including the model
-weights in `model.safetensors` (accelerate's name for the first prepared model; a second one
-would be `model_1.safetensors`).
+Layout: `<output_dir>/checkpoints/step_000123/` holds everything `save_state` wrote, including the model weights in
+`model.safetensors` (accelerate's name for the first prepared model), plus our `trainer_state.json` (step, data
+position, schedule, run id, model config, tokenizer fingerprint: JSON, nothing of ours is pickled) and
+`checksums.json`. A checkpoint only counts once it is complete: saves go to a staging folder that is renamed into
+place when done, so an interrupted save never looks like a checkpoint. The weights are only ever read with
+safetensors, or FSDP's full-state file with `weights_only=True` (no code runs).
 
-A checkpoint only counts once it is complete. Saves go to a staging folder first and are renamed
-into place when done, so an interrupted save never looks like a checkpoint:
+The script's side, in the order a run meets it (fairseq keeps these in `checkpoint_utils` the same way):
+`output_dir_is_shared` (one filesystem for every process, or a copy of every checkpoint on each machine),
+`new_run_id` and `run_identity`, `save_checkpoint`, `resume` (`find_resume_checkpoint`: the processes agree on one
+intact checkpoint before any loads it; `check_checkpoint_matches`: it must be of this model and tokenizer), and
+`load_averaged_weights` (section 6.1).
 
-    staging = staging_dir(checkpoint_root, step)
-    accelerator.save_state(staging)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        finalize_checkpoint(staging, checkpoint_dir(checkpoint_root, step))
-        prune_checkpoints(checkpoint_root, keep_last)
-    accelerator.wait_for_everyone()
-
-The weights are only ever read with safetensors (no pickle).
-
-Integrity: `finalize_checkpoint` first writes `checksums.json` (size and sha256 of every file), and
-`checkpoint_problem` compares a folder against it, so a truncated or damaged file is named before anything is
-loaded. Ownership: `trainer_state.json` (written by the training script) carries the run's id; listing, pruning
-and averaging take `run_id` and only ever touch that run's checkpoints.
+Integrity: `checkpoint_problem` compares a folder against its `checksums.json`, so a truncated or damaged file is
+named before anything is loaded. Ownership: listing, pruning and averaging take `run_id` and only ever touch that
+run's checkpoints.
 """
 
 import json
@@ -28,13 +23,17 @@ import math
 import os
 import re
 import shutil
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from .batching import DataPosition
+from .coordination import main_process_only
 from .integrity import files_problem, record_files
 
 WEIGHTS_NAME = "model.safetensors"
@@ -336,3 +335,239 @@ def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
         return {key: tuple(tensor.shape) for key, tensor in load_weights(weights_file).items()}
     with safe_open(weights_file, "pt") as weights:
         return {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}
+
+
+# --- a run's checkpoints, with Accelerate ------------------------------------------------------------------------
+# Where each process writes: with one filesystem that every process sees, the main process writes checkpoints, logs
+# and the model folder. Machines without a shared filesystem each get their own copy of every checkpoint (each
+# machine's first process writes it: accelerate's save_on_each_node), so that every machine can resume and average;
+# logs and the final model folder are written on the main process's machine only.
+
+# config fields that are training settings, not what the model is: a resumed run may change them
+NOT_MODEL_IDENTITY = {
+    "transformers_version",
+    "label_smoothing",
+    "use_cache",
+    "onednn_linear",
+    "grouped_beam_cross_attention",
+}
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    output_dir: str
+    save_steps: int = 1000
+    keep_last: int = 5  # 0: all (--save_total_limit)
+    average_last: int = 5  # averaged into the final model (paper: 5 for base, 20 for big)
+    resume_from: str | None = None  # a checkpoint folder, or "latest"
+
+    @property
+    def root(self) -> Path:
+        return Path(self.output_dir) / "checkpoints"
+
+
+@dataclass
+class RunState:
+    """Where the run stands; saved in each checkpoint's trainer_state.json beside accelerate's state."""
+
+    run_id: str | None  # the run that owns the checkpoints it prunes and averages (None: saved before ids existed)
+    step: int = 0
+    position: DataPosition = field(default_factory=DataPosition)
+    elapsed_seconds: float = 0.0
+
+
+def output_dir_is_shared(accelerator, output_dir: str | Path) -> bool:
+    """Whether every process sees the main process's `output_dir`: the main process leaves a marker beside it and
+    every process looks for it."""
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    if accelerator.num_processes == 1:
+        return True
+    token = [uuid.uuid4().hex]
+    broadcast_object_list(token)
+    folder = Path(output_dir).absolute()
+    marker = folder.parent / f".{folder.name}.shared-{token[0]}"
+
+    def leave_marker():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+
+    main_process_only(accelerator, leave_marker, "checking --output_dir", accelerator.is_main_process)
+    seen = gather_object([marker.exists()])
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        marker.unlink()
+    return all(seen)
+
+
+def writes_checkpoints(accelerator) -> bool:
+    """Whether this process writes the checkpoints (and claims --output_dir) on its machine."""
+    if accelerator.project_configuration.save_on_each_node:
+        return accelerator.is_local_main_process
+    return accelerator.is_main_process
+
+
+def new_run_id() -> str:
+    """A new id, the main process's on every process."""
+    from accelerate.utils import broadcast_object_list
+
+    run_id = [uuid.uuid4().hex]
+    broadcast_object_list(run_id)
+    return run_id[0]
+
+
+def run_identity(config, tokenizer_fingerprint: str) -> dict:
+    """What a checkpoint must share with the run that resumes it: the model (its config without training settings)
+    and the tokenizer."""
+    model_config = {k: v for k, v in config.to_diff_dict().items() if k not in NOT_MODEL_IDENTITY}
+    return {"model_config": model_config, "tokenizer": tokenizer_fingerprint}
+
+
+def continuation_settings(accelerator, max_tokens: int, accumulation: int, seed: int, learning_rate_scale) -> dict:
+    """What an exact continuation needs unchanged: the batches (tokens per batch, accumulation, processes, seed; the
+    data position counts batches) and the schedule (its scale)."""
+    return {
+        "max_tokens": max_tokens,
+        "gradient_accumulation_steps": accumulation,
+        "num_processes": accelerator.num_processes,
+        "seed": seed,
+        "learning_rate_scale": learning_rate_scale,
+    }
+
+
+def save_checkpoint(
+    accelerator, settings: CheckpointSettings, state: RunState, schedule, identity: dict, continuation: dict
+) -> None:
+    """accelerator.save_state into a staging folder, renamed into place once complete (with checksums); keeps the
+    run's last K. The schedule and the data position go into JSON (nothing of ours is pickled)."""
+    staging = staging_dir(settings.root, state.step)
+    accelerator.save_state(str(staging))
+    if writes_checkpoints(accelerator):
+        trainer_state = {
+            "run_id": state.run_id,
+            "step": state.step,
+            "epoch": state.position.epoch,
+            "batches_done_in_epoch": state.position.batches_done_in_epoch,
+            "elapsed_seconds": state.elapsed_seconds,
+            "schedule": schedule.state_dict(),
+            "continuation": continuation,
+            **identity,
+        }
+        (staging / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
+    accelerator.wait_for_everyone()
+    if writes_checkpoints(accelerator):
+        finalize_checkpoint(staging, checkpoint_dir(settings.root, state.step))
+        prune_checkpoints(settings.root, settings.keep_last, run_id=state.run_id)
+    accelerator.wait_for_everyone()
+
+
+def _problems_anywhere(path: Path) -> list[str]:
+    """What is wrong with the checkpoint `path` on any process's machine (each checks its own copy)."""
+    from accelerate.utils import gather_object
+
+    return sorted({problem for problem in gather_object([checkpoint_problem(path)]) if problem})
+
+
+def find_resume_checkpoint(accelerator, settings: CheckpointSettings) -> Path | None:
+    """The checkpoint every process resumes from, agreed before any loads it: the given one, which must be intact
+    on every machine; or with `latest`, the newest step that every machine holds intact (a newer one missing or
+    damaged somewhere is named and skipped). None when no machine has a checkpoint at all."""
+    from accelerate.utils import gather_object
+
+    if settings.resume_from != "latest":
+        path = Path(settings.resume_from)
+        if problems := _problems_anywhere(path):
+            raise CheckpointError(f"cannot resume from {path}: {'; '.join(problems)}")
+        return path
+    held = gather_object([[checkpoint_step(path) for path in list_checkpoints(settings.root)]])
+    if not any(held):
+        return None
+    common = set(held[0]).intersection(*held[1:])
+    for step in sorted(common, reverse=True):
+        path = checkpoint_dir(settings.root, step)
+        if not (problems := _problems_anywhere(path)):
+            if {newer for steps in held for newer in steps if newer > step} - common:
+                accelerator.print(f"[resume] newer checkpoints are not on every machine; resuming from {path.name}")
+            return path
+        accelerator.print(f"[resume] skipping {path.name}: {'; '.join(problems)}")
+    holdings = "; ".join(f"process {rank}: steps {steps or 'none'}" for rank, steps in enumerate(held))
+    raise CheckpointError(
+        f"no intact checkpoint in {settings.root} that every process holds ({holdings}); on machines without a "
+        "shared filesystem, copy the checkpoint folder to each machine's --output_dir"
+    )
+
+
+def check_checkpoint_matches(path: Path, identity: dict, model) -> None:
+    """Refuse a checkpoint of another model or tokenizer, naming what differs, before anything is loaded (checkpoints
+    saved before the model's config was recorded are compared by their weights' shapes)."""
+    saved = trainer_state(path)
+    if "model_config" in saved:
+        there, here = saved["model_config"], identity["model_config"]
+        differing = [k for k in sorted(there.keys() | here.keys()) if there.get(k) != here.get(k)]
+        differences = [f"{k}: {there.get(k)!r} there, {here.get(k)!r} here" for k in differing]
+    else:
+        there, here = weight_shapes(path), {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        differing = [k for k in there if there[k] != here.get(k)][:3]
+        differences = [f"{k}: shape {there[k]} there, {here.get(k)} here" for k in differing]
+    if differences:
+        raise CheckpointError(
+            f"{path} is a checkpoint of another model ({'; '.join(differences)}): resume with the model flags it was "
+            "trained with, or start a new run in another --output_dir"
+        )
+    if saved.get("tokenizer", identity["tokenizer"]) != identity["tokenizer"]:
+        raise CheckpointError(
+            f"{path} was trained with another tokenizer (other data, --vocab_size or --tokenizer_name_or_path): "
+            "resume with the data flags it was trained with"
+        )
+
+
+def warn_if_not_exact(accelerator, saved: dict, continuation: dict) -> None:
+    """Resuming with other batches or another schedule is allowed (a longer run at a new learning rate, more GPUs),
+    but said: the data position then points at other batches, so the run is no longer the one it continues."""
+    there = saved.get("continuation", {})
+    if changed := [f"{k} {there[k]} -> {v}" for k, v in continuation.items() if k in there and there[k] != v]:
+        accelerator.print(
+            f"[resume] warning: {', '.join(changed)} since the checkpoint: training continues, but not exactly as "
+            "the interrupted run would have (other batches or another learning-rate schedule)"
+        )
+
+
+def resume(accelerator, settings: CheckpointSettings, model, schedule, identity: dict, continuation: dict):
+    """Restore model, optimizer, RNG states (accelerate), schedule and data position (ours, JSON) from the agreed
+    checkpoint; returns the run's state there, or None when there is no checkpoint to resume."""
+    path = find_resume_checkpoint(accelerator, settings)
+    if path is None:
+        accelerator.print(f"[resume] no checkpoint in {settings.root}; starting from scratch")
+        return None
+    check_checkpoint_matches(path, identity, accelerator.unwrap_model(model))
+    accelerator.load_state(str(path))
+    saved = trainer_state(path)
+    warn_if_not_exact(accelerator, saved, continuation)
+    if "schedule" in saved:
+        schedule.load_state_dict(saved["schedule"])
+    else:  # saved before the schedule went into trainer_state.json: accelerate's pickle, read with weights_only
+        from accelerate.utils import load as load_with_weights_only
+
+        schedule.load_state_dict(load_with_weights_only(path / "custom_checkpoint_0.pkl"))
+    accelerator.print(f"[resume] from {path} at step {saved['step']}")
+    position = DataPosition(saved["epoch"], saved["batches_done_in_epoch"])
+    return RunState(saved.get("run_id"), saved["step"], position, saved["elapsed_seconds"])
+
+
+def load_averaged_weights(model, accelerator, settings: CheckpointSettings, run_id) -> int:
+    """Section 6.1: average this run's last K checkpoints into the final model; returns how many were averaged."""
+    paths = list_checkpoints(settings.root, run_id)[-settings.average_last :]
+    for path in paths:
+        if problem := checkpoint_problem(path, only=WEIGHTS_NAMES):
+            raise CheckpointError(f"cannot average {path}: {problem}")
+    averaged = average_checkpoints(paths)
+    missing, unexpected = model.load_state_dict(averaged, strict=False)
+    tied = set(model.get_expanded_tied_weights_keys(all_submodels=True)) | {
+        name for name, _ in model.named_buffers() if name.endswith("embed_positions.table")
+    }
+    if unexpected or not set(missing) <= tied:
+        raise CheckpointError(
+            f"the averaged checkpoints do not match the model: missing {missing}, unexpected {unexpected}"
+        )
+    accelerator.print(f"[average] the final model averages {len(paths)} checkpoint(s): {[p.name for p in paths]}")
+    return len(paths)

@@ -20,7 +20,7 @@ the translation pipeline and `vanilla_transformer.translate` apply it when no le
 import json
 from pathlib import Path
 from string import Template
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from huggingface_hub import CommitOperationAdd, HfApi
@@ -29,6 +29,9 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
+
+if TYPE_CHECKING:
+    from .prepare import DataSettings
 
 MODEL_CARD_TEMPLATE = Path(__file__).resolve().parent.parent / "model_card.md"
 MODEL_ID_PLACEHOLDER = "your-username/vanilla-transformer"  # README.md code uses it until the folder is pushed
@@ -191,6 +194,42 @@ def _card_values(model: PreTrainedModel, card_values: dict[str, Any]) -> dict[st
         values.setdefault(name, NOT_RECORDED)
     for name in ("validation_bleu", "validation_chrf", "test_bleu", "test_chrf", "bleu_signature"):
         values.setdefault(name, NOT_MEASURED)
+    return values
+
+
+def training_card_values(data: "DataSettings", summary: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
+    """The card's values for a training run: its data (see `render_model_card`), `recipe` (preset, max_tokens,
+    warmup_steps, learning_rate_scale, label_smoothing, num_beams, length_penalty: the flags as run) and the run's
+    `summary` (results.json: steps, minutes, averaging, precision, scores)."""
+    corpus = data.corpus
+    # `datasets:` and the model-index name a Hub dataset only: local files and the embedded task are named in the
+    # text. A prepared corpus records what its splits were read from.
+    sources = {}
+    if data.prepared_data:
+        sources = json.loads((Path(data.prepared_data) / "manifest.json").read_text())["key"]["sources"]
+    elif corpus.dataset_name:
+        hub = {"kind": "hub", "name": corpus.dataset_name, "config": corpus.dataset_config}
+        sources = {split: {**hub, "split": corpus.split_name(split)} for split in ("train", "validation", "test")}
+    if sources.get("train", {}).get("kind") == "hub":
+        values = {"dataset": sources["train"]["name"], "dataset_config": sources["train"]["config"]}
+        values |= {f"{split}_split": source["split"] for split, source in sources.items() if split != "train"}
+    else:
+        local = corpus.data_dir or corpus.train_file or data.prepared_data
+        values = {"data": f"local files ({Path(local).name})" if local else "the embedded synthetic task"}
+    precision = summary["mixed_precision"]
+    values |= {
+        "source_lang": corpus.source_lang,
+        "target_lang": corpus.target_lang,
+        **recipe,
+        "steps": summary["steps"],
+        "training_minutes": round(summary["training_minutes"], 1),
+        "checkpoints_averaged": summary["checkpoints_averaged"],
+        "training_precision": "float32" if precision == "no" else f"{precision} autocast",
+    }
+    for split, result in summary["results"].items():
+        values[f"{split}_bleu"] = round(result["bleu"], 2)
+        values[f"{split}_chrf"] = round(result["chrf"], 2)
+        values["bleu_signature"] = result["signature"]
     return values
 
 

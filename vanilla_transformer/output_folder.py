@@ -19,6 +19,7 @@ checkpoints of its own run.
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import checkpoints
@@ -35,6 +36,15 @@ RUN_FILES = (
     checkpoints.WEIGHTS_NAME,
     *REQUIRED_FILES,
 )
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """A run's folder, and what the run may do with an earlier run's files there."""
+
+    output_dir: str
+    overwrite: bool = False  # delete the earlier run's files first (--overwrite_output_dir)
+    resume_from: str | None = None  # a checkpoint folder, or "latest" (--resume_from_checkpoint)
 
 
 class OutputDirError(Exception):
@@ -56,14 +66,10 @@ def describe(folder: Path) -> str:
     return f"{len(names)} entries ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
 
 
-def claim_output_dir(args) -> None:
+def claim_output_dir(settings: OutputSettings) -> None:
     """Check (and with --overwrite_output_dir, clear) --output_dir before a training run, saying what was deleted.
     Raises OutputDirError when the folder holds work this run must not touch."""
-    folder, overwrite, resume_from_checkpoint = (
-        Path(args.output_dir),
-        args.overwrite_output_dir,
-        args.resume_from_checkpoint,
-    )
+    folder, overwrite, resume_from_checkpoint = Path(settings.output_dir), settings.overwrite, settings.resume_from
     if folder.exists() and not folder.is_dir():
         raise OutputDirError(f"--output_dir {folder} is a file, not a folder")
     if not folder.exists() or not any(folder.iterdir()):

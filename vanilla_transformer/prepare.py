@@ -17,7 +17,7 @@ A prepared folder holds
 Every process memory-maps these files, so memory grows with the batch, not with the corpus. Without --prepared_data,
 `train_accelerate.py` prepares into `--data_cache_dir/<key>`, where the key hashes the manifest's `key` entry: a
 relaunch, or another experiment on the same data, tokenizer settings and filters, loads it in seconds, and any change
-to them (a file's size or modification time, --vocab_size, --max_source_tokens, ...) prepares a new folder.
+to them (a file's size or modification time, --vocab_size, --max_sentence_tokens, ...) prepares a new folder.
 """
 
 import argparse
@@ -30,17 +30,16 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
-import torch
 from tokenizers import Tokenizer
 
 from . import data
 from .batching import TokenizedPairs
-from .cli import at_least, non_negative_int, number_in, positive_int
+from .coordination import PREPARE_BEFOREHAND, main_process_only
 from .data import DataError, DataReport, Pair
 from .integrity import files_problem, record_files
 from .tokenization import load_tokenizer
@@ -52,65 +51,84 @@ SPLITS = ("train", "validation", "test")
 WRITE_CHUNK_PAIRS = 100_000
 
 
-def add_data_arguments(parser: argparse.ArgumentParser) -> None:
-    """The data flags, shared by `train_accelerate.py` and `python -m vanilla_transformer.prepare`."""
-    group = parser.add_argument_group("data (default: the embedded synthetic task)")
-    group.add_argument("--dataset_name", help="a Hub dataset with a `translation` column, e.g. wmt14 (online)")
-    group.add_argument("--dataset_config", help="e.g. de-en")
-    group.add_argument("--data_dir", help="folder of line-aligned files {split}.{lang}[.gz], e.g. Multi30k")
-    group.add_argument("--train_file", help="a .tsv or .jsonl file of pairs (with --validation_file/--test_file)")
-    group.add_argument("--validation_file")
-    group.add_argument("--test_file")
-    group.add_argument("--train_split", default="train")
-    group.add_argument("--validation_split", default="validation")
-    group.add_argument("--test_split", default="test")
-    group.add_argument("--source_lang", help="default: en (with --prepared_data: the corpus's)")
-    group.add_argument("--target_lang", help="default: de (with --prepared_data: the corpus's)")
-    group.add_argument("--synthetic_pairs", type=at_least(10), default=30000, help="size of the embedded task")
-    group.add_argument(
-        "--max_source_tokens", type=at_least(2), default=256, help="drop training pairs with a longer side"
-    )
-    group.add_argument(
-        "--max_length_ratio",
-        type=number_in(1),
-        help="drop training pairs whose longer side has more than this many times the tokens of the shorter one "
-        "(corpus cleaning; e.g. 3 for WMT; default: off)",
-    )
-    group.add_argument("--tokenizer_name_or_path", help="an existing tokenizer; default: train one")
-    group.add_argument("--vocab_size", type=at_least(260), default=8000, help="shared BPE vocabulary (paper: 37000)")
-    group.add_argument(
-        "--tokenizer_train_pairs",
-        type=positive_int,
-        default=1_000_000,
-        help="train the BPE on a seeded random sample of this many training pairs (all of them if fewer)",
-    )
-    group.add_argument(
-        "--data_seed",
-        type=non_negative_int,
-        default=42,
-        help="the tokenizer's sample and the embedded task (not training's seed)",
-    )
-    group.add_argument("--preprocessing_num_workers", type=positive_int, help="processes that tokenize (default: 1)")
-    group.add_argument(
-        "--data_cache_dir",
-        help="where prepared corpora are cached (default: $HF_HOME/vanilla_transformer/prepared)",
-    )
+@dataclass(frozen=True)
+class Corpus:
+    """Where the translation pairs come from, the first of these given: a Hub dataset (`dataset_name`), a folder of
+    line-aligned files `{split}.{lang}[.gz]` (`data_dir`), TSV or JSONL files per split, or else the embedded
+    synthetic task; and which side is which."""
+
+    source_lang: str = "en"
+    target_lang: str = "de"
+    dataset_name: str | None = None
+    dataset_config: str | None = None
+    data_dir: str | None = None
+    train_file: str | None = None
+    validation_file: str | None = None
+    test_file: str | None = None
+    train_split: str = "train"  # the splits' names in the dataset or the folder
+    validation_split: str = "validation"
+    test_split: str = "test"
+    synthetic_pairs: int = 30000
+    synthetic_seed: int = 42
+
+    @property
+    def is_embedded_task(self) -> bool:
+        return not (self.dataset_name or self.data_dir or self.train_file or self.validation_file or self.test_file)
+
+    def split_name(self, split: str) -> str:
+        return {"train": self.train_split, "validation": self.validation_split, "test": self.test_split}[split]
+
+    def split_file(self, split: str) -> str | None:
+        return {"train": self.train_file, "validation": self.validation_file, "test": self.test_file}[split]
 
 
-def check_data_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse data flags that cannot describe a translation task (parser.error names the flags); the languages
-    default to en-de, except for a prepared corpus, which holds its own."""
-    if not getattr(args, "prepared_data", None):
-        args.source_lang, args.target_lang = args.source_lang or "en", args.target_lang or "de"
-    if args.source_lang is not None and args.source_lang == args.target_lang:
-        parser.error(
-            f"--source_lang and --target_lang are both {args.source_lang!r}: the model would learn to copy its "
-            "input; name two different languages (the file suffixes or the keys of the two sides)"
+@dataclass(frozen=True)
+class TokenizerSettings:
+    """A given tokenizer (`name_or_path`), or the shared BPE (5.1) to train: its size, and the seeded sample of
+    training pairs it learns from."""
+
+    name_or_path: str | None = None
+    vocab_size: int = 8000
+    sample_pairs: int = 1_000_000
+    seed: int = 42
+
+    def load_given(self):
+        """The given tokenizer, or None when one is to be trained: every path loads a given one here."""
+        return load_tokenizer(self.name_or_path) if self.name_or_path else None
+
+
+@dataclass(frozen=True)
+class LengthFilter:
+    """Which training pairs are kept, in tokens (`</s>` included): no side longer than `max_tokens`, no longer side
+    more than `max_length_ratio` times the shorter one (None: no limit)."""
+
+    max_tokens: int | None = 256
+    max_length_ratio: float | None = None
+
+    def keep(self, source_lengths: np.ndarray, target_lengths: np.ndarray, report: DataReport) -> np.ndarray:
+        """Mask of the pairs to keep; counts the dropped pairs in `report`."""
+        longer, shorter = np.maximum(source_lengths, target_lengths), np.minimum(source_lengths, target_lengths)
+        too_long = longer > self.max_tokens if self.max_tokens else np.zeros(len(longer), dtype=bool)
+        bad_ratio = ~too_long & (
+            longer > self.max_length_ratio * np.maximum(shorter, 1) if self.max_length_ratio else False
         )
+        report.too_long_dropped, report.ratio_dropped = int(too_long.sum()), int(np.sum(bad_ratio))
+        keep = ~(too_long | bad_ratio)
+        report.kept = int(keep.sum())
+        return keep
 
 
-def is_synthetic(args) -> bool:
-    return not (args.dataset_name or args.data_dir or args.train_file or args.validation_file or args.test_file)
+@dataclass(frozen=True)
+class DataSettings:
+    """Everything a prepared corpus depends on, and where it is cached; or a folder prepared beforehand
+    (`prepared_data`), which replaces the rest."""
+
+    corpus: Corpus = field(default_factory=Corpus)
+    tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
+    filters: LengthFilter = field(default_factory=LengthFilter)
+    prepared_data: str | None = None
+    cache_dir: str | None = None
+    num_workers: int | None = None  # processes that tokenize
 
 
 # --- what a split is read from ---------------------------------------------------------------------------------
@@ -130,33 +148,32 @@ def _find_split_file(data_dir: str, split: str, lang: str, required: bool) -> Pa
     return None
 
 
-def split_sources(args, splits: Iterable[str] = SPLITS) -> dict[str, dict]:
+def split_sources(corpus: Corpus, splits: Iterable[str] = SPLITS) -> dict[str, dict]:
     """For each split that has data, a JSON-able description of where its pairs come from (files with their size
     and modification time), which is also its part of the cache key."""
-    if is_synthetic(args):
+    if corpus.is_embedded_task:
         return {
-            split: {"kind": "synthetic", "pairs": args.synthetic_pairs, "seed": args.data_seed} for split in splits
+            split: {"kind": "synthetic", "pairs": corpus.synthetic_pairs, "seed": corpus.synthetic_seed}
+            for split in splits
         }
-    names = {"train": args.train_split, "validation": args.validation_split, "test": args.test_split}
-    files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
     sources = {}
     for split in splits:
-        if args.dataset_name:
+        if corpus.dataset_name:
             sources[split] = {
                 "kind": "hub",
-                "name": args.dataset_name,
-                "config": args.dataset_config,
-                "split": names[split],
+                "name": corpus.dataset_name,
+                "config": corpus.dataset_config,
+                "split": corpus.split_name(split),
             }
-        elif args.data_dir:
+        elif corpus.data_dir:
             paths = [
-                _find_split_file(args.data_dir, names[split], lang, required=split == "train")
-                for lang in (args.source_lang, args.target_lang)
+                _find_split_file(corpus.data_dir, corpus.split_name(split), lang, required=split == "train")
+                for lang in (corpus.source_lang, corpus.target_lang)
             ]
             if None not in paths:
                 sources[split] = {"kind": "parallel", "files": [_file_entry(path) for path in paths]}
-        elif files[split]:
-            path = Path(files[split])
+        elif corpus.split_file(split):
+            path = Path(corpus.split_file(split))
             if not path.is_file():
                 raise DataError(f"{path}: file not found")
             kind = "jsonl" if path.name.endswith((".jsonl", ".jsonl.gz")) else "tsv"
@@ -208,25 +225,26 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest()
 
 
-def corpus_key(args, sources: dict[str, dict], tokenizer=None) -> dict:
-    """Everything the prepared corpus depends on; its hash names the cache folder."""
+def corpus_key(settings: DataSettings, sources: dict[str, dict], tokenizer=None) -> dict:
+    """Everything the prepared corpus depends on; its hash names the cache folder. (The filter's JSON name
+    `max_source_tokens` is the flag's old name, kept so that corpora cached before the rename are found.)"""
     if tokenizer is not None:
-        tokenizer_spec = {"given": args.tokenizer_name_or_path, "sha256": tokenizer_fingerprint(tokenizer)}
+        tokenizer_spec = {"given": settings.tokenizer.name_or_path, "sha256": tokenizer_fingerprint(tokenizer)}
     else:
+        trained = settings.tokenizer
         tokenizer_spec = {
-            "train": {
-                "vocab_size": args.vocab_size,
-                "sample_pairs": args.tokenizer_train_pairs,
-                "seed": args.data_seed,
-            }
+            "train": {"vocab_size": trained.vocab_size, "sample_pairs": trained.sample_pairs, "seed": trained.seed}
         }
     return {
         "format": FORMAT_VERSION,
-        "source_lang": args.source_lang,
-        "target_lang": args.target_lang,
+        "source_lang": settings.corpus.source_lang,
+        "target_lang": settings.corpus.target_lang,
         "sources": sources,
         "tokenizer": tokenizer_spec,
-        "filters": {"max_source_tokens": args.max_source_tokens, "max_length_ratio": args.max_length_ratio},
+        "filters": {
+            "max_source_tokens": settings.filters.max_tokens,
+            "max_length_ratio": settings.filters.max_length_ratio,
+        },
     }
 
 
@@ -289,21 +307,7 @@ def encode_pairs_batch(batch: dict, tokenizer) -> dict:
     }
 
 
-def token_filter(source_lengths: np.ndarray, target_lengths: np.ndarray, args, report: DataReport) -> np.ndarray:
-    """Mask of the training pairs to keep: no side longer than --max_source_tokens, no length ratio above
-    --max_length_ratio (both in tokens, `</s>` included); counts the dropped pairs in `report`."""
-    longer, shorter = np.maximum(source_lengths, target_lengths), np.minimum(source_lengths, target_lengths)
-    too_long = longer > args.max_source_tokens if args.max_source_tokens else np.zeros(len(longer), dtype=bool)
-    bad_ratio = ~too_long & (
-        longer > args.max_length_ratio * np.maximum(shorter, 1) if args.max_length_ratio else False
-    )
-    report.too_long_dropped, report.ratio_dropped = int(too_long.sum()), int(np.sum(bad_ratio))
-    keep = ~(too_long | bad_ratio)
-    report.kept = int(keep.sum())
-    return keep
-
-
-def _tokenize_split(raw, tokenizer, split: str, args, report: DataReport, workers: int | None):
+def _tokenize_split(raw, tokenizer, split: str, filters: LengthFilter, report: DataReport, workers: int | None):
     import datasets
 
     features = {"input_ids": datasets.List(datasets.Value("int32")), "labels": datasets.List(datasets.Value("int32"))}
@@ -320,7 +324,7 @@ def _tokenize_split(raw, tokenizer, split: str, args, report: DataReport, worker
     )
     if split == "train":
         pairs = TokenizedPairs(tokenized)  # lengths from the Arrow offsets: no row is read
-        keep = token_filter(pairs.source_lengths, pairs.target_lengths, args, report)
+        keep = filters.keep(pairs.source_lengths, pairs.target_lengths, report)
         if not keep.all():
             tokenized = tokenized.select(np.flatnonzero(keep))
     return tokenized
@@ -338,7 +342,9 @@ def _progress(start: float, seconds: bool = True) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def prepare_corpus(args, sources: dict[str, dict], folder: Path, key: dict, tokenizer=None, log=print) -> Path:
+def prepare_corpus(
+    settings: DataSettings, sources: dict[str, dict], folder: Path, key: dict, tokenizer=None, log=print
+) -> Path:
     """Read, tokenize and filter every split into `folder` (see the module docstring); returns `folder`.
 
     Works in a staging folder beside `folder` and renames it into place when complete, so an interrupted preparation
@@ -361,7 +367,7 @@ def prepare_corpus(args, sources: dict[str, dict], folder: Path, key: dict, toke
         reports, raw = {}, {}
         for split, source in sources.items():
             report = DataReport(sources=[source_label(source)])
-            pairs = iter_source_pairs(split, source, args.source_lang, args.target_lang, report)
+            pairs = iter_source_pairs(split, source, settings.corpus.source_lang, settings.corpus.target_lang, report)
             pairs = data.non_empty_pairs(pairs, report)
             write_pairs_arrow(pairs, raw_path(split))
             if report.kept == 0:
@@ -369,15 +375,16 @@ def prepare_corpus(args, sources: dict[str, dict], folder: Path, key: dict, toke
             reports[split], raw[split] = report, datasets.Dataset.from_file(str(raw_path(split)))
         log(f"[prepare] read {', '.join(f'{s}: {len(d)} pairs' for s, d in raw.items())}{_progress(start)}")
         if tokenizer is None:
+            trained = settings.tokenizer
             tokenizer = train_shared_tokenizer(
-                sample_texts(raw_path("train"), len(raw["train"]), args.tokenizer_train_pairs, args.data_seed),
-                vocab_size=args.vocab_size,
+                sample_texts(raw_path("train"), len(raw["train"]), trained.sample_pairs, trained.seed),
+                vocab_size=trained.vocab_size,
             )
             log(f"[prepare] trained a {len(tokenizer)}-token BPE vocabulary{_progress(start)}")
         tokenizer.save_pretrained(staging / TOKENIZER_FOLDER)
-        workers = args.preprocessing_num_workers if (args.preprocessing_num_workers or 1) > 1 else None
+        workers = settings.num_workers if (settings.num_workers or 1) > 1 else None
         for split in raw:
-            tokenized = _tokenize_split(raw[split], tokenizer, split, args, reports[split], workers)
+            tokenized = _tokenize_split(raw[split], tokenizer, split, settings.filters, reports[split], workers)
             tokenized.save_to_disk(str(staging / split), num_proc=workers)  # written by the workers, when there are
             del tokenized
             log(f"[prepare] tokenized {split}{_progress(start)}")
@@ -468,12 +475,14 @@ def read_manifest(folder: Path) -> dict:
 
 def prepared_problem(folder: Path) -> str | None:
     """Why a prepared folder cannot be trusted (its manifest, or a file that is missing, truncated or edited since
-    preparation, named), or None. Folders prepared before sizes and sha256 were recorded are only read."""
+    preparation, named), or None."""
     try:
         manifest = read_manifest(folder)
     except DataError as error:
         return str(error)
-    return files_problem(folder, manifest["files"]) if "files" in manifest else None
+    if not isinstance(manifest.get("files"), dict):
+        return f"{folder / MANIFEST} records no file sizes and sha256 (`files`): prepared by an older version"
+    return files_problem(folder, manifest["files"])
 
 
 @dataclass
@@ -487,32 +496,6 @@ class PreparedCorpus:
         return [
             f"[data] {split}: {DataReport(**report).summary()}" for split, report in self.manifest["reports"].items()
         ]
-
-
-def main_process_only(accelerator, work, what: str = "preparing the data", selected: bool | None = None):
-    """Run `work` on each machine's first process (or where `selected`) while the others wait; an error there is
-    raised after the wait on every process (the others get a `DataError` that points to it), so no process is left
-    waiting for ever. Without an accelerator (one process), just run `work`."""
-    if accelerator is None:
-        return work()
-    failure = None
-    if accelerator.is_local_main_process if selected is None else selected:
-        try:
-            work()
-        except Exception as error:  # raised below, once every process has reached the collective
-            failure = error
-    # the collective is the barrier: every process waits here until the work is done
-    try:
-        failed = accelerator.reduce(torch.tensor(float(failure is not None), device=accelerator.device), "sum").item()
-    except Exception as error:  # torch raises RuntimeError or DistBackendError, with "timed out" or "Timeout"
-        if failure is None and "time" in str(error).lower() and "out" in str(error).lower():
-            advice = "raise --ddp_timeout, or prepare the corpus beforehand (python -m vanilla_transformer.prepare)"
-            raise DataError(f"a process waited longer than --ddp_timeout for {what} elsewhere: {advice}") from error
-        raise
-    if failure is not None:
-        raise failure
-    if failed:
-        raise DataError(f"{what} failed on another process: see its error above")
 
 
 def verify_prepared(folder: str | Path) -> None:
@@ -543,32 +526,33 @@ def discard_damaged(folder: Path, problem: str, log=print) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def load_or_prepare(args, accelerator=None, splits: Iterable[str] = SPLITS, tokenizer=None) -> PreparedCorpus:
-    """The prepared corpus the arguments describe: `--prepared_data` as it is, or the cached folder for this data,
-    tokenizer and filters, prepared first if missing. `tokenizer` (evaluation with a saved model) replaces the
-    tokenizer flags. With several processes, each node's local main process prepares (on its own disk) while the
-    others wait, then every process memory-maps the same files."""
-    if getattr(args, "prepared_data", None):
-        main_process_only(
-            accelerator, functools.partial(verify_prepared, args.prepared_data), "checking --prepared_data"
-        )
-        return load_prepared(args.prepared_data)
-    if tokenizer is None and args.tokenizer_name_or_path:
-        tokenizer = load_tokenizer(args.tokenizer_name_or_path)
-    sources = split_sources(args, splits)
+def load_or_prepare(
+    settings: DataSettings, accelerator=None, splits: Iterable[str] = SPLITS, tokenizer=None
+) -> PreparedCorpus:
+    """The prepared corpus the settings describe: `prepared_data` as it is, or the cached folder for this data,
+    tokenizer and filters, prepared first if missing. `tokenizer` (evaluation with a saved model, or a stream's)
+    replaces the tokenizer settings. With several processes, each node's local main process prepares (on its own
+    disk) while the others wait, then every process memory-maps the same files."""
+    if settings.prepared_data:
+        check = functools.partial(verify_prepared, settings.prepared_data)
+        main_process_only(accelerator, check, "checking --prepared_data")
+        return load_prepared(settings.prepared_data)
+    if tokenizer is None:
+        tokenizer = settings.tokenizer.load_given()
+    sources = split_sources(settings.corpus, splits)
     if "train" in splits and "train" not in sources:
         raise DataError("no training data: give --data_dir, --train_file or --dataset_name")
-    key = corpus_key(args, sources, tokenizer)
-    folder = Path(args.data_cache_dir or default_cache_dir()) / key_hash(key)
+    key = corpus_key(settings, sources, tokenizer)
+    folder = Path(settings.cache_dir or default_cache_dir()) / key_hash(key)
 
     def prepare_if_missing():
         if folder.exists():
             if (problem := prepared_problem(folder)) is None:
                 return
             discard_damaged(folder, problem)
-        prepare_corpus(args, sources, folder, key, tokenizer)
+        prepare_corpus(settings, sources, folder, key, tokenizer)
 
-    main_process_only(accelerator, prepare_if_missing)
+    main_process_only(accelerator, prepare_if_missing, "preparing the data", if_too_slow=PREPARE_BEFOREHAND)
     corpus = load_prepared(folder)
     if accelerator is not None and accelerator.is_main_process:
         print(f"[data] prepared corpus: {folder}")
@@ -576,23 +560,23 @@ def load_or_prepare(args, accelerator=None, splits: Iterable[str] = SPLITS, toke
 
 
 def main(argv=None) -> None:
+    from .arguments import add_data_arguments, data_settings
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_arguments(parser)
     parser.add_argument("--output_dir", required=True, help="the prepared folder to write (must not exist)")
     args = parser.parse_args(argv)
-    check_data_arguments(parser, args)
+    settings = data_settings(parser, args)
     folder = Path(args.output_dir)
     if folder.exists():
         parser.error(f"--output_dir {folder} exists; choose a new folder (a prepared corpus is never overwritten)")
     if blocking := next((parent for parent in folder.absolute().parents if parent.is_file()), None):
         parser.error(f"--output_dir {folder}: {blocking} is a file, not a folder")
-    tokenizer = None
-    if args.tokenizer_name_or_path:
-        tokenizer = load_tokenizer(args.tokenizer_name_or_path)
-    sources = split_sources(args)
+    tokenizer = settings.tokenizer.load_given()
+    sources = split_sources(settings.corpus)
     if "train" not in sources:
         parser.error("no training data: give --data_dir, --train_file or --dataset_name")
-    prepare_corpus(args, sources, folder, corpus_key(args, sources, tokenizer), tokenizer)
+    prepare_corpus(settings, sources, folder, corpus_key(settings, sources, tokenizer), tokenizer)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 Per process: the training pairs (a Hub dataset opened with `streaming=True`, or local files read lazily) go through a
 seeded shuffle buffer (`--shuffle_buffer_size`, reshuffled every epoch), are split between processes
 (`datasets.distributed.split_dataset_by_node`: whole shards when they divide evenly, else every n-th pair), tokenized,
-filtered like the prepared path (`--max_source_tokens`, `--max_length_ratio`), and gathered into pools of about
+filtered like the prepared path (`--max_sentence_tokens`, `--max_length_ratio`), and gathered into pools of about
 `--stream_pool_batches` batches' worth of tokens; each pool is sorted by length, cut into `--max_tokens` batches and
 shuffled with `TokenBatchSampler`, as the prepared path does for a whole epoch.
 
@@ -26,23 +26,27 @@ shuffled stream, cached like a prepared corpus. The validation and test splits a
 import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
 
 from . import data, prepare
-from .batching import TokenBatchSampler
-from .cli import positive_int
+from .batching import DataPosition, TokenBatchSampler
+from .coordination import main_process_only
 from .data import DataError
-from .training import DataPosition
+from .prepare import Corpus, DataSettings, LengthFilter
 
 
-def add_streaming_arguments(parser) -> None:
-    group = parser.add_argument_group("streaming (corpora larger than the disk or memory)")
-    group.add_argument("--streaming", action="store_true", help="read the training pairs as they are needed")
-    group.add_argument("--shuffle_buffer_size", type=positive_int, default=100_000, help="pairs in the shuffle buffer")
-    group.add_argument("--stream_pool_batches", type=positive_int, default=100, help="batches sorted and cut together")
+@dataclass(frozen=True)
+class StreamSettings:
+    """How the stream is shuffled and cut into batches (per process)."""
+
+    max_tokens: int = 4096  # source and target tokens per batch
+    seed: int = 42
+    shuffle_buffer_size: int = 100_000  # pairs
+    pool_batches: int = 100  # batches' worth of tokens sorted and cut together
 
 
 def _local_pairs(source: str, source_lang: str, target_lang: str) -> Iterator[dict]:
@@ -50,11 +54,11 @@ def _local_pairs(source: str, source_lang: str, target_lang: str) -> Iterator[di
         yield {"source": pair[0], "target": pair[1]}
 
 
-def raw_stream(args):
+def raw_stream(corpus: Corpus):
     """The training pairs as an `IterableDataset` of `{"source", "target"}`, empty sides dropped."""
     import datasets
 
-    source = prepare.split_sources(args, ["train"]).get("train")
+    source = prepare.split_sources(corpus, ["train"]).get("train")
     if source is None:
         raise DataError("no training data: give --data_dir, --train_file or --dataset_name")
     if source["kind"] == "hub":
@@ -62,7 +66,7 @@ def raw_stream(args):
         stream = data.open_hub_dataset(source["name"], source["config"], source["split"], streaming=True)
 
         def to_pairs(batch):
-            pairs = list(data.translation_pairs(batch["translation"], label, args.source_lang, args.target_lang))
+            pairs = list(data.translation_pairs(batch["translation"], label, corpus.source_lang, corpus.target_lang))
             return {"source": [s for s, _ in pairs], "target": [t for _, t in pairs]}
 
         stream = stream.map(to_pairs, batched=True, remove_columns=stream.column_names)
@@ -71,8 +75,8 @@ def raw_stream(args):
             _local_pairs,
             gen_kwargs={
                 "source": json.dumps(source),
-                "source_lang": args.source_lang,
-                "target_lang": args.target_lang,
+                "source_lang": corpus.source_lang,
+                "target_lang": corpus.target_lang,
             },
         )
     return stream.filter(lambda pair: bool(pair["source"]) and bool(pair["target"]))
@@ -85,39 +89,38 @@ def shuffled_shard(stream, seed: int, buffer_size: int, rank: int, world_size: i
     return split_dataset_by_node(stream.shuffle(seed=seed, buffer_size=buffer_size), rank, world_size)
 
 
-def load_or_train_tokenizer(args, accelerator=None):
-    """`--tokenizer_name_or_path`, or a BPE trained on the first `--tokenizer_train_pairs` pairs of the shuffled
-    stream, cached under `--data_cache_dir` by the stream and tokenizer settings (the local main process trains)."""
+def load_or_train_tokenizer(settings: DataSettings, shuffle_buffer_size: int, accelerator=None):
+    """The given tokenizer, or a BPE trained on the first `sample_pairs` pairs of the shuffled stream, cached under
+    the data cache folder by the stream and tokenizer settings (the local main process trains)."""
     from .tokenization import load_tokenizer, train_shared_tokenizer
 
-    if args.tokenizer_name_or_path:
-        return load_tokenizer(args.tokenizer_name_or_path)
-    corpus_key = prepare.corpus_key(args, prepare.split_sources(args, ["train"]))
+    if (given := settings.tokenizer.load_given()) is not None:
+        return given
+    corpus_key = prepare.corpus_key(settings, prepare.split_sources(settings.corpus, ["train"]))
     key = {name: corpus_key[name] for name in ("format", "source_lang", "target_lang", "sources", "tokenizer")}
-    key["shuffle_buffer_size"] = args.shuffle_buffer_size  # the sample is the stream's first pairs
-    folder = Path(args.data_cache_dir or prepare.default_cache_dir()) / f"tokenizer-{prepare.key_hash(key)}"
-
-    def train():
-        stream = raw_stream(args).shuffle(seed=args.data_seed, buffer_size=args.shuffle_buffer_size)
-        texts = (text for pair in islice(iter(stream), args.tokenizer_train_pairs) for text in pair.values())
-        train_shared_tokenizer(texts, vocab_size=args.vocab_size).save_pretrained(folder)
+    key["shuffle_buffer_size"] = shuffle_buffer_size  # the sample is the stream's first pairs
+    folder = Path(settings.cache_dir or prepare.default_cache_dir()) / f"tokenizer-{prepare.key_hash(key)}"
+    trained = settings.tokenizer
 
     def train_if_missing():
-        if not (folder / "tokenizer.json").is_file():
-            train()
+        if (folder / "tokenizer.json").is_file():
+            return
+        stream = raw_stream(settings.corpus).shuffle(seed=trained.seed, buffer_size=shuffle_buffer_size)
+        texts = (text for pair in islice(iter(stream), trained.sample_pairs) for text in pair.values())
+        train_shared_tokenizer(texts, vocab_size=trained.vocab_size).save_pretrained(folder)
 
-    prepare.main_process_only(accelerator, train_if_missing)
+    main_process_only(accelerator, train_if_missing, "training the stream's tokenizer")
     return load_tokenizer(folder)
 
 
-def tokenized_examples(pairs: Iterable[dict], tokenizer, args, batch_size: int = 1000) -> Iterator[dict]:
-    """`{"input_ids", "labels"}` of each pair, filtered by the prepared path's rules (`prepare.token_filter`)."""
+def tokenized_examples(pairs: Iterable[dict], tokenizer, filters: LengthFilter, batch_size: int = 1000):
+    """`{"input_ids", "labels"}` of each pair, filtered by the prepared path's rules (`LengthFilter`)."""
     while chunk := list(islice(pairs, batch_size)):
         texts = {"source": [pair["source"] for pair in chunk], "target": [pair["target"] for pair in chunk]}
         encoded = prepare.encode_pairs_batch(texts, tokenizer)
         source_lengths = np.array([len(ids) for ids in encoded["input_ids"]])
         target_lengths = np.array([len(ids) for ids in encoded["labels"]])
-        keep = prepare.token_filter(source_lengths, target_lengths, args, prepare.DataReport())
+        keep = filters.keep(source_lengths, target_lengths, prepare.DataReport())
         for index in np.flatnonzero(keep):
             yield {"input_ids": encoded["input_ids"][index], "labels": encoded["labels"][index]}
 
@@ -143,14 +146,18 @@ def pooled_token_batches(examples: Iterable[dict], max_tokens: int, pool_batches
             yield [pool[index] for index in batch]
 
 
-def epoch_batches_factory(args, tokenizer, rank: int, world_size: int) -> Callable[[int], Iterator[list]]:
+def epoch_batches_factory(
+    corpus: Corpus, filters: LengthFilter, settings: StreamSettings, tokenizer, rank: int, world_size: int
+) -> Callable[[int], Iterator[list]]:
     """epoch -> this process's token batches (lists of examples) of that epoch of the stream."""
-    stream = shuffled_shard(raw_stream(args), args.seed, args.shuffle_buffer_size, rank, world_size)
+    stream = shuffled_shard(raw_stream(corpus), settings.seed, settings.shuffle_buffer_size, rank, world_size)
 
     def epoch_batches(epoch: int) -> Iterator[list]:
         stream.set_epoch(epoch)
-        examples = tokenized_examples(iter(stream), tokenizer, args)
-        yield from pooled_token_batches(examples, args.max_tokens, args.stream_pool_batches, seed=args.seed + epoch)
+        examples = tokenized_examples(iter(stream), tokenizer, filters)
+        yield from pooled_token_batches(
+            examples, settings.max_tokens, settings.pool_batches, seed=settings.seed + epoch
+        )
 
     return epoch_batches
 

@@ -1,23 +1,21 @@
-"""The training recipe's pieces (paper section 5) used by `train_accelerate.py`: the learning-rate schedule,
-the token-normalised loss, the stream of optimizer steps, and evaluation with BLEU under Accelerate."""
+"""The training recipe's pieces (paper section 5) used by `train_accelerate.py`: the Accelerator, the model's
+config, Adam with the learning-rate schedule, the token-normalised loss, the stream of optimizer steps and stop
+signals. Evaluation is `evaluation.py`, checkpoints `checkpoints.py`."""
 
 import contextlib
-import math
+import json
 import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np
 import torch
-from torch.nn import functional as F
-
-from pipeline_vanilla_transformer import output_length
 
 from . import checkpoints
-from .batching import TokenBatchSampler, TranslationCollator
+from .batching import DataPosition, TokenBatchSampler, TranslationCollator
 
 
 class UnsupportedSetup(Exception):
@@ -72,12 +70,20 @@ def check_distributed_setup(accelerator) -> None:
             )
 
 
-def sharded_generation_kwargs(accelerator) -> dict:
-    """generate() on an FSDP-sharded model gathers the parameters in every forward, a collective: the processes
-    decode in step until all are done (`synced_gpus`), however long their own sentences are."""
-    from accelerate.utils import DistributedType
+def config_for_tokenizer(preset: str, tokenizer, **overrides):
+    """The model config of a preset (configuration_vanilla_transformer.PRESETS) with `overrides`, sized to the
+    tokenizer's vocabulary and using its special tokens (the decoder starts from <s>)."""
+    from configuration_vanilla_transformer import VanillaTransformerConfig
 
-    return {"synced_gpus": accelerator.distributed_type == DistributedType.FSDP}
+    return VanillaTransformerConfig.from_preset(
+        preset,
+        **overrides,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+    )
 
 
 # --- 5.3: Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 and the inverse square root schedule ---------------
@@ -132,14 +138,6 @@ def forward_backward(accelerator, model, step_batches: list[dict], global_tokens
 
 
 # --- the stream of batches: epochs of token-based batches, grouped into optimizer steps ---------------------
-
-
-@dataclass
-class DataPosition:
-    """Where the stream of batches stands: exactly enough to continue the same data order after a resume."""
-
-    epoch: int = 0
-    batches_done_in_epoch: int = 0
 
 
 def optimizer_step_batches(
@@ -225,6 +223,53 @@ def prefetch(iterable: Iterable, depth: int, pin_memory: bool = False) -> Iterat
         thread.join(timeout=5)
 
 
+class TrainingLog:
+    """Every --logging_steps: the mean loss per target token and tokens/s since the last line, into `file` (JSON
+    lines, main process), accelerate's trackers and the progress bar."""
+
+    def __init__(self, accelerator, file: Path, progress, start_step: int):
+        self.accelerator, self.progress, self.file = accelerator, progress, file
+        self.loss, self.tokens, self.start = 0.0, 0.0, time.time()
+        if accelerator.is_main_process and self.file.is_file():
+            self.drop_lines_after(start_step)
+
+    def drop_lines_after(self, step: int) -> None:
+        """Resumed from `step`: the lines of later steps belong to steps trained again now, so each step keeps one."""
+        lines = self.file.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if _logged_step(line) <= step]
+        if len(kept) < len(lines):
+            staging = self.file.with_name(self.file.name + ".tmp")
+            staging.write_text("".join(kept))
+            staging.replace(self.file)
+
+    def add(self, step_loss: float, step_tokens: float) -> None:
+        self.loss, self.tokens = self.loss + step_loss, self.tokens + step_tokens
+
+    def write(self, step: int, lr: float, epoch: int) -> None:
+        loss_per_token = (self.accelerator.reduce(self.loss, "sum") / self.tokens).item()
+        tokens_per_second = self.tokens / (time.time() - self.start)
+        record = {
+            "step": step,
+            "loss": loss_per_token,
+            "lr": lr,
+            "target_tokens_per_second": tokens_per_second,
+            "epoch": epoch,
+        }
+        self.progress.set_postfix(loss=f"{loss_per_token:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
+        self.accelerator.log({"train/" + k: v for k, v in record.items() if k != "step"}, step=step)
+        if self.accelerator.is_main_process:
+            with self.file.open("a") as log:
+                log.write(json.dumps(record) + "\n")
+        self.loss, self.tokens, self.start = 0.0, 0.0, time.time()
+
+
+def _logged_step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return -1  # a damaged line stays as it is
+
+
 class StopSignals:
     """SIGTERM and SIGINT (Ctrl-C) while training are requests: the loop finishes its step, saves a checkpoint and
     exits, every process at the same step (`requested` goes into the step's vote). `restore_defaults()` ends that
@@ -246,102 +291,3 @@ class StopSignals:
     def restore_defaults():
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-# --- evaluation ---------------------------------------------------------------------------------------------
-
-
-def final_model(accelerator, model, attn_implementation: str):
-    """The bare model (no DDP, no mixed-precision wrapper) with `attn_implementation`, for the final averaging,
-    evaluation and saving: scores are then measured in float32, as users run the saved model. Under FSDP the shards
-    are no model to run or save: a plain model of the same config is built on every process, and the caller loads
-    its weights from the checkpoints (which hold the full state)."""
-    from accelerate.utils import DistributedType
-
-    model = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
-    if accelerator.distributed_type == DistributedType.FSDP:
-        model = type(model)(model.config).to(accelerator.device)
-    model.set_attn_implementation(attn_implementation)
-    return model
-
-
-@torch.no_grad()
-def validation_loss(accelerator, model, loader) -> dict[str, float]:
-    """Per-token negative log-likelihood (no smoothing) and perplexity over the whole validation set.
-
-    Per-sentence sums go through `gather_for_metrics`, so the examples that pad the last batch count once.
-    """
-    model.eval()
-    total_loss, total_tokens = 0.0, 0
-    for batch in loader:
-        logits = model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
-        ).logits
-        token_losses = F.cross_entropy(
-            logits.float().transpose(1, 2), batch["labels"], ignore_index=-100, reduction="none"
-        )
-        sentence_losses, sentence_tokens = accelerator.gather_for_metrics(
-            (token_losses.sum(dim=1), (batch["labels"] != -100).sum(dim=1))
-        )
-        total_loss += sentence_losses.double().sum().item()
-        total_tokens += int(sentence_tokens.sum())
-    nll = total_loss / max(total_tokens, 1)
-    return {"nll": nll, "perplexity": math.exp(min(nll, 50.0))}
-
-
-@torch.no_grad()
-def translate_for_evaluation(accelerator, model, loader, tokenizer, generation_kwargs: dict) -> list[str]:
-    """Translate every example of a prepared evaluation loader; returns hypotheses in the dataset's order.
-
-    Generation goes through the unwrapped model (DDP has no generate). Generated tensors differ in length
-    between processes, so they are padded across processes before gathering, and `gather_for_metrics` drops
-    the duplicates that pad the last batch (accelerate issues #1326, #1674).
-    """
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    unwrapped = accelerator.unwrap_model(model)
-    unwrapped.eval()
-    hypotheses: dict[int, str] = {}
-    gathered = contextlib.nullcontext()
-    if isinstance(model, FullyShardedDataParallel):  # FSDP1 wraps the root: its shards gathered while decoding
-        gathered = FullyShardedDataParallel.summon_full_params(model, writeback=False)
-    with gathered:
-        for batch in loader:
-            max_new_tokens = output_length(
-                batch["attention_mask"], unwrapped.config, generation_kwargs.get("max_new_tokens")
-            )
-            generated = unwrapped.generate(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                **{**generation_kwargs, "max_new_tokens": max_new_tokens},
-            )
-            generated = accelerator.pad_across_processes(generated, dim=1, pad_index=tokenizer.pad_token_id)
-            generated, indices = accelerator.gather_for_metrics((generated, batch["example_index"]))
-            for index, tokens in zip(indices.tolist(), generated, strict=True):
-                hypotheses[index] = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-    return [hypotheses[i] for i in range(len(hypotheses))]
-
-
-def evaluation_loader(examples: Sequence[dict], collator: TranslationCollator, batch_size: int, max_tokens: int):
-    """A plain DataLoader (to be prepared by Accelerate) whose batches carry each example's index, and how many
-    examples were truncated: sources and targets longer than `max_tokens` keep their first `max_tokens - 1` tokens
-    and their last (`</s>`), so one over-long line cannot blow up evaluation's memory (the text references stay
-    whole, so such a sentence scores as translated from its truncated source)."""
-
-    def collate_with_index(items):
-        batch = collator([item for _, item in items])
-        batch["example_index"] = torch.tensor([index for index, _ in items])
-        return batch
-
-    def truncated(ids):
-        return ids if len(ids) <= max_tokens else np.concatenate([ids[: max_tokens - 1], ids[-1:]])
-
-    # Sorting by length keeps padding low; indices restore the original order afterwards.
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
-    indexed, too_long = [], 0
-    for i in order:
-        example = examples[i]
-        too_long += max(len(example["input_ids"]), len(example["labels"])) > max_tokens
-        indexed.append((i, {name: truncated(example[name]) for name in ("input_ids", "labels")}))
-    loader = torch.utils.data.DataLoader(indexed, batch_size=batch_size, shuffle=False, collate_fn=collate_with_index)
-    return loader, too_long

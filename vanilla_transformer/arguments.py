@@ -1,0 +1,454 @@
+"""The flags of `train_accelerate.py` (and the data flags of `python -m vanilla_transformer.prepare`), and the typed
+settings they become: the only module that reads an argparse Namespace. `parse_training_arguments` parses, fills
+the defaults that depend on the data, refuses combinations that cannot work (naming the flags) and returns one
+frozen `TrainingSettings`; the parsed flags are never changed afterwards."""
+
+import argparse
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from huggingface_hub import constants as hub_constants
+
+from configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+
+from .checkpoints import CheckpointSettings
+from .cli import (
+    add_deprecated_alias,
+    at_least,
+    non_negative_float,
+    non_negative_int,
+    number_in,
+    positive_float,
+    positive_int,
+    probability,
+)
+from .data import DataError
+from .evaluation import EvaluationSettings
+from .output_folder import OutputSettings
+from .prepare import Corpus, DataSettings, LengthFilter, TokenizerSettings, read_manifest
+from .streaming import StreamSettings
+
+# Flags left unset take these values: the embedded task trains in a few minutes on a laptop CPU, real data follows
+# the paper (warm-up 4000) with the CPU-sized model unless --preset says otherwise.
+EMBEDDED_TASK_DEFAULTS = {"preset": "tiny", "max_steps": 400, "warmup_steps": 200, "save_steps": 80, "eval_steps": 200}
+REAL_DATA_DEFAULTS = {
+    "preset": "small",
+    "max_steps": 100_000,
+    "warmup_steps": 4000,
+    "save_steps": 1000,
+    "eval_steps": 1000,
+}
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """One run of train_accelerate.py: the library's settings, and the loop's own."""
+
+    data: DataSettings
+    stream: StreamSettings | None  # None: the corpus is prepared and memory-mapped (the default)
+    output: OutputSettings
+    checkpoints: CheckpointSettings
+    evaluation: EvaluationSettings
+    preset: str
+    model_overrides: dict  # config fields given by flags, over the preset's
+    attn_implementation: str = "sdpa"  # while training
+    max_tokens: int = 4096
+    gradient_accumulation_steps: int = 1
+    warmup_steps: int = 4000
+    learning_rate_scale: float = 1.0
+    label_smoothing: float = 0.1
+    max_grad_norm: float = 0.0
+    seed: int = 42
+    max_steps: int | None = None
+    max_epochs: int | None = None
+    max_minutes: float | None = None
+    mixed_precision: str | None = None
+    ddp_timeout: int = 1800
+    prefetch_batches: int = 2
+    logging_steps: int = 50
+    report_to: str = "none"
+    push_to_hub: bool = False
+    hub_model_id: str | None = None
+    hub_private: bool = False
+    evaluate_only: str | None = None  # the saved model folder to score, instead of training
+    trust_remote_code: bool = False
+    hyperparameters: dict = field(default_factory=dict)  # the flags as given, for accelerate's trackers
+
+    @property
+    def recipe(self) -> dict:
+        """The recipe as the model card shows it."""
+        names = ("preset", "max_tokens", "warmup_steps", "learning_rate_scale", "label_smoothing")
+        return {name: getattr(self, name) for name in names} | self.evaluation.final_decoding
+
+
+def parse_training_arguments(argv=None) -> TrainingSettings:
+    parser = argparse.ArgumentParser(
+        prog="train_accelerate.py",
+        description=TRAINING_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    for add_group in (
+        add_data_arguments,
+        add_streaming_arguments,
+        add_process_arguments,
+        add_model_arguments,
+        add_optimisation_arguments,
+        add_evaluation_arguments,
+        add_output_arguments,
+    ):
+        add_group(parser)
+    args = parser.parse_args(argv)
+    return training_settings(parser, args)
+
+
+TRAINING_DESCRIPTION = """Train the Transformer of "Attention Is All You Need" with Accelerate (paper section 5).
+
+    python train_accelerate.py                                   # the embedded synthetic task, offline, CPU
+    python train_accelerate.py --data_dir ../shared/data/multi30k --source_lang en --target_lang de \\
+        --validation_split val --test_split test_2016_flickr --preset small --max_minutes 25
+    accelerate launch --multi_gpu --num_processes 8 train_accelerate.py --prepared_data data-bin/wmt14-en-de \\
+        --preset base --max_tokens 3125
+"""
+
+
+# --- the flags, in the order --help lists them ------------------------------------------------------------------
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The data flags, shared by `train_accelerate.py` and `python -m vanilla_transformer.prepare`."""
+    group = parser.add_argument_group("data (default: the embedded synthetic task)")
+    group.add_argument("--dataset_name", help="a Hub dataset with a `translation` column, e.g. wmt14 (online)")
+    group.add_argument("--dataset_config", help="e.g. de-en")
+    group.add_argument("--data_dir", help="folder of line-aligned files {split}.{lang}[.gz], e.g. Multi30k")
+    group.add_argument("--train_file", help="a .tsv or .jsonl file of pairs (with --validation_file/--test_file)")
+    group.add_argument("--validation_file")
+    group.add_argument("--test_file")
+    group.add_argument("--train_split", default="train")
+    group.add_argument("--validation_split", default="validation")
+    group.add_argument("--test_split", default="test")
+    group.add_argument("--source_lang", help="default: en (with --prepared_data: the corpus's)")
+    group.add_argument("--target_lang", help="default: de (with --prepared_data: the corpus's)")
+    group.add_argument("--synthetic_pairs", type=at_least(10), default=30000, help="size of the embedded task")
+    group.add_argument(
+        "--max_sentence_tokens",
+        type=at_least(2),
+        default=256,
+        help="drop training pairs with a sentence (source or target) longer than this",
+    )
+    add_deprecated_alias(group, "--max_source_tokens", "--max_sentence_tokens")
+    group.add_argument(
+        "--max_length_ratio",
+        type=number_in(1),
+        help="drop training pairs whose longer side has more than this many times the tokens of the shorter one "
+        "(corpus cleaning; e.g. 3 for WMT; default: off)",
+    )
+    group.add_argument("--tokenizer_name_or_path", help="an existing tokenizer; default: train one")
+    group.add_argument("--vocab_size", type=at_least(260), default=8000, help="shared BPE vocabulary (paper: 37000)")
+    group.add_argument(
+        "--tokenizer_train_pairs",
+        type=positive_int,
+        default=1_000_000,
+        help="train the BPE on a seeded random sample of this many training pairs (all of them if fewer)",
+    )
+    group.add_argument(
+        "--data_seed",
+        type=non_negative_int,
+        default=42,
+        help="the tokenizer's sample and the embedded task (not training's seed)",
+    )
+    group.add_argument("--preprocessing_num_workers", type=positive_int, help="processes that tokenize (default: 1)")
+    group.add_argument(
+        "--data_cache_dir",
+        help="where prepared corpora are cached (default: $HF_HOME/vanilla_transformer/prepared)",
+    )
+
+
+def add_streaming_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("streaming (corpora larger than the disk or memory)")
+    group.add_argument("--streaming", action="store_true", help="read the training pairs as they are needed")
+    group.add_argument("--shuffle_buffer_size", type=positive_int, default=100_000, help="pairs in the shuffle buffer")
+    group.add_argument("--stream_pool_batches", type=positive_int, default=100, help="batches sorted and cut together")
+
+
+def add_process_arguments(parser: argparse.ArgumentParser) -> None:
+    """A prepared corpus, and how processes wait and load batches."""
+    group = parser.add_argument_group("prepared data and processes")
+    group.add_argument(
+        "--prepared_data", help="a folder made by `python -m vanilla_transformer.prepare` (replaces the data flags)"
+    )
+    group.add_argument(
+        "--ddp_timeout",
+        type=positive_int,
+        default=1800,
+        help="seconds a process waits at a collective, e.g. while the main process prepares the corpus (torch's "
+        "NCCL default is 600; prepare large corpora beforehand with python -m vanilla_transformer.prepare)",
+    )
+    group.add_argument(
+        "--prefetch_batches",
+        type=non_negative_int,
+        default=2,
+        help="optimizer steps collated ahead in a thread; 0 = inline",
+    )
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model: a preset of the paper's Table 3 (or a CPU-sized one) and overrides."""
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="Table 3 base/big, or small/tiny (default: small; tiny for the embedded task)",
+    )
+    group.add_argument("--d_model", type=positive_int)
+    group.add_argument("--layers", type=positive_int, help="encoder and decoder layers (N)")
+    group.add_argument("--heads", type=positive_int)
+    group.add_argument(
+        "--qk_head_dim", type=positive_int, help="d_k, per head (default: d_model / heads; Table 3 row B)"
+    )
+    group.add_argument("--ffn_dim", type=positive_int)
+    group.add_argument("--dropout", type=probability, help="P_drop; default: the preset's")
+    group.add_argument("--attention_dropout", type=probability, help="on attention weights (paper: 0)")
+    group.add_argument("--activation_dropout", type=probability, help="inside the FFN, after ReLU (paper: 0)")
+    group.add_argument("--position_embedding_type", choices=["sinusoidal", "learned"], default="sinusoidal")
+
+
+def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
+    """Section 5: batches, the schedule of equation (3), regularisation, limits."""
+    group = parser.add_argument_group("optimisation (paper section 5)")
+    group.add_argument(
+        "--max_tokens", type=at_least(2), default=4096, help="source and target tokens per batch per process"
+    )
+    group.add_argument("--gradient_accumulation_steps", type=positive_int, default=1)
+    group.add_argument(
+        "--warmup_steps", type=positive_int, help="default: 4000 (the paper); 200 for the embedded task"
+    )
+    group.add_argument("--learning_rate_scale", type=positive_float, default=1.0, help="factor on equation (3)")
+    group.add_argument("--label_smoothing", type=probability, default=0.1)
+    group.add_argument(
+        "--max_grad_norm", type=non_negative_float, default=0.0, help="clip gradients; 0 = off (the paper)"
+    )
+    group.add_argument(
+        "--mixed_precision",
+        choices=["no", "fp16", "bf16"],
+        help="default: accelerate's config; bf16 works on CPUs too",
+    )
+    group.add_argument(
+        "--attn_implementation",
+        choices=["sdpa", "eager"],
+        default="sdpa",
+        help="attention kernel while training; on CPUs with bf16, eager is faster (docs/BENCHMARKS.md)",
+    )
+    group.add_argument(
+        "--max_steps",
+        type=positive_int,
+        help="default: 100000 (400 for the embedded task) unless another limit is given",
+    )
+    group.add_argument("--max_epochs", type=positive_int, default=None)
+    group.add_argument(
+        "--max_minutes", type=positive_float, default=None, help="wall-clock budget of the training loop"
+    )
+    group.add_argument("--seed", type=non_negative_int, default=42, help="initialisation, dropout, batch order")
+
+
+def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
+    """BLEU during and after training, and --evaluate_only."""
+    group = parser.add_argument_group("evaluation")
+    group.add_argument(
+        "--eval_steps", type=positive_int, help="validation loss and greedy BLEU every N steps (default 1000; 200)"
+    )
+    group.add_argument(
+        "--eval_max_sentences", type=positive_int, default=500, help="validation sentences for BLEU in training"
+    )
+    group.add_argument("--eval_batch_size", type=positive_int, default=64)
+    group.add_argument(
+        "--max_eval_tokens",
+        type=at_least(2),
+        default=1024,
+        help="evaluation truncates longer sources and targets (counted), bounding its memory",
+    )
+    add_deprecated_alias(group, "--max_eval_source_tokens", "--max_eval_tokens")
+    group.add_argument("--num_beams", type=positive_int, default=4, help="final decoding (paper: 4)")
+    group.add_argument("--length_penalty", type=number_in(-math.inf), default=0.6, help="final decoding (paper: 0.6)")
+    group.add_argument("--evaluate_only", action="store_true", help="translate and score with a saved model")
+    group.add_argument("--model_name_or_path", help="saved model folder for --evaluate_only")
+    group.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="--evaluate_only: run the model folder's own code (Hub models); default: the installed code",
+    )
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """The output folder, checkpoints, logs and the Hub."""
+    group = parser.add_argument_group("checkpoints, logging, sharing")
+    group.add_argument("--output_dir", default="outputs/vanilla-transformer")
+    group.add_argument(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="delete an earlier run's checkpoints, logs and model in --output_dir first (else such a folder is "
+        "refused, unless resumed)",
+    )
+    group.add_argument(
+        "--save_steps", type=positive_int, help="checkpoint every N steps (default 1000; 80 for the embedded task)"
+    )
+    group.add_argument(
+        "--save_total_limit", type=non_negative_int, default=5, help="keep the last K checkpoints (0: all)"
+    )
+    group.add_argument(
+        "--average_last", type=positive_int, default=5, help="average the last K checkpoints (paper: 5/20)"
+    )
+    group.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or `latest`")
+    group.add_argument("--logging_steps", type=positive_int, default=50)
+    group.add_argument("--report_to", default="none", help="an accelerate tracker, e.g. tensorboard")
+    group.add_argument("--push_to_hub", action="store_true")
+    group.add_argument("--hub_model_id")
+    group.add_argument("--hub_private", action="store_true")
+
+
+# --- flags -> settings ------------------------------------------------------------------------------------------
+
+
+def data_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> DataSettings:
+    """The data flags as settings; refuses flags that cannot describe a translation task (parser.error names them).
+    The languages default to en-de, except for a prepared corpus, which holds its own: language flags may repeat
+    them, never contradict them."""
+    prepared_data = vars(args).get("prepared_data")
+    source_lang, target_lang = args.source_lang or "en", args.target_lang or "de"
+    if prepared_data:
+        try:
+            key = read_manifest(Path(prepared_data))["key"]
+        except DataError as error:
+            parser.error(f"--prepared_data: {error}")
+        for flag in ("source_lang", "target_lang"):
+            if getattr(args, flag) not in (None, key[flag]):
+                parser.error(
+                    f"--{flag} {getattr(args, flag)}, but --prepared_data {prepared_data} holds "
+                    f"{key['source_lang']}-{key['target_lang']} pairs: drop the language flags, or prepare that pair"
+                )
+        source_lang, target_lang = key["source_lang"], key["target_lang"]
+    if source_lang == target_lang:
+        parser.error(
+            f"--source_lang and --target_lang are both {source_lang!r}: the model would learn to copy its "
+            "input; name two different languages (the file suffixes or the keys of the two sides)"
+        )
+    corpus_fields = ("dataset_name", "dataset_config", "data_dir", "train_file", "validation_file", "test_file")
+    corpus = Corpus(
+        source_lang=source_lang,
+        target_lang=target_lang,
+        **{name: getattr(args, name) for name in corpus_fields},
+        train_split=args.train_split,
+        validation_split=args.validation_split,
+        test_split=args.test_split,
+        synthetic_pairs=args.synthetic_pairs,
+        synthetic_seed=args.data_seed,
+    )
+    if prepared_data and not corpus.is_embedded_task:
+        parser.error("--prepared_data replaces --data_dir/--train_file/--dataset_name: give one or the other")
+    tokenizer = TokenizerSettings(
+        args.tokenizer_name_or_path, args.vocab_size, args.tokenizer_train_pairs, seed=args.data_seed
+    )
+    return DataSettings(
+        corpus=corpus,
+        tokenizer=tokenizer,
+        filters=LengthFilter(args.max_sentence_tokens, args.max_length_ratio),
+        prepared_data=prepared_data,
+        cache_dir=args.data_cache_dir,
+        num_workers=args.preprocessing_num_workers,
+    )
+
+
+def model_overrides(args: argparse.Namespace) -> dict:
+    """The model flags given (over the preset's values), as config fields."""
+    overrides = {
+        "d_model": args.d_model,
+        "encoder_layers": args.layers,
+        "decoder_layers": args.layers,
+        "encoder_attention_heads": args.heads,
+        "decoder_attention_heads": args.heads,
+        "qk_head_dim": args.qk_head_dim,
+        "encoder_ffn_dim": args.ffn_dim,
+        "decoder_ffn_dim": args.ffn_dim,
+        "dropout": args.dropout,
+        "attention_dropout": args.attention_dropout,
+        "activation_dropout": args.activation_dropout,
+        "position_embedding_type": args.position_embedding_type,
+    }
+    return {name: value for name, value in overrides.items() if value is not None}
+
+
+def training_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> TrainingSettings:
+    """The settings of a training run, with the defaults that depend on the data; parser.error for flags that
+    cannot work together."""
+    data = data_settings(parser, args)
+    check_combinations(parser, args)
+    other_limit = args.max_epochs is not None or args.max_minutes is not None
+    embedded_task = data.corpus.is_embedded_task and not data.prepared_data
+    defaults = EMBEDDED_TASK_DEFAULTS if embedded_task else REAL_DATA_DEFAULTS
+    filled = {name: value if getattr(args, name) is None else getattr(args, name) for name, value in defaults.items()}
+    if args.max_steps is None and other_limit:
+        filled["max_steps"] = None
+    if data.filters.max_tokens and data.filters.max_tokens > args.max_tokens:
+        parser.error(
+            f"--max_sentence_tokens {data.filters.max_tokens} exceeds --max_tokens {args.max_tokens}: a kept "
+            "pair would not fit in a batch; lower the first or raise the second"
+        )
+    overrides = model_overrides(args)
+    try:  # the model the flags describe, checked before any data is read
+        VanillaTransformerConfig.from_preset(filled["preset"], **overrides)
+    except ValueError as error:
+        parser.error(f"--preset {filled['preset']} with the model flags given: {error}")
+    stream = None
+    if args.streaming:
+        stream = StreamSettings(args.max_tokens, args.seed, args.shuffle_buffer_size, args.stream_pool_batches)
+    evaluation = EvaluationSettings(
+        batch_size=args.eval_batch_size,
+        max_tokens=args.max_eval_tokens,
+        num_beams=args.num_beams,
+        length_penalty=args.length_penalty,
+        max_sentences=args.eval_max_sentences,
+        every_steps=filled["eval_steps"],
+    )
+    checkpoints = CheckpointSettings(
+        args.output_dir, filled["save_steps"], args.save_total_limit, args.average_last, args.resume_from_checkpoint
+    )
+    copied = ("max_tokens", "gradient_accumulation_steps", "learning_rate_scale", "label_smoothing", "max_grad_norm")
+    copied += ("seed", "max_epochs", "max_minutes", "mixed_precision", "ddp_timeout", "prefetch_batches")
+    copied += ("logging_steps", "report_to", "push_to_hub", "hub_model_id", "hub_private", "trust_remote_code")
+    return TrainingSettings(
+        data=data,
+        stream=stream,
+        output=OutputSettings(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint),
+        checkpoints=checkpoints,
+        evaluation=evaluation,
+        preset=filled["preset"],
+        model_overrides=overrides,
+        attn_implementation=args.attn_implementation,
+        warmup_steps=filled["warmup_steps"],
+        max_steps=filled["max_steps"],
+        evaluate_only=args.model_name_or_path if args.evaluate_only else None,
+        hyperparameters={k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))},
+        **{name: getattr(args, name) for name in copied},
+    )
+
+
+def check_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse flags that cannot work together, naming them (parser.error)."""
+    if args.resume_from_checkpoint == "latest" and args.overwrite_output_dir:
+        parser.error("--resume_from_checkpoint continues the run in --output_dir; --overwrite_output_dir deletes it")
+    if args.streaming and (args.prepared_data or args.max_epochs is not None):
+        parser.error(
+            "--streaming reads raw data and ends at --max_steps/--max_minutes: it takes neither "
+            "--prepared_data nor --max_epochs"
+        )
+    if args.evaluate_only and not args.model_name_or_path:
+        parser.error("--evaluate_only needs --model_name_or_path")
+    if args.push_to_hub and not args.hub_model_id:
+        parser.error("--push_to_hub needs --hub_model_id")
+    if args.push_to_hub and hub_constants.HF_HUB_OFFLINE:
+        parser.error(
+            "--push_to_hub with HF_HUB_OFFLINE set: the upload at the end could not happen; train without it and "
+            "run `python -m vanilla_transformer.push_to_hub OUTPUT_DIR --hub_model_id ID` once online"
+        )
+    if args.average_last > args.save_total_limit > 0:
+        parser.error("--average_last cannot exceed --save_total_limit: the checkpoints to average must be kept")
