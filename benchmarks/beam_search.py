@@ -25,7 +25,7 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from speed import WORKLOADS, build_ours, fix_malloc_thresholds, generation, padded_batch  # noqa: E402
+from common import WORKLOADS, build_ours, fix_malloc_thresholds, generation, padded_batch  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402

@@ -37,7 +37,6 @@ logs are kept in `<work_dir>/runs/<N>/<launch>/launch.log` (checkpoints are dele
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import socket
@@ -51,9 +50,10 @@ import numpy as np
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the shared timing module
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the shared timing and common modules
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from common import describe_machine, machine  # noqa: E402
 from timing import Stopwatch, timed  # noqa: E402
 
 from vanilla_transformer import prepare  # noqa: E402
@@ -493,27 +493,6 @@ def pipeline_throughput(folder: Path, seconds: float, max_tokens: int) -> dict:
 # --- report ------------------------------------------------------------------------------------------------------
 
 
-def machine() -> dict:
-    import datasets
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    names = [
-        line.split(":", 1)[1].strip()
-        for line in Path("/proc/cpuinfo").read_text().splitlines()
-        if line.startswith("model name")
-    ]
-    return {
-        "cpu": names[0] if names else cpu,
-        "cpus": os.cpu_count(),
-        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "datasets": datasets.__version__,
-        "load": os.getloadavg(),
-    }
-
-
 def per_process(values: dict) -> str:
     if not values:
         return "-"
@@ -613,7 +592,7 @@ def main() -> None:
         results["sizes"][str(pairs)] = measure_size(pairs, args, work_dir)
         results_file.write_text(json.dumps(results, indent=2))
     print(
-        f"\n{results['machine']['cpu']}, {results['machine']['cpus']} CPUs, vocabulary {args.vocab_size}, "
+        f"\n{describe_machine(results['machine'])}; vocabulary {args.vocab_size}, "
         f"{args.preprocessing_num_workers} tokenizing workers\n"
     )
     print(markdown_table(results["sizes"]))

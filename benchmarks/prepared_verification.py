@@ -13,12 +13,14 @@ machine does; a cold read from disk adds the disk's read time (not measurable he
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the common module
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import describe_machine, machine  # noqa: E402
 
 from vanilla_transformer import prepare  # noqa: E402
 from vanilla_transformer.integrity import files_problem, record_files  # noqa: E402
@@ -63,7 +65,7 @@ def main() -> None:
     folder = Path(args.folder) if args.folder else stand_in_folder(Path(args.work_dir), args.megabytes)
     megabytes = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 2**20
     seconds = time_verification(folder, args.repeats)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"machine: {describe_machine(machine())}")
     print(f"{folder}: {megabytes:.0f} MB")
     for attempt, value in enumerate(seconds, start=1):
         print(f"verification {attempt}: {value:.2f} s ({megabytes / value:.0f} MB/s)")

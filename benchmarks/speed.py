@@ -1,8 +1,9 @@
 """Speed of our model against transformers' `MarianMTModel` of identical size, and against CTranslate2.
 
 Both PyTorch models get the same shape (d_model, layers, heads, FFN size, vocabulary, ReLU, post-LN, tied and
-sqrt(d_model)-scaled embeddings, same dropout) and the same weights: ours are copied into Marian, including our
-position table, and the script checks that both give the same logits before timing anything. The CTranslate2
+sqrt(d_model)-scaled embeddings, same dropout) and the same weights: ours converted with
+`vanilla_transformer.export_marian.to_marian` (its features reordered so that Marian's sinusoid table is our
+positions), and the script checks that both give the same logits before timing anything. The CTranslate2
 columns run our model converted with `vanilla_transformer.export_ctranslate2` (float32, and int8 weights), in a
 worker process of their own (see `Ctranslate2Process`).
 
@@ -27,7 +28,7 @@ Usage:
     python benchmarks/speed.py                      # small and base, every row (about 9 minutes on 2 cores)
     python benchmarks/speed.py --quick              # 2 repetitions per row
     python benchmarks/speed.py --presets small --no-memory --no-ctranslate2
-    python benchmarks/speed.py --before --bf16      # also: our model with its fast paths off; in bf16
+    python benchmarks/speed.py --fast_paths_off --bf16  # also: our model with its fast paths off; in bf16
     python benchmarks/speed.py --compile            # also: training under torch.compile
 """
 
@@ -36,7 +37,6 @@ import ctypes
 import gc
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -46,44 +46,37 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-import transformers
-from transformers import MarianConfig, MarianMTModel
+from transformers import MarianMTModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+from common import (  # noqa: E402
+    WORKLOADS,
+    Workload,
+    build_ours,
+    describe_machine,
+    fix_malloc_thresholds,
+    generation,
+    machine,
+    padded_batch,
+)
 from timing import median_seconds  # noqa: E402
 
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
+from vanilla_transformer.cli import add_deprecated_alias  # noqa: E402
+from vanilla_transformer.export_marian import check_same_function, marian_config, to_marian  # noqa: E402
 
 ENGINES = ("ours", "marian", "ct2_float32", "ct2_int8")
 TORCH_ENGINES = ("ours", "marian")
 # Optional extra engines: table column and the work they run.
 EXTRA_ENGINES = {
     "ours_compiled": ("ours+compile tok/s", ("train",)),
-    "ours_before": ("ours before tok/s", ("train", "greedy", "beam4")),
+    "ours_fast_paths_off": ("ours before tok/s", ("train", "greedy", "beam4")),  # column named as in docs
     "ours_bf16": ("ours bf16 tok/s", ("greedy", "beam4")),
 }
 
 
-@dataclass(frozen=True)
-class Workload:
-    vocab_size: int
-    repetitions: int
-    train_steps: int = 1  # optimizer steps per timed repetition
-    # A training batch as the recipe's token batching makes them (sorted by length): 64 sentence pairs, sources of
-    # nearly equal length, targets that vary; ~1900 target tokens. Lengths are drawn from these ranges (inclusive).
-    train_batch: int = 64
-    train_source_lengths: tuple[int, int] = (28, 32)
-    train_target_lengths: tuple[int, int] = (24, 36)
-    source_lengths: tuple[int, int] = (16, 32)  # generation sources
-    new_tokens: int = 32  # output length of every generated sequence
-
-
-WORKLOADS = {
-    "small": Workload(vocab_size=8000, repetitions=5, train_steps=2),  # the recipe's CPU preset and vocabulary
-    "base": Workload(vocab_size=37000, repetitions=5),  # the paper's base model and vocabulary size
-}
 GENERATION_ROWS = [("greedy", 1, 1), ("greedy", 32, 1), ("beam4", 1, 4), ("beam4", 32, 4)]
 
 
@@ -98,125 +91,7 @@ def rows_for(workload: Workload) -> list[Row]:
     return [Row("train", workload.train_batch)] + [Row(work, batch, beams) for work, batch, beams in GENERATION_ROWS]
 
 
-# --- models --------------------------------------------------------------------------------------------------
-
-
-def build_ours(preset: str, vocab_size: int, fast_paths: bool = True):
-    """Our model; `fast_paths=False` switches off oneDNN linear layers and beam search's encoder-decoder keys and
-    values kept once per sentence (and the benchmark trains it with the loss on the logits)."""
-    torch.manual_seed(0)
-    config = VanillaTransformerConfig.from_preset(
-        preset, vocab_size=vocab_size, onednn_linear=fast_paths, grouped_beam_cross_attention=fast_paths
-    )
-    return VanillaTransformerForConditionalGeneration(config)
-
-
-def marian_config(config: VanillaTransformerConfig) -> MarianConfig:
-    return MarianConfig(
-        vocab_size=config.vocab_size,
-        d_model=config.d_model,
-        encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.encoder_attention_heads,
-        decoder_attention_heads=config.decoder_attention_heads,
-        encoder_ffn_dim=config.encoder_ffn_dim,
-        decoder_ffn_dim=config.decoder_ffn_dim,
-        activation_function=config.activation_function,
-        dropout=config.dropout,
-        attention_dropout=config.attention_dropout,
-        activation_dropout=config.activation_dropout,
-        max_position_embeddings=config.max_position_embeddings,
-        scale_embedding=config.scale_embedding,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
-        forced_eos_token_id=None,
-    )
-
-
-@torch.no_grad()
-def copy_weights_into_marian(ours: VanillaTransformerForConditionalGeneration, marian: MarianMTModel) -> None:
-    """Ours -> Marian: split the fused projections, copy our (interleaved) position table over Marian's."""
-    marian.model.shared.weight.copy_(ours.model.shared.weight)
-    for stack in ("encoder", "decoder"):
-        our_stack, marian_stack = getattr(ours.model, stack), getattr(marian.model, stack)
-        marian_stack.embed_positions.weight.copy_(
-            our_stack.embed_positions(0, marian_stack.embed_positions.num_embeddings)
-        )
-        for our_layer, marian_layer in zip(our_stack.layers, marian_stack.layers, strict=True):
-            attention_pairs = [(our_layer.self_attn, marian_layer.self_attn)]
-            if stack == "decoder":
-                attention_pairs.append((our_layer.encoder_attn, marian_layer.encoder_attn))
-            for our_attention, marian_attention in attention_pairs:
-                projections = [marian_attention.q_proj, marian_attention.k_proj, marian_attention.v_proj]
-                if our_attention.is_cross_attention:
-                    fused = [(our_attention.q_proj, projections[:1]), (our_attention.kv_proj, projections[1:])]
-                else:
-                    fused = [(our_attention.qkv_proj, projections)]
-                for our_linear, parts in fused:
-                    for part, weight, bias in zip(
-                        parts, our_linear.weight.chunk(len(parts)), our_linear.bias.chunk(len(parts)), strict=True
-                    ):
-                        part.weight.copy_(weight)
-                        part.bias.copy_(bias)
-                marian_attention.out_proj.load_state_dict(our_attention.out_proj.state_dict())
-            marian_layer.fc1.load_state_dict(our_layer.feed_forward.fc1.state_dict())
-            marian_layer.fc2.load_state_dict(our_layer.feed_forward.fc2.state_dict())
-            for name in ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
-                if hasattr(marian_layer, name):
-                    getattr(marian_layer, name).load_state_dict(getattr(our_layer, name).state_dict())
-
-
-def build_marian(ours: VanillaTransformerForConditionalGeneration) -> MarianMTModel:
-    marian = MarianMTModel(marian_config(ours.config))
-    copy_weights_into_marian(ours, marian)
-    return marian
-
-
-@torch.no_grad()
-def check_same_function(ours, marian, vocab_size: int) -> None:
-    """Both models must compute the same logits: proof that Marian is the same architecture and size."""
-    ours.eval(), marian.eval()
-    input_ids, attention_mask, labels = padded_batch(vocab_size, 4, (5, 12), (5, 12), seed=99)
-    our_logits = ours(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
-    marian_logits = marian(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
-    difference = (our_logits - marian_logits).abs().max().item()
-    if difference > 1e-3:
-        raise RuntimeError(f"Ours and Marian disagree (max |logit difference| {difference:.2e}): not the same model.")
-    our_params = sum(p.numel() for p in ours.parameters())
-    marian_params = sum(p.numel() for p in marian.parameters() if p.requires_grad)
-    if our_params != marian_params:
-        raise RuntimeError(f"Trainable parameters differ: ours {our_params}, Marian {marian_params}.")
-
-
 # --- work ----------------------------------------------------------------------------------------------------
-
-
-def random_lengths(batch: int, lengths: tuple[int, int], generator: torch.Generator) -> torch.Tensor:
-    return torch.randint(lengths[0], lengths[1] + 1, (batch,), generator=generator)
-
-
-def padded_batch(
-    vocab_size: int, batch: int, source_lengths: tuple[int, int], target_lengths: tuple[int, int], seed: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random right-padded (input_ids, attention_mask, labels), each sequence ending with </s> (id 2);
-    padded to the longest sequence of the batch, labels padded with -100."""
-    generator = torch.Generator().manual_seed(seed)
-    source_lengths = random_lengths(batch, source_lengths, generator)
-    target_lengths = random_lengths(batch, target_lengths, generator)
-    source_positions = torch.arange(int(source_lengths.max()))
-    target_positions = torch.arange(int(target_lengths.max()))
-    input_ids = torch.randint(4, vocab_size, (batch, len(source_positions)), generator=generator)
-    labels = torch.randint(4, vocab_size, (batch, len(target_positions)), generator=generator)
-    input_ids[source_positions == source_lengths[:, None] - 1] = 2
-    labels[target_positions == target_lengths[:, None] - 1] = 2
-    attention_mask = (source_positions < source_lengths[:, None]).long()
-    input_ids = input_ids.masked_fill(attention_mask == 0, 0)
-    labels = labels.masked_fill(target_positions >= target_lengths[:, None], -100)
-    return input_ids, attention_mask, labels
 
 
 def training_step(model, batch, loss_without_logits: bool = False) -> Callable[[], None]:
@@ -234,24 +109,6 @@ def training_step(model, batch, loss_without_logits: bool = False) -> Callable[[
         optimizer.zero_grad(set_to_none=True)
 
     return step
-
-
-def generation(model, batch, num_beams: int, new_tokens: int) -> Callable[[], None]:
-    input_ids, attention_mask, _ = batch
-
-    def generate() -> None:
-        model.eval()
-        output = model.generate(
-            input_ids,
-            attention_mask=attention_mask,
-            num_beams=num_beams,
-            do_sample=False,
-            max_new_tokens=new_tokens,
-            eos_token_id=None,  # no end token: exactly `new_tokens` tokens, no per-step logits processor
-        )
-        assert output.shape == (input_ids.shape[0], 1 + new_tokens), output.shape
-
-    return generate
 
 
 def ctranslate2_generation(translator, batch, num_beams: int, new_tokens: int) -> Callable[[], None]:
@@ -283,7 +140,8 @@ class Engines:
     """The engines of one preset; `run(engine, row, batch)` gives the callable that does the row's work once.
 
     Extra engines: ours_compiled (--compile) is our model under `torch.compile`, for the training row;
-    ours_before (--before) is our model with its fast paths switched off (config and loss path), for every row;
+    ours_fast_paths_off (--fast_paths_off) is our model with its fast paths switched off (config and loss path),
+    for every row;
     ours_bf16 (--bf16) is our model with bf16 weights and eager attention, for the generation rows.
     """
 
@@ -298,9 +156,9 @@ class Engines:
             if "ours" in names:
                 self.models["ours"] = ours
             if "marian" in names:
-                self.models["marian"] = build_marian(ours)
+                self.models["marian"] = to_marian(ours)
                 if check:
-                    check_same_function(ours, self.models["marian"], workload.vocab_size)
+                    check_same_function(ours, self.models["marian"])
         elif "marian" in names:  # alone, for its memory: its own random weights, nothing else in the process
             torch.manual_seed(0)
             config = VanillaTransformerConfig.from_preset(preset, vocab_size=workload.vocab_size)
@@ -309,8 +167,8 @@ class Engines:
             compiled = build_ours(preset, workload.vocab_size)
             compiled.forward = torch.compile(compiled.forward)
             self.models["ours_compiled"] = compiled
-        if "ours_before" in names:
-            self.models["ours_before"] = build_ours(preset, workload.vocab_size, fast_paths=False)
+        if "ours_fast_paths_off" in names:
+            self.models["ours_fast_paths_off"] = build_ours(preset, workload.vocab_size, fast_paths=False)
         if "ours_bf16" in names:  # bf16 weights; eager attention, as torch's CPU sdpa kernels are slow in bf16
             self.models["ours_bf16"] = build_ours(preset, workload.vocab_size).to(torch.bfloat16)
             self.models["ours_bf16"].set_attn_implementation("eager")
@@ -464,22 +322,6 @@ def measure_memory(preset: str, engines: list[str], ct2_dir: Path | None, thread
 # --- report --------------------------------------------------------------------------------------------------
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
-        cpu = names[0] if names else cpu
-    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
-    try:
-        import ctranslate2
-
-        versions += f", ctranslate2 {ctranslate2.__version__}"
-    except ImportError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads; {versions}; Python {platform.python_version()}"
-
-
 def load() -> str:
     return "/".join(f"{value:.2f}" for value in os.getloadavg())
 
@@ -497,9 +339,9 @@ def speed_table(results: dict) -> str:
     extras = [name for name in EXTRA_ENGINES if any(name in speeds for speeds in results.values())]
     header = "| preset | work | batch | ours tok/s | Marian tok/s | ours/Marian | CT2 f32 tok/s | CT2 int8 tok/s | ours/CT2 f32 |"
     header += "".join(f" {EXTRA_ENGINES[name][0]} |" for name in extras)
-    with_before, with_bf16 = "ours_before" in extras, "ours_bf16" in extras
-    header += " ours/before |" * with_before + " ours bf16/CT2 f32 |" * with_bf16
-    lines = [header, "|---|---|---:" + "|---:" * (6 + len(extras) + with_before + with_bf16) + "|"]
+    with_fast_paths_off, with_bf16 = "ours_fast_paths_off" in extras, "ours_bf16" in extras
+    header += " ours/before |" * with_fast_paths_off + " ours bf16/CT2 f32 |" * with_bf16  # as named in the docs
+    lines = [header, "|---|---|---:" + "|---:" * (6 + len(extras) + with_fast_paths_off + with_bf16) + "|"]
     for (preset, row), speeds in results.items():
         ours, marian = speeds.get("ours"), speeds.get("marian")
         ct2_f32, ct2_int8 = speeds.get("ct2_float32"), speeds.get("ct2_int8")
@@ -508,7 +350,7 @@ def speed_table(results: dict) -> str:
             f"| {number(ct2_f32)} | {number(ct2_int8)} | {ratio(ours, ct2_f32)} |"
         )
         line += "".join(f" {number(speeds.get(name))} |" for name in extras)
-        line += f" {ratio(ours, speeds.get('ours_before'))} |" * with_before
+        line += f" {ratio(ours, speeds.get('ours_fast_paths_off'))} |" * with_fast_paths_off
         lines.append(line + f" {ratio(speeds.get('ours_bf16'), ct2_f32)} |" * with_bf16)
     return "\n".join(lines)
 
@@ -532,17 +374,6 @@ def memory_table(memory: dict) -> str:
                 f"| {number(ct2_f32)} | {number(ct2_int8)} |"
             )
     return "\n".join(lines)
-
-
-def fix_malloc_thresholds() -> None:
-    """Keep freed memory in glibc's heap instead of unmapping it and page-faulting it back in on the next large
-    allocation. glibc adapts these thresholds to the allocations it has seen, so without this the engines that run
-    in one process change each other's speed; with it every engine runs with the same allocator. (The same as
-    setting MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the environment.)"""
-    libc = ctypes.CDLL("libc.so.6")
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from malloc.h
-    libc.mallopt(m_mmap_threshold, 32 * 2**20)  # glibc's maximum; larger allocations are still mapped
-    libc.mallopt(m_trim_threshold, 2**30)
 
 
 def time_presets(args, torch_names: list[str], ct2_names: list[str]) -> tuple[dict, dict]:
@@ -572,7 +403,7 @@ def time_presets(args, torch_names: list[str], ct2_names: list[str]) -> tuple[di
     return speeds, memory
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--repetitions", type=int, default=None, help="timed repetitions per row (median)")
@@ -580,14 +411,24 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch and CTranslate2 threads")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory subprocesses")
     parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
-    parser.add_argument("--compile", action="store_true", help="also time training of torch.compile(our model)")
-    parser.add_argument("--before", action="store_true", help="also time our model with its fast paths off")
-    parser.add_argument("--bf16", action="store_true", help="also time generation with bf16 weights (ours_bf16)")
+    extra = parser.add_argument_group("extra engines")
+    extra.add_argument("--compile", action="store_true", help="also time training of torch.compile(our model)")
+    extra.add_argument(
+        "--fast_paths_off",
+        action="store_true",
+        help='also time our model with its fast paths off (the "ours before" columns)',
+    )
+    add_deprecated_alias(extra, "--before", "--fast_paths_off")
+    extra.add_argument("--bf16", action="store_true", help="also time generation with bf16 weights (ours_bf16)")
     parser.add_argument("--system-malloc", action="store_true", help="keep glibc's adaptive malloc thresholds")
     parser.add_argument("--memory-worker", nargs=2, metavar=("PRESET", "ENGINE"), help=argparse.SUPPRESS)
     parser.add_argument("--ct2-dir", help=argparse.SUPPRESS)
     parser.add_argument("--ct2-worker", nargs="+", metavar="PRESET ENGINE", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     if args.memory_worker:
         memory_worker(*args.memory_worker, args.ct2_dir, args.threads)
@@ -608,12 +449,12 @@ def main() -> None:
     torch_names = (
         list(TORCH_ENGINES)
         + ["ours_compiled"] * args.compile
-        + ["ours_before"] * args.before
+        + ["ours_fast_paths_off"] * args.fast_paths_off
         + ["ours_bf16"] * args.bf16
     )
 
     started = datetime.now(timezone.utc)
-    print(f"# {started:%Y-%m-%d %H:%M} UTC; {machine()}; load average at start {load()}", flush=True)
+    print(f"# {started:%Y-%m-%d %H:%M} UTC; {describe_machine(machine())}; load average at start {load()}", flush=True)
     speeds, memory = time_presets(args, torch_names, ct2_names)
     elapsed = (datetime.now(timezone.utc) - started).total_seconds()
     print(f"\nCommand: python {' '.join(sys.argv)}; {elapsed:.0f} s; load average at end {load()}\n")

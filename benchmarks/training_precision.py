@@ -31,12 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from timing import timed  # noqa: E402
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
-from train_accelerate import build_config  # noqa: E402
-from train_accelerate import parse_args as training_arguments  # noqa: E402
 from vanilla_transformer.batching import TokenBatchSampler, TranslationCollator  # noqa: E402
 from vanilla_transformer.data import read_parallel_text  # noqa: E402
 from vanilla_transformer.tokenization import train_shared_tokenizer  # noqa: E402
-from vanilla_transformer.training import count_target_tokens  # noqa: E402
+from vanilla_transformer.training import config_for_tokenizer, count_target_tokens  # noqa: E402
 
 VARIANTS = [("float32", "sdpa"), ("float32", "eager"), ("bf16", "sdpa"), ("bf16", "eager")]
 
@@ -78,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
 
     tokenizer, batches = recipe_batches(Path(args.data_dir), 6000, args.vocab_size, args.max_tokens, args.batches)
-    config = build_config(training_arguments(["--data_dir", args.data_dir, "--preset", args.preset]), tokenizer)
+    config = config_for_tokenizer(args.preset, tokenizer)  # the recipe's model, as train_accelerate.py builds it
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(config).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)

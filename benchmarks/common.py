@@ -1,0 +1,140 @@
+"""What several benchmarks share: the workloads of the speed benchmarks, our model as they build it, a seeded padded
+batch, generation as they time it, glibc's malloc thresholds, and the machine they ran on.
+
+Run from a checkout, `benchmarks/` is the script's folder and so on `sys.path`: `from common import padded_batch`
+(the clock is in timing.py). The repository root must be on `sys.path` too, for the model's files.
+"""
+
+import ctypes
+import os
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+
+from configuration_vanilla_transformer import VanillaTransformerConfig
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+
+PACKAGES = ("torch", "transformers", "datasets", "ctranslate2")  # versions recorded where installed
+
+
+@dataclass(frozen=True)
+class Workload:
+    vocab_size: int
+    repetitions: int
+    train_steps: int = 1  # optimizer steps per timed repetition
+    # A training batch as the recipe's token batching makes them (sorted by length): 64 sentence pairs, sources of
+    # nearly equal length, targets that vary; ~1900 target tokens. Lengths are drawn from these ranges (inclusive).
+    train_batch: int = 64
+    train_source_lengths: tuple[int, int] = (28, 32)
+    train_target_lengths: tuple[int, int] = (24, 36)
+    source_lengths: tuple[int, int] = (16, 32)  # generation sources
+    new_tokens: int = 32  # output length of every generated sequence
+
+
+WORKLOADS = {
+    "small": Workload(vocab_size=8000, repetitions=5, train_steps=2),  # the recipe's CPU preset and vocabulary
+    "base": Workload(vocab_size=37000, repetitions=5),  # the paper's base model and vocabulary size
+}
+
+
+def build_ours(preset: str, vocab_size: int, fast_paths: bool = True) -> VanillaTransformerForConditionalGeneration:
+    """Our model, seeded; `fast_paths=False` switches off oneDNN linear layers and beam search's encoder-decoder keys
+    and values kept once per sentence (and benchmarks/speed.py trains it with the loss on the logits)."""
+    torch.manual_seed(0)
+    config = VanillaTransformerConfig.from_preset(
+        preset, vocab_size=vocab_size, onednn_linear=fast_paths, grouped_beam_cross_attention=fast_paths
+    )
+    return VanillaTransformerForConditionalGeneration(config)
+
+
+def random_lengths(batch: int, lengths: tuple[int, int], generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(lengths[0], lengths[1] + 1, (batch,), generator=generator)
+
+
+def padded_batch(
+    vocab_size: int, batch: int, source_lengths: tuple[int, int], target_lengths: tuple[int, int], seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random right-padded (input_ids, attention_mask, labels), each sequence ending with </s> (id 2);
+    padded to the longest sequence of the batch, labels padded with -100."""
+    generator = torch.Generator().manual_seed(seed)
+    source_lengths = random_lengths(batch, source_lengths, generator)
+    target_lengths = random_lengths(batch, target_lengths, generator)
+    source_positions = torch.arange(int(source_lengths.max()))
+    target_positions = torch.arange(int(target_lengths.max()))
+    input_ids = torch.randint(4, vocab_size, (batch, len(source_positions)), generator=generator)
+    labels = torch.randint(4, vocab_size, (batch, len(target_positions)), generator=generator)
+    input_ids[source_positions == source_lengths[:, None] - 1] = 2
+    labels[target_positions == target_lengths[:, None] - 1] = 2
+    attention_mask = (source_positions < source_lengths[:, None]).long()
+    input_ids = input_ids.masked_fill(attention_mask == 0, 0)
+    labels = labels.masked_fill(target_positions >= target_lengths[:, None], -100)
+    return input_ids, attention_mask, labels
+
+
+def generation(model, batch, num_beams: int, new_tokens: int) -> Callable[[], None]:
+    """A callable that generates exactly `new_tokens` tokens per source of `batch` (no end token)."""
+    input_ids, attention_mask, _ = batch
+
+    def generate() -> None:
+        model.eval()
+        output = model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            num_beams=num_beams,
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            eos_token_id=None,  # no end token: exactly `new_tokens` tokens, no per-step logits processor
+        )
+        assert output.shape == (input_ids.shape[0], 1 + new_tokens), output.shape
+
+    return generate
+
+
+def fix_malloc_thresholds() -> None:
+    """Keep freed memory in glibc's heap instead of unmapping it and page-faulting it back in on the next large
+    allocation. glibc adapts these thresholds to the allocations it has seen, so without this the engines that run
+    in one process change each other's speed; with it every engine runs with the same allocator. (The same as
+    setting MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the environment.)"""
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from malloc.h
+    libc.mallopt(m_mmap_threshold, 32 * 2**20)  # glibc's maximum; larger allocations are still mapped
+    libc.mallopt(m_trim_threshold, 2**30)
+
+
+def machine() -> dict:
+    """The machine and software a benchmark ran on, as recorded beside its results: cpu, cpus, threads (torch's),
+    memory_gb, python, load (1/5/15-minute averages now) and the version of each of PACKAGES that is installed
+    (read from its metadata: nothing is imported)."""
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
+        cpu = names[0] if names else cpu
+    info = {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "python": platform.python_version(),
+        "load": os.getloadavg(),
+    }
+    for package in PACKAGES:
+        try:
+            info[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    return info
+
+
+def describe_machine(info: dict) -> str:
+    """A `machine()` dict in one line, e.g.
+    "AMD EPYC, 2 CPUs, 2 threads, 23.5 GB; torch 2.13.0+cpu, transformers 5.24.0; Python 3.11.7"."""
+    versions = ", ".join(f"{package} {info[package]}" for package in PACKAGES if package in info)
+    return (
+        f"{info['cpu']}, {info['cpus']} CPUs, {info['threads']} threads, {info['memory_gb']} GB; {versions}; "
+        f"Python {info['python']}"
+    )
