@@ -57,8 +57,13 @@ from common import describe_machine, machine  # noqa: E402
 from timing import Stopwatch, timed  # noqa: E402
 
 from vanilla_transformer import prepare  # noqa: E402
-from vanilla_transformer.batching import TokenBatchSampler, TokenizedPairs, TranslationCollator  # noqa: E402
-from vanilla_transformer.training import DataPosition, count_target_tokens, optimizer_step_batches  # noqa: E402
+from vanilla_transformer.batching import (  # noqa: E402
+    DataPosition,
+    TokenBatchSampler,
+    TokenizedPairs,
+    TranslationCollator,
+)
+from vanilla_transformer.training import count_target_tokens, optimizer_step_batches  # noqa: E402
 
 MB = 2**20
 HELD_OUT_PAIRS = 3000  # validation and test pairs each
