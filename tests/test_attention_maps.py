@@ -5,8 +5,9 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from tests.test_hub_folder import ENGLISH, GERMAN, save_tiny_model_folder
 from vanilla_transformer import attention_maps
+
+from .conftest import ENGLISH, GERMAN, save_tiny_model_folder
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 LAYERS, HEADS = 3, 2  # different numbers, so a transposed grid would show

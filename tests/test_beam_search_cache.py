@@ -7,7 +7,7 @@ import torch
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
-from .test_modeling import random_ids
+from .conftest import random_ids
 
 
 def filled_cache(model, input_ids, attention_mask, num_beams: int):

@@ -11,12 +11,12 @@ from torch import nn
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
+from .conftest import TINY
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from gpu_training import model_flops  # noqa: E402
 from timing import median_seconds, timed  # noqa: E402
-
-from .conftest import TINY  # noqa: E402
 
 
 @pytest.mark.parametrize("qk_head_dim", [None, 4])  # d_k = d_v = 8, and Table 3's row B: d_k = 4

@@ -18,16 +18,11 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-import train_accelerate
 from vanilla_transformer import checkpoints
-from vanilla_transformer.training import (
-    UnsupportedSetup,
-    check_distributed_setup,
-    make_accelerator,
-    sharded_generation_kwargs,
-)
+from vanilla_transformer.evaluation import final_model, sharded_generation_kwargs
+from vanilla_transformer.training import UnsupportedSetup, check_distributed_setup, make_accelerator
 
-from .test_training import ROOT, TINY_RUN, train
+from .conftest import ROOT, TINY_RUN, train
 
 ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -170,10 +165,10 @@ def test_fsdp_full_state_checkpoints_are_averaged_into_a_plain_final_model(tmp_p
         states.append(state)
     accelerator = fsdp_accelerator("FULL_STATE_DICT")
     accelerator.print = print
-    final = train_accelerate.final_model(accelerator, tiny_model, "sdpa")
+    final = final_model(accelerator, tiny_model, "sdpa")
     assert final is not tiny_model and final.config.to_dict() == tiny_model.config.to_dict()
-    args = SimpleNamespace(output_dir=str(tmp_path / "run"), average_last=2)
-    assert train_accelerate.load_averaged_weights(final, args, accelerator, "run") == 2
+    settings = checkpoints.CheckpointSettings(output_dir=str(tmp_path / "run"), average_last=2)
+    assert checkpoints.load_averaged_weights(final, accelerator, settings, "run") == 2
     name = "model.encoder.layers.0.self_attn.out_proj.weight"
     torch.testing.assert_close(final.state_dict()[name], (states[0][name] + states[1][name]) / 2)
 

@@ -1,9 +1,6 @@
 """Saving and loading: round trips, the tie on disk, the Auto classes, and trust_remote_code loading."""
 
 import json
-import subprocess
-import sys
-import textwrap
 
 import torch
 from safetensors import safe_open
@@ -12,35 +9,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, VanillaTransformerModel
 
-# Makes the project's own modules unimportable, as on a machine that only has the saved folder.
-BLOCK_PROJECT_IMPORTS = textwrap.dedent(
-    """
-    import sys
-    BLOCKED = {"configuration_vanilla_transformer", "modeling_vanilla_transformer",
-               "pipeline_vanilla_transformer", "fast_paths_vanilla_transformer", "vanilla_transformer",
-               "train_accelerate"}
-    class BlockProject:
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ImportError(f"{name} is blocked: a Hub user does not have this project installed")
-    sys.meta_path.insert(0, BlockProject)
-    """
-)
-
-
-def run_without_the_project(code: str, cwd) -> str:
-    """Run `code` in a fresh Python process that cannot import this project; return its stdout."""
-    result = subprocess.run(
-        [sys.executable, "-c", BLOCK_PROJECT_IMPORTS + textwrap.dedent(code)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(cwd), "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+from .conftest import run_without_the_project
 
 
 def test_save_load_round_trip_keeps_logits_and_the_tie(tmp_path, tiny_model, source_batch):

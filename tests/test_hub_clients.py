@@ -21,8 +21,14 @@ from transformers import (
 
 from vanilla_transformer import hub
 
-from .test_hub import BLOCK_PROJECT_IMPORTS, run_without_the_project
-from .test_hub_folder import CARD_VALUES, ENGLISH, GERMAN, save_tiny_model_folder
+from .conftest import (
+    BLOCK_PROJECT_IMPORTS,
+    CARD_VALUES,
+    ENGLISH,
+    GERMAN,
+    run_without_the_project,
+    save_tiny_model_folder,
+)
 
 TRANSLATE_IN_A_CLEAN_PROCESS = """
 import json

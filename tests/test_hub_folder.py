@@ -14,67 +14,9 @@ from huggingface_hub import constants as hub_constants
 from huggingface_hub.errors import OfflineModeIsEnabled
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from configuration_vanilla_transformer import VanillaTransformerConfig
-from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer import hub, push_to_hub
-from vanilla_transformer.tokenization import train_shared_tokenizer
 
-from .conftest import TINY
-
-ENGLISH = [
-    "the house is small",
-    "the cat sleeps on the warm mat",
-    "a dog runs through the green park",
-    "my sister reads a long book",
-    "we eat bread and cheese",
-    "the children play in the garden",
-    "the old man walks to the station",
-    "she drinks coffee every morning",
-    "the train is late again",
-    "two birds sing in the tree",
-    "he opens the window",
-    "the river flows into the sea",
-    "they build a new bridge",
-    "the teacher writes on the board",
-    "a woman sells flowers at the market",
-]
-GERMAN = [
-    "das haus ist klein",
-    "die katze schläft auf der warmen matte",
-    "ein hund läuft durch den grünen park",
-    "meine schwester liest ein langes buch",
-    "wir essen brot und käse",
-    "die kinder spielen im garten",
-    "der alte mann geht zum bahnhof",
-    "sie trinkt jeden morgen kaffee",
-    "der zug hat wieder verspätung",
-    "zwei vögel singen im baum",
-    "er öffnet das fenster",
-    "der fluss fließt ins meer",
-    "sie bauen eine neue brücke",
-    "der lehrer schreibt an die tafel",
-    "eine frau verkauft blumen auf dem markt",
-]
-CARD_VALUES = {"source_lang": "en", "target_lang": "de", "dataset": "wmt14", "test_bleu": 27.3, "test_chrf": 55.1}
-
-
-def train_tiny_tokenizer():
-    return train_shared_tokenizer(ENGLISH + GERMAN, vocab_size=300)
-
-
-def tiny_model(vocab_size: int, **overrides) -> VanillaTransformerForConditionalGeneration:
-    torch.manual_seed(0)
-    sizes = {**TINY, "max_position_embeddings": 64}
-    del sizes["vocab_size"]
-    return VanillaTransformerForConditionalGeneration(
-        VanillaTransformerConfig(vocab_size=vocab_size, **{**sizes, **overrides})
-    ).eval()
-
-
-def save_tiny_model_folder(folder: Path, card_values: dict | None = None, **model_overrides) -> Path:
-    """A complete saved folder (save_model_folder) of a random tiny model with a tokenizer trained on 30 sentences."""
-    tokenizer = train_tiny_tokenizer()
-    return hub.save_model_folder(tiny_model(len(tokenizer), **model_overrides), tokenizer, folder, card_values)
+from .conftest import CARD_VALUES, ENGLISH, random_tiny_model, save_tiny_model_folder, train_tiny_tokenizer
 
 
 @pytest.fixture
@@ -121,7 +63,7 @@ def test_saved_folder_has_every_file_and_config_entry(model_folder):
 
 def test_loading_from_the_saved_folder_gives_the_same_model(tmp_path):
     tokenizer = train_tiny_tokenizer()
-    model = tiny_model(len(tokenizer))
+    model = random_tiny_model(len(tokenizer))
     folder = hub.save_model_folder(model, tokenizer, tmp_path / "model")
     reloaded_tokenizer = AutoTokenizer.from_pretrained(folder)
     reloaded = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
@@ -138,7 +80,7 @@ def test_loading_from_the_saved_folder_gives_the_same_model(tmp_path):
 def test_the_folder_decodes_as_its_scores_were_measured(tmp_path):
     tokenizer = train_tiny_tokenizer()
     decoding = {"num_beams": 5, "length_penalty": 1.2}
-    folder = hub.save_model_folder(tiny_model(len(tokenizer)), tokenizer, tmp_path / "model", decoding=decoding)
+    folder = hub.save_model_folder(random_tiny_model(len(tokenizer)), tokenizer, tmp_path / "model", decoding=decoding)
     generation = AutoModelForSeq2SeqLM.from_pretrained(folder).generation_config
     assert (generation.num_beams, generation.length_penalty, generation.early_stopping) == (5, 1.2, True)
     assert "beam size 5 and length penalty 1.2" in (folder / "README.md").read_text()

@@ -2,6 +2,7 @@
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -9,9 +10,10 @@ from huggingface_hub import ModelCard
 
 import train_accelerate
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
-from tests.test_hub import run_without_the_project
-from tests.test_hub_folder import CARD_VALUES, save_tiny_model_folder
 from vanilla_transformer import hub
+from vanilla_transformer.arguments import parse_training_arguments
+
+from .conftest import CARD_VALUES, run_without_the_project, save_tiny_model_folder
 
 
 def python_blocks(markdown: str) -> list[str]:
@@ -106,15 +108,15 @@ def test_local_data_is_named_in_the_text_and_never_as_a_hub_dataset(tmp_path):
 
 def training_card(tmp_path, tiny_model, *flags: str, prepared_sources: dict | None = None) -> ModelCard:
     """The card train_accelerate's save_final_model writes for a run with `flags` (scores of both splits)."""
-    args = train_accelerate.parse_args(["--output_dir", str(tmp_path), *flags])
+    settings = parse_training_arguments(["--output_dir", str(tmp_path), *flags])
     if prepared_sources is not None:
         (tmp_path / "prepared").mkdir()
         (tmp_path / "prepared" / "manifest.json").write_text(json.dumps({"key": {"sources": prepared_sources}}))
-        args.prepared_data = str(tmp_path / "prepared")
+        settings = replace(settings, data=replace(settings.data, prepared_data=str(tmp_path / "prepared")))
     score = {"bleu": 20.123, "chrf": 50.0, "signature": "nrefs:1|tok:13a"}
     summary = {"steps": 10, "training_minutes": 1.0, "checkpoints_averaged": 1, "mixed_precision": "no"}
     summary["results"] = {"validation": score, "test": score}
-    train_accelerate.save_final_model(tiny_model, None, args, summary, card_only=True)
+    train_accelerate.save_final_model(tiny_model, None, settings, summary, card_only=True)
     return ModelCard.load(tmp_path / "README.md")
 
 

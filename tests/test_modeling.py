@@ -18,7 +18,7 @@ from modeling_vanilla_transformer import (
     sinusoidal_position_table,
 )
 
-from .conftest import TINY
+from .conftest import TINY, random_ids
 
 
 def model_with_attention(attn_implementation: str, **overrides) -> VanillaTransformerForConditionalGeneration:
@@ -28,10 +28,6 @@ def model_with_attention(attn_implementation: str, **overrides) -> VanillaTransf
     return VanillaTransformerForConditionalGeneration._from_config(
         config, attn_implementation=attn_implementation
     ).eval()
-
-
-def random_ids(config, shape, seed=0):
-    return torch.randint(4, config.vocab_size, shape, generator=torch.Generator().manual_seed(seed))
 
 
 # --- configuration -------------------------------------------------------------------------------------------

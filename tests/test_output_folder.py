@@ -10,21 +10,23 @@ import signal
 import subprocess
 import sys
 import time
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
 import torch
 from accelerate.state import AcceleratorState
+from huggingface_hub import constants as hub_constants
 from safetensors.torch import save_file
 
 import train_accelerate
 from vanilla_transformer import checkpoints, prepare
+from vanilla_transformer.arguments import parse_training_arguments
 from vanilla_transformer.batching import TranslationCollator
-from vanilla_transformer.output_folder import OutputDirError, claim_evaluation_dir, claim_output_dir
-from vanilla_transformer.training import StopSignals, evaluation_loader
+from vanilla_transformer.evaluation import evaluation_loader
+from vanilla_transformer.output_folder import OutputDirError, OutputSettings, claim_evaluation_dir, claim_output_dir
+from vanilla_transformer.training import StopSignals, config_for_tokenizer
 
-from .test_training import ROOT, TINY_RUN, logged_losses, train
+from .conftest import ROOT, TINY_RUN, logged_losses, train
 
 
 def digest(path: Path) -> str:
@@ -81,23 +83,23 @@ def test_resuming_with_another_model_or_tokenizer_is_refused_before_anything_is_
 
 
 def test_claiming_an_output_folder(tmp_path):
-    def args(folder, overwrite=False, resume=None):
-        return Namespace(output_dir=str(folder), overwrite_output_dir=overwrite, resume_from_checkpoint=resume)
+    def output(folder, overwrite=False, resume=None):
+        return OutputSettings(str(folder), overwrite, resume)
 
-    claim_output_dir(args(tmp_path / "new"))  # a missing folder is fine, and not created yet
+    claim_output_dir(output(tmp_path / "new"))  # a missing folder is fine, and not created yet
     (tmp_path / "empty").mkdir()
-    claim_output_dir(args(tmp_path / "empty"))
+    claim_output_dir(output(tmp_path / "empty"))
     (tmp_path / "file").write_text("x")
     with pytest.raises(OutputDirError, match="is a file"):
-        claim_output_dir(args(tmp_path / "file"))
+        claim_output_dir(output(tmp_path / "file"))
 
     finished = tmp_path / "finished"
     finished.mkdir()
     (finished / "model.safetensors").write_bytes(b"weights")
     with pytest.raises(OutputDirError, match="no checkpoint left"):  # `latest` would start a new run over it
-        claim_output_dir(args(finished, resume="latest"))
+        claim_output_dir(output(finished, resume="latest"))
     with pytest.raises(OutputDirError, match="already holds 1 entries"):
-        claim_output_dir(args(finished))
+        claim_output_dir(output(finished))
 
 
 @pytest.fixture(scope="module")
@@ -126,9 +128,7 @@ def test_resuming_another_runs_checkpoint_into_a_folder_holding_a_run_is_refused
 
 def test_which_checkpoints_may_resume_into_which_folder(tmp_path):
     def claim(folder, resume, overwrite=False):
-        claim_output_dir(
-            Namespace(output_dir=str(folder), overwrite_output_dir=overwrite, resume_from_checkpoint=resume)
-        )
+        claim_output_dir(OutputSettings(str(folder), overwrite, resume))
 
     elsewhere = fake_checkpoint(tmp_path / "A" / "checkpoints", 2, "run-a")
     folder = tmp_path / "B"
@@ -293,7 +293,7 @@ def test_an_over_long_validation_line_does_not_stop_the_run(tmp_path):
     (tmp_path / "train.tsv").write_text("".join(f"a{i} b c\tx{i} y z\n" for i in range(200)))
     (tmp_path / "valid.tsv").write_text("a b c\tx y z\n" + " ".join(["a"] * 10_000) + "\t" + "x y\n")
     files = ["--train_file", str(tmp_path / "train.tsv"), "--validation_file", str(tmp_path / "valid.tsv")]
-    result = train(tmp_path / "run", *files, "--max_steps", "2", "--max_eval_source_tokens", "16")
+    result = train(tmp_path / "run", *files, "--max_steps", "2", "--max_eval_tokens", "16")
     assert "[validation] 1 of 2 pairs have a side longer than 16 tokens; truncated" in result.stdout
     assert len((tmp_path / "run" / "validation.hyp.txt").read_text().splitlines()) == 2
 
@@ -378,23 +378,23 @@ def test_ctrl_c_during_the_final_evaluation_stops_the_program_after_the_model_is
 )
 def test_bad_flags_are_refused_when_parsed_naming_the_flag(flags, named, capsys):
     with pytest.raises(SystemExit) as stopped:
-        train_accelerate.parse_args(flags)
+        parse_training_arguments(flags)
     assert stopped.value.code == 2
     assert named in capsys.readouterr().err
 
 
 def test_push_to_hub_is_refused_before_training_when_the_hub_is_offline(monkeypatch, capsys):
-    monkeypatch.setattr(train_accelerate.hub_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(SystemExit) as stopped:
-        train_accelerate.parse_args(["--push_to_hub", "--hub_model_id", "someone/x"])
+        parse_training_arguments(["--push_to_hub", "--hub_model_id", "someone/x"])
     assert stopped.value.code == 2
     assert "--push_to_hub with HF_HUB_OFFLINE set" in capsys.readouterr().err
-    monkeypatch.setattr(train_accelerate.hub_constants, "HF_HUB_OFFLINE", False)
-    assert train_accelerate.parse_args(["--push_to_hub", "--hub_model_id", "someone/x"]).push_to_hub
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    assert parse_training_arguments(["--push_to_hub", "--hub_model_id", "someone/x"]).push_to_hub
 
 
 def test_model_flags_reach_the_config_over_the_preset():
-    args = train_accelerate.parse_args(
+    settings = parse_training_arguments(
         ["--preset", "small", "--dropout", "0.3", "--attention_dropout", "0.1", "--activation_dropout", "0.05"]
     )
 
@@ -404,7 +404,7 @@ def test_model_flags_reach_the_config_over_the_preset():
         def __len__(self):
             return 300
 
-    config = train_accelerate.build_config(args, Tokenizer())
+    config = config_for_tokenizer(settings.preset, Tokenizer(), **settings.model_overrides)
     assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.3, 0.1, 0.05)
     assert config.d_model == 256 and config.vocab_size == 300
 

@@ -11,8 +11,8 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, VanillaTransformerTranslationPipeline
-from tests.test_hub import run_without_the_project
-from tests.test_hub_folder import CARD_VALUES, ENGLISH, save_tiny_model_folder
+
+from .conftest import CARD_VALUES, ENGLISH, run_without_the_project, save_tiny_model_folder
 
 ONE = ENGLISH[0]
 THREE = [ENGLISH[1], ENGLISH[3], ENGLISH[10]]  # different lengths: the first batch of two is padded

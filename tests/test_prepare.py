@@ -1,7 +1,6 @@
 """The prepared-corpus data path: Arrow files, the shared tokenizer's sample, the cache key, token views, prefetching."""
 
 import argparse
-import gzip
 import os
 import socket
 import subprocess
@@ -15,47 +14,29 @@ import pytest
 from transformers import AutoTokenizer
 
 from vanilla_transformer import prepare
-from vanilla_transformer.batching import TokenBatchSampler, TokenizedPairs, TranslationCollator
+from vanilla_transformer.arguments import add_data_arguments, data_settings, parse_training_arguments
+from vanilla_transformer.batching import DataPosition, TokenBatchSampler, TokenizedPairs, TranslationCollator
 from vanilla_transformer.data import DataError
 from vanilla_transformer.tokenization import train_shared_tokenizer
-from vanilla_transformer.training import DataPosition, optimizer_step_batches, prefetch
+from vanilla_transformer.training import optimizer_step_batches, prefetch
 
-SOURCES = [f"the {adjective} dog number {i} sees a cat" for i, adjective in enumerate(["red", "small", "old"] * 20)]
-TARGETS = [
-    f"ter {adjective} hunt nummer {i} sihet aine katse" for i, adjective in enumerate(["rod", "klin", "alt"] * 20)
-]
+from .conftest import SOURCES, TARGETS
 
 
-def parse(*argv: str) -> argparse.Namespace:
+def parse(*argv: str) -> prepare.DataSettings:
+    """The data settings the prepare command's flags describe."""
     parser = argparse.ArgumentParser()
-    prepare.add_data_arguments(parser)
-    args = parser.parse_args(list(argv))
-    prepare.check_data_arguments(parser, args)
-    return args
+    add_data_arguments(parser)
+    return data_settings(parser, parser.parse_args(list(argv)))
 
 
-@pytest.fixture
-def corpus_dir(tmp_path):
-    """Line-aligned files: gzipped train with an empty line and an over-long pair, plain validation."""
-    folder = tmp_path / "corpus"
-    folder.mkdir()
-    long_source, long_target = " ".join(["word"] * 80), "kurz"
-    train_en = [*SOURCES[:30], "", long_source, *SOURCES[30:]]
-    train_de = [*TARGETS[:30], "leer", long_target, *TARGETS[30:]]
-    (folder / "train.en.gz").write_bytes(gzip.compress(("\n".join(train_en) + "\n").encode()))
-    (folder / "train.de.gz").write_bytes(gzip.compress(("\n".join(train_de) + "\n").encode()))
-    (folder / "val.en").write_text(f"{long_source}\nthe red dog sleeps\n")
-    (folder / "val.de").write_text(f"{long_target}\nter roder hunt slafet\n")
-    return folder
-
-
-def corpus_args(corpus_dir, cache_dir, *extra: str) -> argparse.Namespace:
-    options = "--validation_split val --vocab_size 300 --max_source_tokens 40".split()
+def corpus_settings(corpus_dir, cache_dir, *extra: str) -> prepare.DataSettings:
+    options = "--validation_split val --vocab_size 300 --max_sentence_tokens 40".split()
     return parse("--data_dir", str(corpus_dir), *options, "--data_cache_dir", str(cache_dir), *extra)
 
 
 def test_prepared_corpus_equals_the_tokenizer_applied_to_the_files(corpus_dir, tmp_path):
-    corpus = prepare.load_or_prepare(corpus_args(corpus_dir, tmp_path / "cache"))
+    corpus = prepare.load_or_prepare(corpus_settings(corpus_dir, tmp_path / "cache"))
 
     tokenizer = corpus.tokenizer
     pairs = list(zip(SOURCES, TARGETS, strict=True))
@@ -80,11 +61,17 @@ def test_prepared_corpus_equals_the_tokenizer_applied_to_the_files(corpus_dir, t
 
 
 def test_length_ratio_filter_counts_what_it_drops():
-    args = parse("--max_source_tokens", "10", "--max_length_ratio", "2")
+    settings = parse("--max_sentence_tokens", "10", "--max_length_ratio", "2")
     report = prepare.DataReport()
-    keep = prepare.token_filter(np.array([3, 11, 2, 4, 1]), np.array([3, 2, 5, 8, 2]), args, report)
+    keep = settings.filters.keep(np.array([3, 11, 2, 4, 1]), np.array([3, 2, 5, 8, 2]), report)
     assert keep.tolist() == [True, False, False, True, True]
     assert (report.kept, report.too_long_dropped, report.ratio_dropped) == (3, 1, 1)
+
+
+def test_the_old_filter_flag_still_filters_and_says_it_is_deprecated(capsys):
+    assert parse("--max_source_tokens", "10").filters == parse("--max_sentence_tokens", "10").filters
+    assert parse("--max_source_tokens", "10").filters.max_tokens == 10
+    assert "--max_source_tokens is deprecated and will be removed; use --max_sentence_tokens" in capsys.readouterr().err
 
 
 def test_cache_is_reused_and_any_change_of_data_tokenizer_or_filters_prepares_anew(corpus_dir, tmp_path, monkeypatch):
@@ -93,28 +80,28 @@ def test_cache_is_reused_and_any_change_of_data_tokenizer_or_filters_prepares_an
     original = prepare.prepare_corpus
     monkeypatch.setattr(prepare, "prepare_corpus", lambda *a, **k: prepared.append(a[2]) or original(*a, **k))
 
-    first = prepare.load_or_prepare(corpus_args(corpus_dir, cache))
-    again = prepare.load_or_prepare(corpus_args(corpus_dir, cache))
+    first = prepare.load_or_prepare(corpus_settings(corpus_dir, cache))
+    again = prepare.load_or_prepare(corpus_settings(corpus_dir, cache))
     assert len(prepared) == 1 and again.folder == first.folder  # the second launch tokenizes nothing
     assert again.splits["train"]["input_ids"] == first.splits["train"]["input_ids"]
 
     folders = {first.folder}
     for extra in (
         ["--vocab_size", "320"],
-        ["--max_source_tokens", "30"],
+        ["--max_sentence_tokens", "30"],
         ["--max_length_ratio", "3"],
         ["--tokenizer_train_pairs", "20"],
         ["--data_seed", "1"],
     ):
-        folders.add(prepare.load_or_prepare(corpus_args(corpus_dir, cache, *extra)).folder)
+        folders.add(prepare.load_or_prepare(corpus_settings(corpus_dir, cache, *extra)).folder)
     with (corpus_dir / "val.de").open("a") as file:  # same name, new content
         file.write("")
     os.utime(corpus_dir / "val.de", ns=(1, 1))
-    folders.add(prepare.load_or_prepare(corpus_args(corpus_dir, cache)).folder)
+    folders.add(prepare.load_or_prepare(corpus_settings(corpus_dir, cache)).folder)
     assert len(folders) == len(prepared) == 7
     # a given tokenizer is part of the key too: another experiment with the same tokenizer reuses the corpus
     first.tokenizer.save_pretrained(tmp_path / "tokenizer")
-    given = corpus_args(corpus_dir, cache, "--tokenizer_name_or_path", str(tmp_path / "tokenizer"))
+    given = corpus_settings(corpus_dir, cache, "--tokenizer_name_or_path", str(tmp_path / "tokenizer"))
     assert prepare.load_or_prepare(given).folder == prepare.load_or_prepare(given).folder not in folders
     assert len(prepared) == 8
     assert not [path for path in cache.iterdir() if path.name.startswith(".incomplete")]
@@ -204,12 +191,12 @@ DAMAGES = ["manifest lost", "manifest invalid", "shard truncated", "shard edited
 
 @pytest.mark.parametrize("how", DAMAGES)
 def test_a_damaged_cached_corpus_is_named_and_prepared_again(corpus_dir, tmp_path, how, capsys):
-    args = corpus_args(corpus_dir, tmp_path / "cache")
-    first = prepare.load_or_prepare(args)
+    settings = corpus_settings(corpus_dir, tmp_path / "cache")
+    first = prepare.load_or_prepare(settings)
     expected = [list(ids) for ids in first.splits["train"]["input_ids"]]  # read now: the files get damaged
     says = damage(first.folder, how)
     del first
-    again = prepare.load_or_prepare(args)
+    again = prepare.load_or_prepare(settings)
     printed = capsys.readouterr().out
     assert f"the cached corpus {again.folder} is damaged" in printed and says in printed
     assert [list(ids) for ids in again.splits["train"]["input_ids"]] == expected
@@ -222,7 +209,7 @@ def test_a_damaged_prepared_folder_is_a_named_error(corpus_dir, tmp_path, how, c
     output = prepared_folder(corpus_dir, tmp_path / "prepared")
     says = damage(output, how)
     with pytest.raises(DataError) as refused:
-        prepare.load_or_prepare(argparse.Namespace(prepared_data=str(output)))
+        prepare.load_or_prepare(prepare.DataSettings(prepared_data=str(output)))
     assert says in str(refused.value) and str(output) in str(refused.value)
     assert output.is_dir()  # a user's folder is named, never deleted
 
@@ -231,15 +218,15 @@ def test_a_second_preparation_into_a_folder_finished_meanwhile_uses_it_only_if_i
     corpus_dir, tmp_path
 ):
     folder = tmp_path / "prepared"
-    args = corpus_args(corpus_dir, tmp_path / "cache")
-    sources = prepare.split_sources(args)
-    prepare.prepare_corpus(args, sources, folder, prepare.corpus_key(args, sources))
+    settings = corpus_settings(corpus_dir, tmp_path / "cache")
+    sources = prepare.split_sources(settings.corpus)
+    prepare.prepare_corpus(settings, sources, folder, prepare.corpus_key(settings, sources))
     before = digests(folder)
     # another command started before the folder existed, and finishes after: the same corpus is fine
     messages = []
-    prepare.prepare_corpus(args, sources, folder, prepare.corpus_key(args, sources), log=messages.append)
+    prepare.prepare_corpus(settings, sources, folder, prepare.corpus_key(settings, sources), log=messages.append)
     assert any("prepared meanwhile by another process, from the same data and settings" in m for m in messages)
-    other = corpus_args(corpus_dir, tmp_path / "cache", "--vocab_size", "320")
+    other = corpus_settings(corpus_dir, tmp_path / "cache", "--vocab_size", "320")
     with pytest.raises(
         DataError, match="filled by another preparation while this one ran, with another corpus .*tokenizer"
     ):
@@ -263,9 +250,9 @@ def test_staging_folders_of_killed_preparations_are_removed_and_live_ones_kept(c
     for path in (killed, live, elsewhere):
         (path / "raw").mkdir(parents=True)
     messages = []
-    args = corpus_args(corpus_dir, tmp_path / "cache")
-    sources = prepare.split_sources(args)
-    prepare.prepare_corpus(args, sources, folder, prepare.corpus_key(args, sources), log=messages.append)
+    settings = corpus_settings(corpus_dir, tmp_path / "cache")
+    sources = prepare.split_sources(settings.corpus)
+    prepare.prepare_corpus(settings, sources, folder, prepare.corpus_key(settings, sources), log=messages.append)
     assert not killed.exists() and live.exists() and elsewhere.exists()
     assert any(f"removing {killed}" in message for message in messages)
 
@@ -288,7 +275,7 @@ def test_tokenized_pairs_reads_rows_and_lengths_across_arrow_chunks():
 
 
 def test_training_batches_from_a_prepared_split_equal_those_from_python_lists(corpus_dir, tmp_path):
-    train = prepare.load_or_prepare(corpus_args(corpus_dir, tmp_path / "cache")).splits["train"]
+    train = prepare.load_or_prepare(corpus_settings(corpus_dir, tmp_path / "cache")).splits["train"]
     as_lists = [{"input_ids": s, "labels": t} for s, t in zip(train["input_ids"], train["labels"], strict=True)]
     pairs = TokenizedPairs(train)
     sampler = TokenBatchSampler(pairs.source_lengths, pairs.target_lengths, max_tokens=120, seed=1)
@@ -343,17 +330,16 @@ def test_the_tokenizer_fingerprint_ignores_padding_settings_but_not_the_vocabula
 
 
 def test_language_flags_may_repeat_a_prepared_corpus_languages_but_never_contradict_them(corpus_dir, tmp_path, capsys):
-    import train_accelerate
-
     output = prepared_folder(corpus_dir, tmp_path / "prepared")
-    args = train_accelerate.parse_args(["--prepared_data", str(output)])
-    assert (args.source_lang, args.target_lang) == ("en", "de")
-    assert train_accelerate.parse_args(["--prepared_data", str(output), "--source_lang", "en"]).target_lang == "de"
+    corpus = parse_training_arguments(["--prepared_data", str(output)]).data.corpus
+    assert (corpus.source_lang, corpus.target_lang) == ("en", "de")
+    repeated = parse_training_arguments(["--prepared_data", str(output), "--source_lang", "en"])
+    assert repeated.data.corpus.target_lang == "de"
     with pytest.raises(SystemExit) as refused:
-        train_accelerate.parse_args(["--prepared_data", str(output), "--source_lang", "fr", "--target_lang", "es"])
+        parse_training_arguments(["--prepared_data", str(output), "--source_lang", "fr", "--target_lang", "es"])
     assert refused.value.code == 2
     assert f"--source_lang fr, but --prepared_data {output} holds en-de pairs" in capsys.readouterr().err
     (output / prepare.MANIFEST).write_text("[]")
     with pytest.raises(SystemExit):
-        train_accelerate.parse_args(["--prepared_data", str(output)])
+        parse_training_arguments(["--prepared_data", str(output)])
     assert "manifest.json is not a prepared corpus's manifest" in capsys.readouterr().err

@@ -8,7 +8,7 @@ from modeling_vanilla_transformer import __file__ as MODELING_FILE
 from vanilla_transformer import refresh_code
 from vanilla_transformer.hub import CODE_FILES
 
-from .test_hub_folder import CARD_VALUES, save_tiny_model_folder
+from .conftest import CARD_VALUES, save_tiny_model_folder
 
 OLD_CODE = "# saved by an older version of this project\n"
 

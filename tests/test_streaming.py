@@ -5,44 +5,49 @@ from itertools import islice
 
 import pytest
 
-from train_accelerate import parse_args
 from vanilla_transformer import prepare, streaming
-from vanilla_transformer.batching import TranslationCollator
+from vanilla_transformer.arguments import parse_training_arguments
+from vanilla_transformer.batching import DataPosition, TranslationCollator
 from vanilla_transformer.tokenization import train_shared_tokenizer
-from vanilla_transformer.training import DataPosition
 
-from .test_prepare import SOURCES, TARGETS, corpus_dir  # noqa: F401 (a fixture)
-from .test_training import train
+from .conftest import SOURCES, TARGETS, train
 
 STREAM = ["--streaming", "--max_tokens", "200", "--shuffle_buffer_size", "7", "--stream_pool_batches", "3"]
 
 
-def corpus_args(corpus_dir, cache_dir, *extra: str):  # noqa: F811
-    """The training script's arguments for the test corpus."""
-    options = "--validation_split val --vocab_size 300 --max_source_tokens 40".split()
-    return parse_args(["--data_dir", str(corpus_dir), *options, "--data_cache_dir", str(cache_dir), *extra])
+def corpus_settings(corpus_dir, cache_dir, *extra: str):
+    """The training script's settings for the test corpus."""
+    options = "--validation_split val --vocab_size 300 --max_sentence_tokens 40".split()
+    flags = ["--data_dir", str(corpus_dir), *options, "--data_cache_dir", str(cache_dir), *extra]
+    return parse_training_arguments(flags)
 
 
 @pytest.fixture
-def stream_args(corpus_dir, tmp_path):  # noqa: F811
+def stream_settings(corpus_dir, tmp_path):
     tokenizer = train_shared_tokenizer([*SOURCES, *TARGETS], vocab_size=300)
     tokenizer.save_pretrained(tmp_path / "tokenizer")
-    return corpus_args(
+    return corpus_settings(
         corpus_dir, tmp_path / "cache", "--tokenizer_name_or_path", str(tmp_path / "tokenizer"), *STREAM
     )
+
+
+def batches_of(settings, tokenizer, rank: int, world_size: int):
+    """The stream's epoch -> batches function for one of `world_size` processes."""
+    data = settings.data
+    return streaming.epoch_batches_factory(data.corpus, data.filters, settings.stream, tokenizer, rank, world_size)
 
 
 def rows(examples) -> list[tuple]:
     return sorted((tuple(e["input_ids"]), tuple(e["labels"])) for e in examples)
 
 
-def test_one_pass_of_the_stream_over_two_processes_yields_the_prepared_pairs_once(stream_args):
-    corpus = prepare.load_or_prepare(stream_args)
+def test_one_pass_of_the_stream_over_two_processes_yields_the_prepared_pairs_once(stream_settings):
+    corpus = prepare.load_or_prepare(stream_settings.data)
     prepared = rows({"input_ids": s, "labels": t} for s, t in zip(*corpus.splits["train"][:].values(), strict=True))
-    tokenizer = streaming.load_or_train_tokenizer(stream_args)
+    tokenizer = streaming.load_or_train_tokenizer(stream_settings.data, 7)
     shares = []
     for rank in (0, 1):
-        batches = list(streaming.epoch_batches_factory(stream_args, tokenizer, rank, 2)(0))
+        batches = list(batches_of(stream_settings, tokenizer, rank, 2)(0))
         for batch in batches:
             assert len(batch) * max(max(len(e["input_ids"]), len(e["labels"])) for e in batch) <= 200
         shares.append(rows(example for batch in batches for example in batch))
@@ -50,9 +55,9 @@ def test_one_pass_of_the_stream_over_two_processes_yields_the_prepared_pairs_onc
     assert sorted(shares[0] + shares[1]) == prepared  # the empty and the over-long pair filtered, as when prepared
 
 
-def test_streaming_resume_replays_the_epoch_to_the_same_batches(stream_args):
-    tokenizer = streaming.load_or_train_tokenizer(stream_args)
-    epoch_batches = streaming.epoch_batches_factory(stream_args, tokenizer, 0, 1)
+def test_streaming_resume_replays_the_epoch_to_the_same_batches(stream_settings):
+    tokenizer = streaming.load_or_train_tokenizer(stream_settings.data, 7)
+    epoch_batches = batches_of(stream_settings, tokenizer, 0, 1)
     collator = TranslationCollator(tokenizer.pad_token_id)
     straight = list(islice(streaming.streaming_step_batches(epoch_batches, collator, 2, DataPosition()), 12))
     assert straight[-1][1].epoch >= 2  # crosses epochs
@@ -66,15 +71,15 @@ def test_streaming_resume_replays_the_epoch_to_the_same_batches(stream_args):
             assert all(a["labels"].equal(b["labels"]) for a, b in zip(expected, batches, strict=True))
 
 
-def test_streaming_tokenizer_is_trained_once_on_the_stream_and_cached(corpus_dir, tmp_path):  # noqa: F811
-    args = corpus_args(corpus_dir, tmp_path / "cache", *STREAM, "--tokenizer_train_pairs", "30")
-    tokenizer = streaming.load_or_train_tokenizer(args)
+def test_streaming_tokenizer_is_trained_once_on_the_stream_and_cached(corpus_dir, tmp_path):
+    settings = corpus_settings(corpus_dir, tmp_path / "cache", *STREAM, "--tokenizer_train_pairs", "30")
+    tokenizer = streaming.load_or_train_tokenizer(settings.data, settings.stream.shuffle_buffer_size)
     assert len(tokenizer) == 300
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [next((tmp_path / "cache").iterdir()).name]
-    assert streaming.load_or_train_tokenizer(args).get_vocab() == tokenizer.get_vocab()
+    assert streaming.load_or_train_tokenizer(settings.data, 7).get_vocab() == tokenizer.get_vocab()
 
 
-def test_two_processes_stream_for_equal_steps_across_uneven_epochs(corpus_dir, tmp_path):  # noqa: F811
+def test_two_processes_stream_for_equal_steps_across_uneven_epochs(corpus_dir, tmp_path):
     output_dir = tmp_path / "run"
     splits = ["--data_dir", str(corpus_dir), "--validation_split", "val", "--test_split", "none"]
     steps = "--max_tokens 300 --max_steps 7 --save_steps 7 --average_last 1".split()
@@ -104,9 +109,11 @@ def test_hub_datasets_stream_through_their_translation_column(monkeypatch, tmp_p
         return datasets.Dataset.from_dict(rows).to_iterable_dataset(num_shards=2)
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    args = parse_args(["--dataset_name", "wmt14", "--dataset_config", "de-en", "--streaming"])
-    pairs = [(pair["source"], pair["target"]) for pair in streaming.raw_stream(args)]
+    corpus = parse_training_arguments(
+        ["--dataset_name", "wmt14", "--dataset_config", "de-en", "--streaming"]
+    ).data.corpus
+    pairs = [(pair["source"], pair["target"]) for pair in streaming.raw_stream(corpus)]
     assert opened == [("wmt14", "de-en", "train", True)]
     assert sorted(pairs) == sorted(zip(SOURCES, TARGETS, strict=True))  # the empty side dropped
-    shares = [list(streaming.shuffled_shard(streaming.raw_stream(args), 0, 10, rank, 2)) for rank in (0, 1)]
+    shares = [list(streaming.shuffled_shard(streaming.raw_stream(corpus), 0, 10, rank, 2)) for rank in (0, 1)]
     assert sorted(p["source"] for share in shares for p in share) == sorted(SOURCES)  # one shard each

@@ -6,53 +6,21 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from vanilla_transformer.batching import TokenBatchSampler, TranslationCollator
+from vanilla_transformer.batching import DataPosition, TokenBatchSampler, TranslationCollator
+from vanilla_transformer.evaluation import final_model
 from vanilla_transformer.training import (
-    DataPosition,
-    final_model,
     inverse_sqrt_learning_rate,
     make_optimizer_and_schedule,
     optimizer_step_batches,
 )
 
-from .test_hub import run_without_the_project
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY_RUN = (
-    "--synthetic_pairs 400 --d_model 32 --ffn_dim 64 --layers 1 --heads 2 --vocab_size 300 --max_tokens 600 "
-    "--warmup_steps 10 --eval_steps 1000 --logging_steps 1 --eval_batch_size 16 --num_beams 2"
-).split()
-
-
-def train(output_dir, *arguments, processes: int = 1, timeout: int = 300, check: bool = True):
-    """Run the training script in a subprocess (through `accelerate launch` for several processes)."""
-    if processes > 1:
-        # `--cpu` would run ONE process whatever --num_processes says (accelerate 1.x); without GPUs,
-        # `--multi_gpu` starts torchrun and Accelerate falls back to CPU processes with the gloo backend.
-        port = str(29500 + os.getpid() % 1000)
-        one_machine = "--num_machines 1 --mixed_precision no --dynamo_backend no".split()
-        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
-        launcher += ["--num_processes", str(processes), *one_machine, "--main_process_port", port]
-    else:
-        launcher = [sys.executable]
-    command = [*launcher, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN, *arguments]
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=environment)
-    if check:
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return result
-
-
-def logged_losses(output_dir) -> dict[int, float]:
-    lines = (Path(output_dir) / "train_log.jsonl").read_text().splitlines()
-    return {record["step"]: record["loss"] for record in map(json.loads, lines)}
-
+from .conftest import ROOT, TINY_RUN, logged_losses, run_without_the_project, train
 
 # --- the recipe's pieces ---------------------------------------------------------------------------------------
 
@@ -133,18 +101,23 @@ def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
         assert (output_dir / name).is_file(), name
     generation = json.loads((output_dir / "generation_config.json").read_text())
     assert generation["num_beams"] == 2  # the run's --num_beams, with which it was scored
-    stdout = run_without_the_project(
-        f"""
+    # a Hub user (the folder's own code, without this project) gets the translations of the trained model
+    sources = ["the red dog sees a cat", "a bird"]
+    translate = f"""
+        import json
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
         model = AutoModelForSeq2SeqLM.from_pretrained("{output_dir}", trust_remote_code=True)
         tokenizer = AutoTokenizer.from_pretrained("{output_dir}", trust_remote_code=True)
-        batch = tokenizer(["the red dog sees a cat", "a bird"], return_tensors="pt", padding=True)
+        batch = tokenizer({sources!r}, return_tensors="pt", padding=True)
         out = model.generate(**batch, max_new_tokens=8)
-        print(tokenizer.batch_decode(out, skip_special_tokens=True))
-        """,
-        cwd=tmp_path,
-    )
-    assert stdout.strip().startswith("[")
+        print(json.dumps([out.tolist(), tokenizer.batch_decode(out, skip_special_tokens=True)]))
+        """
+    hub_tokens, hub_translations = json.loads(run_without_the_project(translate, cwd=tmp_path))
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)  # the installed code
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    expected = model.generate(**tokenizer(sources, return_tensors="pt", padding=True), max_new_tokens=8)
+    assert hub_tokens == expected.tolist() and len(hub_tokens) == 2
+    assert hub_translations == tokenizer.batch_decode(expected, skip_special_tokens=True)
 
     # evaluation-only mode: the saved folder reproduces the hypotheses written at the end of training
     train(tmp_path / "evaluation", "--evaluate_only", "--model_name_or_path", str(output_dir))
@@ -207,6 +180,19 @@ def test_resume_continues_exactly_and_a_prepared_folder_trains_like_the_cached_c
         assert resumed[step] == pytest.approx(expected[step], rel=1e-5), step
 
 
+def test_a_checkpoint_written_before_the_training_refactor_resumes_exactly(tmp_path):
+    """tests/fixtures holds step 2 of a 4-step run made by the code before issue 25's redesign, and that run's
+    losses: resumed now, steps 3 and 4 must repeat them (same model, optimizer, schedule, data order, RNG)."""
+    fixture = ROOT / "tests" / "fixtures" / "checkpoint_from_before_the_refactor"
+    model = "--d_model 16 --ffn_dim 32 --vocab_size 260 --max_steps 4 --save_steps 2 --average_last 1".split()
+    result = train(tmp_path / "run", *model, "--resume_from_checkpoint", str(fixture / "step_000002"))
+    assert f"from {fixture / 'step_000002'} at step 2" in result.stdout
+    before, resumed = logged_losses(fixture), logged_losses(tmp_path / "run")
+    assert sorted(resumed) == [3, 4]
+    for step in (3, 4):
+        assert resumed[step] == pytest.approx(before[step], rel=1e-5), step
+
+
 def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path):
     output_dir = tmp_path / "run"
     command = [sys.executable, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN]
@@ -258,4 +244,4 @@ def test_a_greedy_run_saves_a_valid_generation_config_a_greedy_card_and_checkpoi
     assert generation["num_beams"] == 1 and "length_penalty" not in generation and "early_stopping" not in generation
     assert "Decoding: greedy search" in (folder / "README.md").read_text()
     assert "Removed shared tensor" not in result.stdout + result.stderr
-    assert sorted(path.name for path in (tmp_path / "run" / "checkpoints").iterdir())  # checkpoints were written
+    assert sorted(path.name for path in (folder / "checkpoints").iterdir()) == ["step_000001", "step_000002"]

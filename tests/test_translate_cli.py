@@ -10,9 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from tests.test_hub_folder import ENGLISH, save_tiny_model_folder
 from vanilla_transformer import translate
 from vanilla_transformer.translate import main, read_lines, translate_sentences
+
+from .conftest import ENGLISH, save_tiny_model_folder
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ENGLISH[2], ENGLISH[0], ENGLISH[14], ENGLISH[10]]  # lengths differ: sorting must not reorder the output
