@@ -71,7 +71,9 @@ def test_length_ratio_filter_counts_what_it_drops():
 def test_the_old_filter_flag_still_filters_and_says_it_is_deprecated(capsys):
     assert parse("--max_source_tokens", "10").filters == parse("--max_sentence_tokens", "10").filters
     assert parse("--max_source_tokens", "10").filters.max_tokens == 10
-    assert "--max_source_tokens is deprecated and will be removed; use --max_sentence_tokens" in capsys.readouterr().err
+    assert (
+        "--max_source_tokens is deprecated and will be removed; use --max_sentence_tokens" in capsys.readouterr().err
+    )
 
 
 def test_cache_is_reused_and_any_change_of_data_tokenizer_or_filters_prepares_anew(corpus_dir, tmp_path, monkeypatch):

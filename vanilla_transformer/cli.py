@@ -53,9 +53,9 @@ probability = number_in(0, 1, high_open=True)  # dropout, label smoothing: 1 wou
 
 
 def add_deprecated_alias(group, old: str, new: str) -> None:
-    """Keep `old` working as a hidden spelling of the flag `new` (already added to `group`, or its parser), with a
+    """Keep `old` working as a hidden spelling of the flag `new` (already added to `group`: a parser or a group), with a
     warning that names the new flag. For a flag that stores a value or is a switch (store_true)."""
-    action = next(a for a in group._group_actions if new in a.option_strings)
+    action = next(a for a in group._actions if new in a.option_strings)
     takes_value = action.nargs != 0
 
     class DeprecatedAlias(argparse.Action):

@@ -238,7 +238,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             model_kwargs["attn_implementation"] = args.attn_implementation
         model, tokenizer = load_model_and_tokenizer(args.model_dir, device, **model_kwargs)
         started = time.perf_counter()
-        translate_stream(args, model, tokenizer, progress)
+        translate_stream(
+            model,
+            tokenizer,
+            progress,
+            source=args.input,
+            destination=args.output,
+            batch_size=args.batch_size,
+            buffer_size=args.buffer_size,
+            num_beams=args.num_beams,
+            max_new_tokens=args.max_new_tokens,
+            max_source_tokens=args.max_source_tokens,
+        )
     except CommandLineError as error:
         print(f"error: {error}", file=sys.stderr)
         if progress["written"]:
@@ -256,25 +267,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def translate_stream(args, model, tokenizer, progress: dict) -> None:
-    """Read, check, translate and write the input --buffer_size lines at a time, in input order, flushing each
-    buffer; `progress` counts what was translated and written (and the empty lines), for the messages."""
-    max_source_tokens = args.max_source_tokens or model.config.max_position_embeddings
+def translate_stream(
+    model,
+    tokenizer,
+    progress: dict,
+    *,
+    source: str | None,
+    destination: str | None,
+    batch_size: int,
+    buffer_size: int,
+    num_beams: int | None = None,
+    max_new_tokens: int | None = None,
+    max_source_tokens: int | None = None,
+) -> None:
+    """Read, check, translate and write the input (`source`, a file, or stdin) `buffer_size` lines at a time, in input
+    order, into `destination` (or stdout), flushing each buffer; `progress` counts what was translated and written
+    (and the empty lines), for the messages."""
+    max_source_tokens = max_source_tokens or model.config.max_position_embeddings
     output = sys.stdout
     try:
-        for first_line, lines in read_chunks(args.input, max(args.buffer_size, args.batch_size)):
+        for first_line, lines in read_chunks(source, max(buffer_size, batch_size)):
             empty = check_lines(lines, tokenizer, max_source_tokens, first_line)
-            translations = translate_sentences(
-                model, tokenizer, lines, args.batch_size, args.num_beams, args.max_new_tokens
-            )
-            if output is sys.stdout and args.output:  # opened once the first buffer is translated
-                output = open_output(args.output)
+            translations = translate_sentences(model, tokenizer, lines, batch_size, num_beams, max_new_tokens)
+            if output is sys.stdout and destination:  # opened once the first buffer is translated
+                output = open_output(destination)
             # one translation per line, whatever characters the model produced
             try:
                 output.write("".join(" ".join(translation.splitlines()) + "\n" for translation in translations))
                 output.flush()
             except OSError as error:  # a full disk, a closed pipe
-                raise CommandLineError(f"cannot write the output {args.output or '(stdout)'}: {error}") from error
+                raise CommandLineError(f"cannot write the output {destination or '(stdout)'}: {error}") from error
             progress["translated"] += len(lines) - len(empty)
             progress["written"] += len(lines)
             progress["empty"] += empty

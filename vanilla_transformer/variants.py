@@ -44,6 +44,25 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
+class Sweep:
+    """What the command was asked: which rows, at which scale and budget, where, and the flags passed on to each
+    row's training run."""
+
+    output_dir: str
+    scale: str = "small"
+    minutes: float | None = None  # a row's budget: minutes, or else steps
+    steps: int | None = None
+    launcher: str | None = None  # the prefix of each training command, e.g. "accelerate launch ..."
+    rows: tuple[str, ...] = GROUPS  # groups or single rows
+    restart_rows: tuple[str, ...] = ()
+    training_flags: tuple[str, ...] = ()
+
+    @property
+    def budget(self) -> dict:
+        return {"minutes": self.minutes} if self.minutes else {"steps": self.steps}
+
+
+@dataclass(frozen=True)
 class Variant:
     """One row of the table: the model and regularisation it trains with."""
 
@@ -109,16 +128,16 @@ def table3_variants(scale: str) -> list[Variant]:
 # --- running a row --------------------------------------------------------------------------------------------
 
 
-def training_command(variant: Variant, args, training_flags: list[str], run_dir: Path) -> list[str]:
-    launcher = shlex.split(args.launcher) if args.launcher else [sys.executable]
+def training_command(variant: Variant, sweep: Sweep, run_dir: Path) -> list[str]:
+    launcher = shlex.split(sweep.launcher) if sweep.launcher else [sys.executable]
     command = [
         *launcher,
         str(ROOT / "train_accelerate.py"),
-        *training_flags,
+        *sweep.training_flags,
         "--output_dir",
         str(run_dir),
         "--preset",
-        args.scale,
+        sweep.scale,
         "--layers",
         str(variant.layers),
         "--d_model",
@@ -136,7 +155,7 @@ def training_command(variant: Variant, args, training_flags: list[str], run_dir:
     ]
     if variant.qk_head_dim:
         command += ["--qk_head_dim", str(variant.qk_head_dim)]
-    command += ["--max_minutes", str(args.minutes)] if args.minutes else ["--max_steps", str(args.steps)]
+    command += ["--max_minutes", str(sweep.minutes)] if sweep.minutes else ["--max_steps", str(sweep.steps)]
     if any((run_dir / "checkpoints").glob("step_*")):
         command += ["--resume_from_checkpoint", "latest"]  # an interrupted row: continue it
     elif run_dir.is_dir() and any(run_dir.iterdir()):
@@ -145,19 +164,22 @@ def training_command(variant: Variant, args, training_flags: list[str], run_dir:
     return command
 
 
-def row_settings(variant: Variant, args, training_flags: list[str]) -> dict:
+def row_settings(variant: Variant, sweep: Sweep) -> dict:
     """What a row's result depends on: its model, the scale, the budget and every flag passed to training."""
-    budget = {"minutes": args.minutes} if args.minutes else {"steps": args.steps}
-    return {"variant": asdict(variant), "scale": args.scale, "budget": budget, "training_flags": training_flags}
+    flags = list(sweep.training_flags)
+    return {"variant": asdict(variant), "scale": sweep.scale, "budget": sweep.budget, "training_flags": flags}
 
 
 def check_row_settings(run_dir: Path, settings: dict, name: str) -> None:
-    """A row trained (or begun) under other settings is never reused or continued: RuntimeError saying what differs.
-    Rows from before settings were recorded are reused as they are, with a note."""
+    """A row trained (or begun) under other settings, or under unrecorded ones, is never reused or continued:
+    RuntimeError saying what differs."""
     recorded_file = run_dir / SETTINGS_FILE
-    if not recorded_file.is_file():
-        if run_dir.is_dir() and any(run_dir.iterdir()):
-            print(f"[variants] {name}: its settings were not recorded (an older sweep); reusing it as it is")
+    if not recorded_file.is_file():  # a row that died before its first checkpoint starts again (`training_command`)
+        if (run_dir / "results.json").is_file() or any((run_dir / "checkpoints").glob("step_*")):
+            raise RuntimeError(
+                f"row {name} in {run_dir} has no {SETTINGS_FILE}: what it was trained with is unknown; use another "
+                f"--output_dir, or retrain it with --restart_rows {name} (deletes that row's run)"
+            )
         return
     recorded = json.loads(recorded_file.read_text())
     if differing := [key for key in settings if recorded.get(key) != settings[key]]:
@@ -168,12 +190,12 @@ def check_row_settings(run_dir: Path, settings: dict, name: str) -> None:
         )
 
 
-def run_variant(variant: Variant, args, training_flags: list[str]) -> dict:
+def run_variant(variant: Variant, sweep: Sweep) -> dict:
     """Train and score one row (or read it, if finished under the same settings); returns its line of the table."""
-    run_dir = Path(args.output_dir) / "runs" / variant.name
+    run_dir = Path(sweep.output_dir) / "runs" / variant.name
     results_file = run_dir / "results.json"
-    settings = row_settings(variant, args, training_flags)
-    if variant.name in args.restart_rows and run_dir.exists():
+    settings = row_settings(variant, sweep)
+    if variant.name in sweep.restart_rows and run_dir.exists():
         print(f"[variants] {variant.name}: --restart_rows: deleting {run_dir}")
         shutil.rmtree(run_dir)
     check_row_settings(run_dir, settings, variant.name)
@@ -182,9 +204,9 @@ def run_variant(variant: Variant, args, training_flags: list[str]) -> dict:
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
-        log_file = Path(args.output_dir) / "logs" / f"{variant.name}.log"
+        log_file = Path(sweep.output_dir) / "logs" / f"{variant.name}.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        command = training_command(variant, args, training_flags, run_dir)
+        command = training_command(variant, sweep, run_dir)
         print(f"[variants] {variant.name} ({variant.varied or 'base'}): training, log in {log_file}", flush=True)
         with open(log_file, "a") as log:
             finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -287,7 +309,7 @@ def plot_groups(lines: list[dict], output_dir: Path) -> list[Path]:
     return written
 
 
-def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
+def parse_args(argv=None) -> Sweep:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--rows", default=",".join(GROUPS), help=f"row groups among {','.join(GROUPS)}, or single rows (D2, E1, ...)"
@@ -307,11 +329,11 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     )
     args, training_flags = parser.parse_known_args(argv)
     names = {variant.name for variant in table3_variants(args.scale)}
-    args.restart_rows = [row for row in args.restart_rows.split(",") if row]
-    if unknown := [row for row in args.restart_rows if row not in names]:
+    restart_rows = tuple(row for row in args.restart_rows.split(",") if row)
+    if unknown := [row for row in restart_rows if row not in names]:
         parser.error(f"--restart_rows: unknown {unknown}; rows are {','.join(sorted(names))}")
-    args.rows = ["base", *(row for row in args.rows.split(",") if row != "base")]
-    if unknown := [row for row in args.rows if row not in GROUPS and row not in names]:
+    rows = ("base", *(row for row in args.rows.split(",") if row != "base"))
+    if unknown := [row for row in rows if row not in GROUPS and row not in names]:
         parser.error(
             f"--rows: unknown {unknown}; choose groups among {','.join(GROUPS)} or "
             f"rows among {','.join(sorted(names))}"
@@ -334,15 +356,17 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     }
     if clashes := sorted(flag for flag in training_flags if flag.split("=")[0] in owned):
         parser.error(f"{', '.join(clashes)}: set by each row of the table; remove them")
-    return args, training_flags
+    return Sweep(
+        args.output_dir, args.scale, args.minutes, args.steps, args.launcher, rows, restart_rows, tuple(training_flags)
+    )
 
 
 def main(argv=None) -> None:
-    args, training_flags = parse_args(argv)
-    output_dir = Path(args.output_dir)
+    sweep = parse_args(argv)
+    output_dir = Path(sweep.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    variants = [row for row in table3_variants(args.scale) if row.group in args.rows or row.name in args.rows]
-    lines = [run_variant(variant, args, training_flags) for variant in variants]
+    variants = [row for row in table3_variants(sweep.scale) if row.group in sweep.rows or row.name in sweep.rows]
+    lines = [run_variant(variant, sweep) for variant in variants]
     print((write_table(lines, output_dir)).read_text())
     for path in plot_groups(lines, output_dir):
         print(f"[variants] plot: {path}")
