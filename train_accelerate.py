@@ -26,7 +26,7 @@ from accelerate.utils import InitProcessGroupKwargs, set_seed
 from tqdm.auto import tqdm
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer import checkpoints, prepare, streaming
+from vanilla_transformer import checkpoints, hub, prepare, streaming
 from vanilla_transformer.arguments import TrainingSettings, parse_training_arguments
 from vanilla_transformer.batching import (
     DataPosition,
@@ -44,13 +44,6 @@ from vanilla_transformer.evaluation import (
     periodic_evaluation,
     prepared_loader,
     score_splits,
-)
-from vanilla_transformer.hub import (
-    HubUploadError,
-    push_folder_to_hub,
-    render_model_card,
-    save_model_folder,
-    training_card_values,
 )
 from vanilla_transformer.output_folder import OutputDirError, claim_output_dir
 from vanilla_transformer.training import (
@@ -76,14 +69,8 @@ def main(argv=None) -> None:
         kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=settings.ddp_timeout))],
     )
     if settings.evaluate_only:
-        evaluate_saved_model(
-            accelerator,
-            settings.evaluate_only,
-            settings.data,
-            settings.evaluation,
-            settings.output,
-            settings.trust_remote_code,
-        )
+        scoring = (settings.data, settings.evaluation, settings.output, settings.trust_remote_code)
+        evaluate_saved_model(accelerator, settings.evaluate_only, *scoring)
         return
     claim_the_output_folder(accelerator, settings)  # before any data is prepared
     set_seed(settings.seed)
@@ -182,8 +169,7 @@ class Run:
     default_attention: str  # what the saved model will use (sdpa)
     identity: dict  # what a checkpoint must share with this run (checkpoints.run_identity)
     continuation: dict  # what an exact continuation needs unchanged (checkpoints.continuation_settings)
-    validation: object  # the first --eval_max_sentences validation pairs, or None
-    validation_loader: object
+    evaluate: object  # step, progress bar -> validation loss and greedy BLEU; None without a validation split
     state: RunState | None = None
 
 
@@ -207,28 +193,15 @@ def set_up_run(settings: TrainingSettings, accelerator) -> Run:
                 f"[data] no {split} split: training goes on without scoring one (give --{split}_file, "
                 f"or --{split}_split with --data_dir/--dataset_name)"
             )
-    validation = splits.get("validation")
-    if validation is not None:
+    evaluate = None
+    if (validation := splits.get("validation")) is not None:
         validation = validation.select(range(min(len(validation), settings.evaluation.max_sentences)))
+        loader = prepared_loader(accelerator, tokenizer, validation, settings.evaluation, config, "validation")
+        evaluate = partial(periodic_evaluation, accelerator, model, tokenizer, validation, loader)
+    identity = checkpoints.run_identity(config, prepare.tokenizer_fingerprint(tokenizer))
+    continuation = checkpoints.continuation_settings(accelerator, settings.continuation)
     run = Run(
-        tokenizer,
-        splits,
-        step_stream,
-        model,
-        optimizer,
-        schedule,
-        default_attention,
-        identity=checkpoints.run_identity(config, prepare.tokenizer_fingerprint(tokenizer)),
-        continuation=checkpoints.continuation_settings(
-            accelerator,
-            settings.max_tokens,
-            settings.gradient_accumulation_steps,
-            settings.seed,
-            settings.learning_rate_scale,
-        ),
-        validation=validation,
-        validation_loader=validation
-        and prepared_loader(accelerator, tokenizer, validation, settings.evaluation, config, "validation"),
+        tokenizer, splits, step_stream, model, optimizer, schedule, default_attention, identity, continuation, evaluate
     )
     if settings.checkpoints.resume_from:
         run.state = checkpoints.resume(
@@ -281,10 +254,8 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
         progress.update(1)
         if state.step % settings.logging_steps == 0:
             log.write(state.step, schedule.get_last_lr()[0], state.position.epoch)
-        if state.step % settings.evaluation.every_steps == 0 and run.validation:
-            periodic_evaluation(
-                accelerator, model, run.tokenizer, run.validation, run.validation_loader, state.step, progress
-            )
+        if state.step % settings.evaluation.every_steps == 0 and run.evaluate:
+            run.evaluate(state.step, progress)
         if state.step % settings.checkpoints.save_steps == 0:
             save()
             last_saved_step = state.step
@@ -344,8 +315,8 @@ def finish(accelerator, settings: TrainingSettings, run: Run, stop_reason: str, 
         save_final_model(model, run.tokenizer, settings, summary, card_only=True)
         if settings.push_to_hub:
             try:
-                push_folder_to_hub(output_dir, settings.hub_model_id, private=settings.hub_private)
-            except HubUploadError as error:
+                hub.push_folder_to_hub(output_dir, settings.hub_model_id, private=settings.hub_private)
+            except hub.HubUploadError as error:
                 upload_failure = (
                     f"error: {error} The model folder {output_dir} is complete; upload it later with "
                     f"python -m vanilla_transformer.push_to_hub {output_dir} --hub_model_id {settings.hub_model_id}"
@@ -360,12 +331,12 @@ def save_final_model(model, tokenizer, settings: TrainingSettings, summary: dict
     the card and results.json once the scores are known."""
     output_dir = Path(settings.output.output_dir)
     (output_dir / "results.json").write_text(json.dumps(summary, indent=2))
-    card_values = training_card_values(settings.data, summary, settings.recipe)
+    card_values = hub.training_card_values(settings.data, summary, settings.recipe)
     if card_only:
-        (output_dir / "README.md").write_text(render_model_card(model, card_values), encoding="utf-8")
+        (output_dir / "README.md").write_text(hub.render_model_card(model, card_values), encoding="utf-8")
     else:
         decoding = settings.evaluation.final_decoding  # as the scores are measured
-        print(f"[save] model folder: {save_model_folder(model, tokenizer, output_dir, card_values, decoding)}")
+        print(f"[save] model folder: {hub.save_model_folder(model, tokenizer, output_dir, card_values, decoding)}")
 
 
 if __name__ == "__main__":

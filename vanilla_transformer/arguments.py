@@ -76,6 +76,12 @@ class TrainingSettings:
     hyperparameters: dict = field(default_factory=dict)  # the flags as given, for accelerate's trackers
 
     @property
+    def continuation(self) -> dict:
+        """What decides the batches and the learning rate of each step (checkpoints.continuation_settings)."""
+        names = ("max_tokens", "gradient_accumulation_steps", "seed", "learning_rate_scale")
+        return {name: getattr(self, name) for name in names}
+
+    @property
     def recipe(self) -> dict:
         """The recipe as the model card shows it."""
         names = ("preset", "max_tokens", "warmup_steps", "learning_rate_scale", "label_smoothing")

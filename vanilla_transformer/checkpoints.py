@@ -423,16 +423,10 @@ def run_identity(config, tokenizer_fingerprint: str) -> dict:
     return {"model_config": model_config, "tokenizer": tokenizer_fingerprint}
 
 
-def continuation_settings(accelerator, max_tokens: int, accumulation: int, seed: int, learning_rate_scale) -> dict:
-    """What an exact continuation needs unchanged: the batches (tokens per batch, accumulation, processes, seed; the
-    data position counts batches) and the schedule (its scale)."""
-    return {
-        "max_tokens": max_tokens,
-        "gradient_accumulation_steps": accumulation,
-        "num_processes": accelerator.num_processes,
-        "seed": seed,
-        "learning_rate_scale": learning_rate_scale,
-    }
+def continuation_settings(accelerator, recipe: dict) -> dict:
+    """What an exact continuation needs unchanged: the batches (tokens per batch, accumulation, seed: `recipe`; and the
+    processes: the data position counts batches) and the schedule (its scale, in `recipe`)."""
+    return {**recipe, "num_processes": accelerator.num_processes}
 
 
 def save_checkpoint(

@@ -3,10 +3,11 @@
 `save_model_folder` writes everything a Hub user needs to run the model with `trust_remote_code=True`:
 
     config.json               the configuration, with `auto_map` (the model classes) and `custom_pipelines`
-    model.safetensors         the weights (one entry for the shared embedding matrix)
+    model.safetensors         the weights (one entry for the shared embedding matrix); a model too large for one
+                              file is saved as model-0000k-of-0000n.safetensors shards with model.safetensors.index.json
     configuration_vanilla_transformer.py, modeling_vanilla_transformer.py, pipeline_vanilla_transformer.py,
-    fast_paths_vanilla_transformer.py
-    tokenizer.json, tokenizer_config.json
+    fast_paths_vanilla_transformer.py    (CODE_FILES)
+    tokenizer.json, tokenizer_config.json (and special_tokens_map.json, from a tokenizer that writes one)
     generation_config.json    the decoding the scores were measured with; by default the paper's: beam 4, length
                               penalty 0.6 (section 6.1)
     README.md                 the model card, rendered from model_card.md
@@ -14,7 +15,8 @@
 The paper's maximum output length, input length + 50, depends on each input, so it is not in generation_config.json:
 the translation pipeline and `vanilla_transformer.translate` apply it when no length is given.
 
-`push_folder_to_hub` uploads exactly these files (`files_to_upload`, an allow-list), whatever else the folder holds.
+`push_folder_to_hub` uploads exactly these files (`UPLOADED_FILES` and the shards: `files_to_upload`, an allow-list),
+whatever else the folder holds (a training run's checkpoints, logs and hypotheses, a `.env`).
 """
 
 import json
