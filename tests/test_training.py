@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from vanilla_transformer import checkpoints
 from vanilla_transformer.batching import DataPosition, TokenBatchSampler, TranslationCollator
 from vanilla_transformer.evaluation import final_model
 from vanilla_transformer.training import (
@@ -180,14 +182,24 @@ def test_resume_continues_exactly_and_a_prepared_folder_trains_like_the_cached_c
         assert resumed[step] == pytest.approx(expected[step], rel=1e-5), step
 
 
-def test_a_checkpoint_written_before_the_training_refactor_resumes_exactly(tmp_path):
-    """tests/fixtures holds step 2 of a 4-step run made by the code before issue 25's redesign, and that run's
-    losses: resumed now, steps 3 and 4 must repeat them (same model, optimizer, schedule, data order, RNG)."""
+def test_a_checkpoint_state_written_before_the_training_refactor_resumes_exactly(tmp_path):
+    """tests/fixtures holds what our code wrote at step 2 of a 4-step run before issue 25's redesign
+    (trainer_state.json: step, data position, schedule, run id, model config, tokenizer fingerprint) and that run's
+    losses. The tensors beside it are accelerate's files (no weights are kept in the repository): trained again here
+    for 2 steps, they must equal the old run's, and resumed from the old state, steps 3 and 4 must repeat its losses
+    (same model, optimizer, schedule, data order, RNG)."""
     fixture = ROOT / "tests" / "fixtures" / "checkpoint_from_before_the_refactor"
-    model = "--d_model 16 --ffn_dim 32 --vocab_size 260 --max_steps 4 --save_steps 2 --average_last 1".split()
-    result = train(tmp_path / "run", *model, "--resume_from_checkpoint", str(fixture / "step_000002"))
-    assert f"from {fixture / 'step_000002'} at step 2" in result.stdout
-    before, resumed = logged_losses(fixture), logged_losses(tmp_path / "run")
+    model = "--d_model 16 --ffn_dim 32 --vocab_size 260 --save_steps 2 --average_last 1".split()
+    train(tmp_path / "first", *model, "--max_steps", "2")
+    before, first = logged_losses(fixture), logged_losses(tmp_path / "first")
+    assert first == pytest.approx({step: before[step] for step in (1, 2)}, rel=1e-5)
+    old = tmp_path / "old" / "step_000002"
+    shutil.copytree(tmp_path / "first" / "checkpoints" / "step_000002", old)
+    shutil.copy(fixture / "trainer_state.json", old / "trainer_state.json")
+    checkpoints.write_checksums(old)
+    result = train(tmp_path / "run", *model, "--max_steps", "4", "--resume_from_checkpoint", str(old))
+    assert f"from {old} at step 2" in result.stdout
+    resumed = logged_losses(tmp_path / "run")
     assert sorted(resumed) == [3, 4]
     for step in (3, 4):
         assert resumed[step] == pytest.approx(before[step], rel=1e-5), step
