@@ -1,14 +1,15 @@
 """Train the Transformer of "Attention Is All You Need" with Accelerate, following the paper's section 5.
 
     python train_accelerate.py                                   # the embedded synthetic task, offline, CPU
-    python train_accelerate.py --data_dir ../shared/data/multi30k --source_lang en --target_lang de \
+    vanilla-transformer train                                    # the same, installed (or python -m train_accelerate)
+    vanilla-transformer train --data_dir ../shared/data/multi30k --source_lang en --target_lang de \
         --validation_split val --test_split test_2016_flickr --preset small --max_minutes 25
-    python -m vanilla_transformer.prepare --dataset_name wmt14 --dataset_config de-en --source_lang en \
+    vanilla-transformer prepare --dataset_name wmt14 --dataset_config de-en --source_lang en \
         --target_lang de --vocab_size 37000 --output_dir data-bin/wmt14-en-de    # once, on any machine
-    accelerate launch --multi_gpu --num_processes 8 train_accelerate.py --prepared_data data-bin/wmt14-en-de \
+    accelerate launch --multi_gpu --num_processes 8 -m train_accelerate --prepared_data data-bin/wmt14-en-de \
         --preset base --max_tokens 3125
 
-Reads top to bottom: settings (`vanilla_transformer.arguments`), the output folder, data (prepared once and cached,
+Reads top to bottom: settings (`vanilla_transformer.commands.arguments`), the output folder, data (prepared once and cached,
 `vanilla_transformer.prepare`), model, optimizer, the loop, then the final model: averaged, saved, evaluated.
 Checkpoint mechanics are `vanilla_transformer.checkpoints`, evaluation `vanilla_transformer.evaluation`.
 """
@@ -27,7 +28,6 @@ from tqdm.auto import tqdm
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer import checkpoints, hub, prepare, streaming
-from vanilla_transformer.arguments import TrainingSettings, parse_training_arguments
 from vanilla_transformer.batching import (
     DataPosition,
     TokenBatchSampler,
@@ -36,6 +36,7 @@ from vanilla_transformer.batching import (
     padding_statistics,
 )
 from vanilla_transformer.checkpoints import CheckpointError, RunState
+from vanilla_transformer.commands.arguments import TrainingSettings, parse_training_arguments
 from vanilla_transformer.coordination import CoordinationError, main_process_only
 from vanilla_transformer.data import DataError
 from vanilla_transformer.evaluation import (
@@ -45,6 +46,7 @@ from vanilla_transformer.evaluation import (
     prepared_loader,
     score_splits,
 )
+from vanilla_transformer.names import RESULTS, TRACKER_LOGS, TRAIN_LOG
 from vanilla_transformer.output_folder import OutputDirError, claim_output_dir
 from vanilla_transformer.training import (
     StopSignals,
@@ -60,7 +62,7 @@ from vanilla_transformer.training import (
 )
 
 
-def main(argv=None) -> None:
+def train(argv=None) -> None:
     settings = parse_training_arguments(argv)
     accelerator = make_accelerator(
         mixed_precision=settings.mixed_precision,
@@ -77,7 +79,7 @@ def main(argv=None) -> None:
     run = set_up_run(settings, accelerator)
     Path(settings.output.output_dir).mkdir(parents=True, exist_ok=True)
     if accelerator.is_main_process and settings.report_to != "none":
-        accelerator.init_trackers("vanilla_transformer", config=settings.hyperparameters)
+        accelerator.init_trackers(TRACKER_LOGS, config=settings.hyperparameters)
 
     stop_signals = StopSignals()
     stop_reason = train_loop(accelerator, settings, run, stop_signals)
@@ -221,7 +223,7 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
     progress = tqdm(
         total=settings.max_steps, initial=state.step, disable=not accelerator.is_local_main_process, desc="train"
     )
-    log = TrainingLog(accelerator, Path(settings.output.output_dir) / "train_log.jsonl", progress, state.step)
+    log = TrainingLog(accelerator, Path(settings.output.output_dir) / TRAIN_LOG, progress, state.step)
     save = partial(
         checkpoints.save_checkpoint, accelerator, settings.checkpoints, state, schedule, run.identity, run.continuation
     )
@@ -330,7 +332,7 @@ def save_final_model(model, tokenizer, settings: TrainingSettings, summary: dict
     """results.json and the Hub-ready model folder (weights, config, code, tokenizer, card); `card_only` rewrites
     the card and results.json once the scores are known."""
     output_dir = Path(settings.output.output_dir)
-    (output_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    (output_dir / RESULTS).write_text(json.dumps(summary, indent=2))
     card_values = hub.training_card_values(settings.data, summary, settings.recipe)
     if card_only:
         (output_dir / "README.md").write_text(hub.render_model_card(model, card_values), encoding="utf-8")
@@ -339,9 +341,11 @@ def save_final_model(model, tokenizer, settings: TrainingSettings, summary: dict
         print(f"[save] model folder: {hub.save_model_folder(model, tokenizer, output_dir, card_values, decoding)}")
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    """The command (`vanilla-transformer train`, `python -m train_accelerate`): a refused setting, bad data or a
+    damaged checkpoint ends it with one message, not a traceback."""
     try:
-        main()
+        train(argv)
     except (
         DataError,
         FileNotFoundError,
@@ -350,4 +354,10 @@ if __name__ == "__main__":
         OutputDirError,
         UnsupportedSetup,
     ) as error:
-        sys.exit(f"error: {error}")
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

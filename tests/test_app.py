@@ -1,5 +1,5 @@
-"""The demo (app.py) as a person and a script use it: a real browser on the page, gradio_client on /translate; and the
-Space that `python -m vanilla_transformer.space` writes. The model is the session's memorising model, whose four
+"""The demo (vanilla_transformer/demo.py) as a person and a script use it: a real browser on the page, gradio_client
+on /translate; and the Space that `vanilla-transformer space` writes. The model is the session's memorising model, whose four
 sentences have known translations (their reverses), so what the page shows can be checked word for word."""
 
 import os
@@ -15,9 +15,10 @@ import pytest
 import torch
 import yaml
 
-import app
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
+from vanilla_transformer import demo as app
 from vanilla_transformer import space
+from vanilla_transformer.commands import space as space_command
 
 PROJECT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -111,17 +112,16 @@ def test_a_folder_that_is_not_a_model_says_why_on_the_page(gr, tmp_path):
     assert len(messages) == 1 and "could not be loaded" in messages[0] and "no config.json" in messages[0]
 
 
-def test_the_model_comes_from_the_argument_then_model_id_then_the_space_card(monkeypatch, tmp_path):
-    monkeypatch.setenv("MODEL_ID", "someone/from-settings")
-    assert app.model_name(["someone/from-argument"]) == "someone/from-argument"
-    assert app.model_name([]) == "someone/from-settings"
-    monkeypatch.delenv("MODEL_ID")
+def test_a_space_serves_the_model_of_its_settings_else_of_its_card(monkeypatch, tmp_path):
     space.write_space("someone/from-card", tmp_path)
-    monkeypatch.setattr(app, "HERE", tmp_path)
-    assert app.model_name([]) == "someone/from-card"
+    monkeypatch.setenv("MODEL_ID", "someone/from-settings")
+    assert app.space_model(tmp_path / "README.md") == "someone/from-settings"
+    monkeypatch.delenv("MODEL_ID")
+    assert app.space_model(tmp_path / "README.md") == "someone/from-card"
+    assert app.space_model(tmp_path / "no-card.md") is None
 
 
-# --- the app in its own process, as `python app.py MODEL` starts it ---------------------------------------------
+# --- the demo in its own process, as `vanilla-transformer demo MODEL` starts it -----------------------------------
 
 
 def free_port() -> int:
@@ -131,11 +131,12 @@ def free_port() -> int:
 
 
 def start_app(argv: list[str], cwd: Path, log: Path, extra_env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    """`python app.py ...` on a free loopback port, offline; returns the process and its URL once the page answers."""
+    """`python -m vanilla_transformer demo ...` on a free loopback port, offline; returns the process and its URL once
+    the page answers."""
     port = free_port()
     env = {**os.environ, **SERVER_ENV, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
     process = subprocess.Popen(
-        [sys.executable, "app.py", *argv],
+        [sys.executable, "-m", "vanilla_transformer", "demo", *argv],
         cwd=cwd,
         env={**env, **(extra_env or {})},
         stdout=log.open("w"),
@@ -145,7 +146,7 @@ def start_app(argv: list[str], cwd: Path, log: Path, extra_env: dict | None = No
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise AssertionError(f"app.py exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+            raise AssertionError(f"the demo exited with {process.returncode}:\n{log.read_text()[-3000:]}")
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
                 if response.status == 200:
@@ -153,7 +154,7 @@ def start_app(argv: list[str], cwd: Path, log: Path, extra_env: dict | None = No
         except OSError:
             time.sleep(0.5)
     process.kill()
-    raise AssertionError(f"app.py did not answer at {url} within 180 s:\n{log.read_text()[-3000:]}")
+    raise AssertionError(f"the demo did not answer at {url} within 180 s:\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +251,7 @@ def test_asking_for_attention_draws_its_image_on_the_page(server, browser, memor
 def test_the_space_holds_the_app_its_code_requirements_and_a_spaces_card(tmp_path):
     paths = space.write_space("someone/vanilla-en-de", tmp_path / "space", "someone/vanilla-en-de-demo")
     assert sorted(str(path.relative_to(tmp_path / "space")) for path in paths) == sorted(space.SPACE_FILES)
-    assert (tmp_path / "space" / "app.py").read_bytes() == (PROJECT / "app.py").read_bytes()
+    assert (tmp_path / "space" / "app.py").read_text() == space.SPACE_APP
     header = yaml.safe_load((tmp_path / "space" / "README.md").read_text().split("---\n")[1])
     assert (
         header["sdk"] == "gradio" and header["app_file"] == "app.py" and header["models"] == ["someone/vanilla-en-de"]
@@ -262,8 +263,10 @@ def test_the_space_holds_the_app_its_code_requirements_and_a_spaces_card(tmp_pat
 
 def test_the_spaces_app_runs_its_own_copies_and_reads_the_model_from_its_card(tmp_path):
     space.write_space("someone/vanilla-en-de", tmp_path)
-    code = "import app, vanilla_transformer.translate as t, modeling_vanilla_transformer as m\n"
-    code += "print(app.model_name([]), app.__file__, t.__file__, m.__file__, sep='\\n')"
+    code = "import app, vanilla_transformer.demo as d, vanilla_transformer.translate as t, modeling_vanilla_transformer as m\n"
+    code += "from pathlib import Path\n"
+    code += "print(d.space_model(Path(app.__file__).with_name('README.md')), app.__file__, d.__file__, t.__file__, "
+    code += "m.__file__, sep='\\n')"
     env = {key: value for key, value in os.environ.items() if key != "MODEL_ID"}
     result = subprocess.run(
         [sys.executable, "-c", code],
@@ -283,7 +286,7 @@ def test_uploading_offline_says_so_in_one_line_and_keeps_the_files(tmp_path, mon
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    assert space.main(["someone/model", "--output_dir", str(tmp_path), "--space_id", "someone/demo"]) == 1
+    assert space_command.main(["someone/model", "--output_dir", str(tmp_path), "--space_id", "someone/demo"]) == 1
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "could not upload" in error and "offline mode is on (HF_HUB_OFFLINE" in error
     assert all((tmp_path / name).is_file() for name in space.SPACE_FILES)

@@ -6,6 +6,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer import attention_maps
+from vanilla_transformer.commands import attention_maps as attention_maps_command
 
 from .conftest import ENGLISH, GERMAN, save_tiny_model_folder
 
@@ -67,7 +68,7 @@ def test_command_writes_three_valid_pngs_of_the_figure_size(folder, tmp_path, ca
     output_dir = tmp_path / "maps"
     argv = [str(folder), "--source", ENGLISH[10], "--output_dir", str(output_dir)]
     argv += "--num_beams 1 --max_new_tokens 4 --dpi 50".split()
-    assert attention_maps.main(argv) == 0
+    assert attention_maps_command.main(argv) == 0
     paths = [output_dir / file_name for file_name, *_ in attention_maps.ATTENTION_KINDS.values()]
     assert capsys.readouterr().out.split() == [str(path) for path in paths]
     for path in paths:
@@ -83,7 +84,10 @@ def test_command_writes_three_valid_pngs_of_the_figure_size(folder, tmp_path, ca
 
 
 def test_command_rejects_a_folder_that_is_not_a_model(tmp_path, capsys):
-    assert attention_maps.main([str(tmp_path), "--source", "a sentence", "--output_dir", str(tmp_path / "maps")]) == 1
+    assert (
+        attention_maps_command.main([str(tmp_path), "--source", "a sentence", "--output_dir", str(tmp_path / "maps")])
+        == 1
+    )
     assert "is not a model folder" in capsys.readouterr().err
     assert not (tmp_path / "maps").exists()
 
@@ -100,7 +104,7 @@ def test_command_rejects_a_folder_that_is_not_a_model(tmp_path, capsys):
 def test_bad_numbers_are_refused_when_the_flags_are_parsed(tmp_path, capsys, flag, value, message):
     argv = [str(tmp_path), "--source", "a sentence", "--output_dir", str(tmp_path / "maps"), flag, value]
     with pytest.raises(SystemExit) as exit_info:
-        attention_maps.main(argv)
+        attention_maps_command.main(argv)
     assert exit_info.value.code == 2
     assert f"argument {flag}: {message}" in capsys.readouterr().err
     assert not (tmp_path / "maps").exists()
@@ -110,7 +114,7 @@ def test_an_output_dir_that_is_a_file_is_refused_when_parsed(tmp_path, capsys):
     (tmp_path / "maps.png").write_bytes(b"a user's file")
     for output_dir in (tmp_path / "maps.png", tmp_path / "maps.png" / "sub"):
         with pytest.raises(SystemExit) as refused:
-            attention_maps.main([str(tmp_path), "--source", "a sentence", "--output_dir", str(output_dir)])
+            attention_maps_command.main([str(tmp_path), "--source", "a sentence", "--output_dir", str(output_dir)])
         assert refused.value.code == 2
         assert f"{tmp_path / 'maps.png'} is a file, not a folder" in capsys.readouterr().err
     assert (tmp_path / "maps.png").read_bytes() == b"a user's file"

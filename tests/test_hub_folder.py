@@ -5,16 +5,19 @@ Also home of the tiny trained tokenizer and saved model folder that the pipeline
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from huggingface_hub import constants as hub_constants
+from huggingface_hub import get_session
 from huggingface_hub.errors import OfflineModeIsEnabled
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from vanilla_transformer import hub, push_to_hub
+from vanilla_transformer import hub
+from vanilla_transformer.names import CODE_FILES
+from vanilla_transformer.commands import push_to_hub
 
 from .conftest import CARD_VALUES, ENGLISH, random_tiny_model, save_tiny_model_folder, train_tiny_tokenizer
 
@@ -32,11 +35,11 @@ def test_saved_folder_has_every_file_and_config_entry(model_folder):
         "tokenizer.json",
         "tokenizer_config.json",
         "README.md",
-        *hub.CODE_FILES,
+        *CODE_FILES,
     ):
         assert (model_folder / name).is_file(), name
     project_root = Path(hub.__file__).resolve().parent.parent
-    for name in hub.CODE_FILES:  # the Hub gets the project's current code
+    for name in CODE_FILES:  # the Hub gets the project's current code
         assert (model_folder / name).read_text() == (project_root / name).read_text()
 
     config = json.loads((model_folder / "config.json").read_text())
@@ -207,11 +210,20 @@ class UnreachableHfApi(RecordingHfApi):
         raise self.error
 
 
+def hub_client_error(name: str, message: str) -> Exception:
+    """The exception `name` of the HTTP library the installed huggingface_hub uses (httpx for 1.x, httpx2 for 2.x)."""
+    client_library = sys.modules[type(get_session()).__module__.split(".")[0]]
+    return getattr(client_library, name)(message)
+
+
 @pytest.mark.parametrize(
     "error, says",
     [
         (OfflineModeIsEnabled("Cannot reach https://huggingface.co: offline mode is enabled."), "offline mode is on"),
-        (httpx.ConnectError("[Errno -2] Name or service not known"), "the Hub cannot be reached (ConnectError"),
+        (
+            hub_client_error("ConnectError", "[Errno -2] Name or service not known"),
+            "the Hub cannot be reached (ConnectError",
+        ),
         (ConnectionError("connection refused"), "the Hub cannot be reached"),
         (RuntimeError("401 Unauthorized"), "the Hub refused it (RuntimeError: 401 Unauthorized); check the token"),
     ],

@@ -1,20 +1,21 @@
-"""How the code depends on itself: the library takes typed settings (never the argparse Namespace), each layer
-imports only the layers below it, and scripts, benchmarks and tests stand on the library, not on each other."""
+"""How the code depends on itself: the package's layers and the absence of import cycles (import-linter's contracts in
+pyproject.toml), the Hub-facing files that stand alone, the library that takes typed settings (never the argparse
+Namespace), and scripts, benchmarks and tests that stand on the library, not on each other."""
 
 import ast
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from vanilla_transformer.arguments import parse_training_arguments
+from vanilla_transformer.commands.arguments import parse_training_arguments
 
 from .conftest import ROOT
 
 LIBRARY = ROOT / "vanilla_transformer"
-FLAG_MODULES = {"arguments.py"}  # turns flags into settings: the one place that reads a Namespace
-# the data layer: reading, preparing, batching, streaming a corpus, and the process coordination they use
-DATA_LAYER = {"data", "batching", "prepare", "streaming", "tokenization", "integrity", "coordination", "cli"}
+HUB_FACING = sorted(ROOT.glob("*_vanilla_transformer.py"))  # copied into model folders: they stand alone
 
 
 def parsed(path: Path) -> ast.Module:
@@ -22,7 +23,8 @@ def parsed(path: Path) -> ast.Module:
 
 
 def library_modules():
-    return sorted(LIBRARY.glob("*.py"))
+    """The library's modules: the commands (vanilla_transformer/commands/) turn flags into settings."""
+    return sorted(path for path in LIBRARY.rglob("*.py") if "commands" not in path.relative_to(LIBRARY).parts)
 
 
 def takes_a_namespace(function: ast.FunctionDef) -> bool:
@@ -34,27 +36,42 @@ def takes_a_namespace(function: ast.FunctionDef) -> bool:
     return False
 
 
-def top_level_imports(tree: ast.Module) -> set[str]:
-    """The project modules a module imports when it is imported (imports inside functions are left out)."""
+def imported_modules(tree: ast.Module) -> set[str]:
+    """Every module a module imports, wherever the import statement is (in functions, under TYPE_CHECKING)."""
     names = set()
-    for node in tree.body:
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            if node.level:  # from . import x / from .x import y
-                names |= {alias.name for alias in node.names} if not module else {module}
-            elif module.startswith("vanilla_transformer"):
-                names.add(module.removeprefix("vanilla_transformer").lstrip(".") or node.names[0].name)
-            else:
-                names.add(module)
+            names.add("." * node.level + (node.module or ""))
         elif isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
     return names
 
 
+def test_the_import_contracts_hold():
+    """pyproject.toml's [tool.importlinter]: commands above the library's layers, every import counted, no cycle."""
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(lint_imports)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize("path", HUB_FACING, ids=lambda path: path.name)
+def test_a_hub_facing_file_imports_nothing_of_the_project_but_its_siblings(path):
+    """A model folder holds these four files and nothing else of the project (import-linter takes packages only)."""
+    siblings = {hub_file.stem for hub_file in HUB_FACING}
+    project = {"vanilla_transformer", "train_accelerate", *siblings}
+    imported = imported_modules(parsed(path))
+    offenders = sorted(name for name in imported if name.lstrip(".").split(".")[0] in project - siblings)
+    assert not offenders, f"{path.name} imports {offenders}"
+
+
+def test_the_check_sees_imports_inside_functions_and_under_type_checking():
+    code = "if TYPE_CHECKING:\n    from vanilla_transformer.hub import x\ndef f():\n    import train_accelerate\n"
+    assert imported_modules(ast.parse(code)) == {"vanilla_transformer.hub", "train_accelerate"}
+
+
 @pytest.mark.parametrize("path", library_modules(), ids=lambda path: path.name)
 def test_no_library_function_takes_the_argparse_namespace(path):
-    if path.name in FLAG_MODULES:
-        return
     offenders = [
         f"{path.name}:{node.lineno} {node.name}"
         for node in ast.walk(parsed(path))
@@ -66,14 +83,6 @@ def test_no_library_function_takes_the_argparse_namespace(path):
 def test_the_check_finds_a_function_that_takes_args():
     tree = ast.parse("def prepare(args, accelerator=None): ...\ndef fine(settings: 'DataSettings'): ...")
     assert [takes_a_namespace(node) for node in tree.body] == [True, False]
-
-
-@pytest.mark.parametrize("name", sorted(DATA_LAYER), ids=str)
-def test_the_data_layer_imports_nothing_above_it(name):
-    imported = top_level_imports(parsed(LIBRARY / f"{name}.py"))
-    project = {path.stem for path in library_modules()}
-    above = sorted(module for module in imported if module in project and module not in DATA_LAYER)
-    assert not above, f"{name}.py imports {above}"
 
 
 def test_benchmarks_import_no_script_or_benchmark_and_tests_no_other_test():

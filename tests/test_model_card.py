@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 import yaml
 from huggingface_hub import ModelCard
+from vanilla_transformer.commands.arguments import parse_training_arguments
 
 import train_accelerate
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from vanilla_transformer import hub
-from vanilla_transformer.arguments import parse_training_arguments
 
 from .conftest import CARD_VALUES, run_without_the_project, save_tiny_model_folder
 
@@ -172,5 +172,5 @@ def test_card_shows_the_pipeline_the_model_with_generate_and_the_demo(tmp_path):
     pipeline_block, generate_block = python_blocks(text)
     assert 'pipeline("translation", model="your-username/vanilla-transformer"' in pipeline_block
     assert "AutoModelForSeq2SeqLM.from_pretrained" in generate_block and "model.generate(" in generate_block
-    assert f"python app.py {hub.MODEL_ID_PLACEHOLDER}\n" in text and 'pip install -e ".[demo]"' in text
+    assert f"vanilla-transformer demo {hub.MODEL_ID_PLACEHOLDER}\n" in text and '"vanilla-transformer[demo]"' in text
     assert f"supports transformers\n{SUPPORTED_TRANSFORMERS}." in text

@@ -17,10 +17,11 @@ import torch
 from accelerate.state import AcceleratorState
 from huggingface_hub import constants as hub_constants
 from safetensors.torch import save_file
+from vanilla_transformer.commands.arguments import parse_training_arguments
 
 import train_accelerate
 from vanilla_transformer import checkpoints, prepare
-from vanilla_transformer.arguments import parse_training_arguments
+from vanilla_transformer.commands import prepare as prepare_command
 from vanilla_transformer.batching import TranslationCollator
 from vanilla_transformer.evaluation import evaluation_loader
 from vanilla_transformer.output_folder import OutputDirError, OutputSettings, claim_evaluation_dir, claim_output_dir
@@ -307,7 +308,7 @@ def test_the_model_folder_is_saved_before_a_crash_in_the_final_evaluation(tmp_pa
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
         with pytest.raises(RuntimeError, match="evaluation crashed"):
-            train_accelerate.main(["--output_dir", str(tmp_path / "run"), *TINY_RUN, "--max_steps", "2"])
+            train_accelerate.train(["--output_dir", str(tmp_path / "run"), *TINY_RUN, "--max_steps", "2"])
     finally:  # main ran in this process: leave no accelerator state or signal handler behind
         AcceleratorState._reset_state(reset_partial_state=True)
         signal.signal(signal.SIGINT, handlers[0])
@@ -412,7 +413,7 @@ def test_model_flags_reach_the_config_over_the_preset():
 def test_the_prepare_command_checks_its_flags_too(capsys):
     for flags in (["--source_lang", "en", "--target_lang", "en"], ["--preprocessing_num_workers", "0"]):
         with pytest.raises(SystemExit):
-            prepare.main([*flags, "--output_dir", "unused"])
+            prepare_command.main([*flags, "--output_dir", "unused"])
         assert flags[-2] in capsys.readouterr().err or "copy" in capsys.readouterr().err
 
 

@@ -12,9 +12,10 @@ import datasets
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
+from vanilla_transformer.commands.arguments import add_data_arguments, data_settings, parse_training_arguments
 
 from vanilla_transformer import prepare
-from vanilla_transformer.arguments import add_data_arguments, data_settings, parse_training_arguments
+from vanilla_transformer.commands import prepare as prepare_command
 from vanilla_transformer.batching import DataPosition, TokenBatchSampler, TokenizedPairs, TranslationCollator
 from vanilla_transformer.data import DataError
 from vanilla_transformer.tokenization import train_shared_tokenizer
@@ -140,15 +141,15 @@ def test_prepare_command_writes_a_folder_once_and_never_over_an_existing_one(cor
     output = tmp_path / "prepared"
     folders = ["--data_dir", str(corpus_dir), "--output_dir", str(output)]
     argv = [*folders, "--validation_split", "val", "--vocab_size", "300"]
-    prepare.main(argv)
+    prepare_command.main(argv)
     corpus = prepare.load_prepared(output)
     assert set(corpus.splits) == {"train", "validation"} and len(corpus.splits["train"]) == 61
     with pytest.raises(SystemExit):
-        prepare.main(argv)
+        prepare_command.main(argv)
     assert "exists" in capsys.readouterr().err
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(SystemExit):
-        prepare.main([*argv, "--output_dir", str(tmp_path / "file.txt" / "sub")])
+        prepare_command.main([*argv, "--output_dir", str(tmp_path / "file.txt" / "sub")])
     assert f"{tmp_path / 'file.txt'} is a file, not a folder" in capsys.readouterr().err
     assert prepare.load_prepared(output).splits["train"]["labels"] == corpus.splits["train"]["labels"]
 
@@ -173,7 +174,7 @@ def damage(folder: Path, how: str) -> str:
 
 def prepared_folder(corpus_dir: Path, output: Path) -> Path:
     """A folder written by the prepare command from the test corpus."""
-    prepare.main(
+    prepare_command.main(
         [
             "--data_dir",
             str(corpus_dir),
@@ -313,7 +314,9 @@ def test_the_readers_repairs_are_counted_in_the_prepared_manifest(tmp_path):
     folder.mkdir()
     (folder / "train.en").write_bytes(b"\xef\xbb\xbf" + "".join(f"{s}\r\n" for s in SOURCES).encode())
     (folder / "train.de").write_bytes("".join(f"{t}\r\n" for t in TARGETS).encode())
-    prepare.main(["--data_dir", str(folder), "--vocab_size", "300", "--output_dir", str(tmp_path / "prepared")])
+    prepare_command.main(
+        ["--data_dir", str(folder), "--vocab_size", "300", "--output_dir", str(tmp_path / "prepared")]
+    )
     report = prepare.load_prepared(tmp_path / "prepared").manifest["reports"]["train"]
     assert report["crlf_line_endings"] == 2 * len(SOURCES) and report["byte_order_marks"] == 1
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from modeling_vanilla_transformer import __file__ as MODELING_FILE
 from vanilla_transformer import refresh_code
-from vanilla_transformer.hub import CODE_FILES
+from vanilla_transformer.commands import refresh_code as refresh_code_command
+from vanilla_transformer.names import CODE_FILES
 
 from .conftest import CARD_VALUES, save_tiny_model_folder
 
@@ -19,7 +20,7 @@ def test_refresh_replaces_the_code_files_keeps_the_old_ones_and_checks_the_decod
     modeling.write_text(OLD_CODE + modeling.read_text())
     (folder / "fast_paths_vanilla_transformer.py").unlink()  # folders from before the fast paths lack the file
 
-    assert refresh_code.main([str(folder)]) == 0
+    assert refresh_code_command.main([str(folder)]) == 0
 
     for name in CODE_FILES:
         assert (folder / name).read_text() == (Path(MODELING_FILE).parent / name).read_text(), name
@@ -34,7 +35,7 @@ def test_refresh_refuses_a_folder_of_another_model_and_changes_nothing(tmp_path,
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "marian"}))
     before = {path.name: path.read_bytes() for path in folder.iterdir()}
 
-    assert refresh_code.main([str(folder)]) == 1
+    assert refresh_code_command.main([str(folder)]) == 1
 
     assert "holds a 'marian' model" in capsys.readouterr().err
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == before

@@ -11,7 +11,8 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer import translate
-from vanilla_transformer.translate import main, read_lines, translate_sentences
+from vanilla_transformer.commands.translate import main, parse_args
+from vanilla_transformer.translate import read_lines, translate_sentences
 
 from .conftest import ENGLISH, save_tiny_model_folder
 
@@ -175,7 +176,7 @@ def test_the_output_file_may_not_be_the_input_file(tmp_path, capsys):
     sources = tmp_path / "sources.txt"
     sources.write_text("the red dog\n")
     with pytest.raises(SystemExit):
-        translate.parse_args(["model", "--input", str(sources), "--output", str(tmp_path / "." / "sources.txt")])
+        parse_args(["model", "--input", str(sources), "--output", str(tmp_path / "." / "sources.txt")])
     assert "would replace the sources" in capsys.readouterr().err
     assert sources.read_text() == "the red dog\n"
 

@@ -10,8 +10,6 @@ scale so that heads can be compared. The decoder reads `<s>`, the target tokens 
 target is the model's own translation (beam search, the paper's maximum length input + 50).
 """
 
-import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,8 +17,6 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline_vanilla_transformer import output_length
-from vanilla_transformer.cli import positive_int
-from vanilla_transformer.translate import CommandLineError, load_model_and_tokenizer
 
 # model output name -> (file name, title, query side, key side)
 ATTENTION_KINDS = {
@@ -130,44 +126,7 @@ def draw_attention_maps(
     return paths
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model_dir", help="a saved model folder")
-    parser.add_argument("--source", required=True, help="the sentence to encode")
-    parser.add_argument("--target", help="its translation (default: the model's own, by beam search)")
-    parser.add_argument("--output_dir", required=True, help="where to write the PNG files")
-    parser.add_argument("--num_beams", type=positive_int, default=4, help="beam size when translating (paper: 4)")
-    parser.add_argument(
-        "--max_new_tokens", type=positive_int, help="longest translation (default: source length + 50)"
-    )
-    parser.add_argument("--dpi", type=positive_int, default=100, help="resolution of the PNG files")
-    parser.add_argument(
-        "--trust_remote_code",
-        action="store_true",
-        help="run the folder's own model code (Hub models); by default the installed vanilla-transformer code runs",
-    )
-    args = parser.parse_args(argv)
-    if not args.source.strip():
-        parser.error("--source is empty: give a sentence")
-    if args.target is not None and not args.target.strip():
-        parser.error("--target is empty: give a translation, or leave --target out to use the model's own")
-    output_dir = Path(args.output_dir).absolute()
-    if blocking := next((path for path in (output_dir, *output_dir.parents) if path.is_file()), None):
-        parser.error(f"--output_dir {args.output_dir}: {blocking} is a file, not a folder")
-    try:
-        model, tokenizer = load_model_and_tokenizer(
-            args.model_dir, attn_implementation="eager", trust_remote_code=args.trust_remote_code
-        )
-    except CommandLineError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    paths = draw_attention_maps(
-        model, tokenizer, args.source, args.output_dir, args.target, args.num_beams, args.max_new_tokens, args.dpi
-    )
-    for path in paths.values():
-        print(path)
-    return 0
+if __name__ == "__main__":  # `python -m vanilla_transformer.attention_maps`: the command lives in the command layer
+    import runpy
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("vanilla_transformer.commands.attention_maps", run_name="__main__")

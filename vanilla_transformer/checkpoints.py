@@ -35,8 +35,8 @@ from safetensors.torch import load_file
 from .batching import DataPosition
 from .coordination import main_process_only
 from .integrity import files_problem, record_files
+from .names import CHECKPOINTS_DIR, WEIGHTS_NAME
 
-WEIGHTS_NAME = "model.safetensors"
 # FSDP with `fsdp_state_dict_type: FULL_STATE_DICT` saves the whole model as one torch file (read here with
 # `weights_only=True`: tensors only, no code). Sharded FSDP checkpoints are refused at start by the script.
 FSDP_WEIGHTS_NAME = "pytorch_model_fsdp.bin"
@@ -363,7 +363,7 @@ class CheckpointSettings:
 
     @property
     def root(self) -> Path:
-        return Path(self.output_dir) / "checkpoints"
+        return Path(self.output_dir) / CHECKPOINTS_DIR
 
 
 @dataclass

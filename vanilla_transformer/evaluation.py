@@ -20,6 +20,7 @@ from .batching import TokenizedPairs, TranslationCollator
 from .coordination import main_process_only
 from .data import DataError
 from .metrics import load_bleu_metric
+from .names import EVALUATION_RESULTS
 from .output_folder import OutputSettings, claim_evaluation_dir
 from .prepare import DataSettings, load_or_prepare, tokenizer_fingerprint
 
@@ -238,5 +239,5 @@ def evaluate_saved_model(
     results = score_splits(accelerator, model, tokenizer, corpus.splits, settings, output.output_dir)
     if accelerator.is_main_process:
         scored = {"model": model_name_or_path, "data": corpus.summary(), "results": results}
-        (Path(output.output_dir) / "eval_results.json").write_text(json.dumps(scored, indent=2))
+        (Path(output.output_dir) / EVALUATION_RESULTS).write_text(json.dumps(scored, indent=2))
     return results

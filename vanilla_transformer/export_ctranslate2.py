@@ -26,10 +26,8 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 import warnings
 from pathlib import Path
 
@@ -263,18 +261,9 @@ def convert_to_ctranslate2(
     return str(output_dir)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model_dir", help="folder written by save_pretrained (a tokenizer in it is used if present)")
-    parser.add_argument("output_dir", help="folder to write the CTranslate2 model to")
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, help="weight type written (default: float32)")
-    parser.add_argument("--force", action="store_true", help="replace output_dir if it is a previous export")
-    args = parser.parse_args(argv)
-    try:
-        print(convert_to_ctranslate2(args.model_dir, args.output_dir, args.quantization, args.force))
-    except (ExportError, ImportError) as error:
-        sys.exit(f"error: {error}")
+if (
+    __name__ == "__main__"
+):  # `python -m vanilla_transformer.export_ctranslate2`: the command lives in the command layer
+    import runpy
 
-
-if __name__ == "__main__":
-    main()
+    runpy.run_module("vanilla_transformer.commands.export_ctranslate2", run_name="__main__")

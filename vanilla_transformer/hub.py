@@ -20,6 +20,7 @@ whatever else the folder holds (a training run's checkpoints, logs and hypothese
 """
 
 import json
+from importlib import resources
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any
@@ -32,10 +33,13 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
 
+from .names import REQUIRED_FILES, UPLOADED_FILES, UPLOADED_PATTERNS
+
 if TYPE_CHECKING:
     from .prepare import DataSettings
 
-MODEL_CARD_TEMPLATE = Path(__file__).resolve().parent.parent / "model_card.md"
+# the repository's model_card.md, installed as package data (in a checkout, templates/model_card.md links to it)
+MODEL_CARD_TEMPLATE = resources.files("vanilla_transformer") / "templates" / "model_card.md"
 MODEL_ID_PLACEHOLDER = "your-username/vanilla-transformer"  # README.md code uses it until the folder is pushed
 NOT_MEASURED = "not measured"
 NOT_RECORDED = "not recorded"
@@ -45,29 +49,7 @@ BEAM_ONLY = ("length_penalty", "early_stopping")
 MACHINE_SETTINGS = ("is_local", "local_files_only", "cache_dir", "token", "_commit_hash")
 EXAMPLE_SOURCES = {"en": "The house is small.", "de": "Das Haus ist klein.", "fr": "La maison est petite."}
 
-CODE_FILES = (
-    "configuration_vanilla_transformer.py",
-    "modeling_vanilla_transformer.py",
-    "pipeline_vanilla_transformer.py",
-    "fast_paths_vanilla_transformer.py",
-)
-REQUIRED_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "README.md",
-    *CODE_FILES,
-)
 REQUIRED_AUTO_MAP = ("AutoConfig", "AutoModelForSeq2SeqLM")
-# What push_folder_to_hub uploads: exactly these names where present, plus the weights' shards.
-UPLOADED_FILES = (
-    *REQUIRED_FILES,
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "special_tokens_map.json",
-)
-UPLOADED_PATTERNS = ("model-*-of-*.safetensors",)
 
 
 def save_model_folder(

@@ -23,19 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import checkpoints
-from .hub import REQUIRED_FILES
-
-HYPOTHESES_FILES = ("validation.hyp.txt", "test.hyp.txt")
-EVALUATION_FILES = (*HYPOTHESES_FILES, "eval_results.json")
-RUN_FILES = (
-    "checkpoints",
-    "train_log.jsonl",
-    "results.json",
-    "vanilla_transformer",  # accelerate's tracker logs (--report_to), named after the project
-    *EVALUATION_FILES,
-    checkpoints.WEIGHTS_NAME,
-    *REQUIRED_FILES,
+from .names import (
+    CHECKPOINTS_DIR,
+    EVALUATION_FILES,
+    REQUIRED_FILES,
+    RESULTS,
+    TRACKER_LOGS,
+    TRAIN_LOG,
+    WEIGHTS_NAME,
 )
+
+RUN_FILES = (CHECKPOINTS_DIR, TRAIN_LOG, RESULTS, TRACKER_LOGS, *EVALUATION_FILES, WEIGHTS_NAME, *REQUIRED_FILES)
 
 
 @dataclass(frozen=True)
@@ -53,13 +51,13 @@ class OutputDirError(Exception):
 
 def describe(folder: Path) -> str:
     """What an earlier run left in `folder`, in a few words."""
-    results = folder / "results.json"
+    results = folder / RESULTS
     if results.is_file():
         try:
             return f"a finished run ({json.loads(results.read_text())['steps']} steps, results.json)"
         except (ValueError, KeyError):
             return "a finished run (results.json)"
-    latest = checkpoints.latest_checkpoint(folder / "checkpoints")
+    latest = checkpoints.latest_checkpoint(folder / CHECKPOINTS_DIR)
     if latest is not None:
         return f"an unfinished run (checkpoints up to {latest.name})"
     names = sorted(path.name for path in folder.iterdir())
@@ -83,7 +81,7 @@ def claim_output_dir(settings: OutputSettings) -> None:
         if deleted := clear_run_files(folder):
             print(f"[output] --overwrite_output_dir: deleted {', '.join(deleted)} from {folder}")
         return
-    has_checkpoint = checkpoints.latest_checkpoint(folder / "checkpoints") is not None
+    has_checkpoint = checkpoints.latest_checkpoint(folder / CHECKPOINTS_DIR) is not None
     if resume_from_checkpoint == "latest" and has_checkpoint:
         return
     if resume_from_checkpoint and resume_from_checkpoint != "latest":
@@ -105,8 +103,8 @@ def check_resumes_the_folders_run(folder: Path, checkpoint: Path) -> None:
     another run, resuming would replace the folder's checkpoints, model and results with the other run's."""
     if not any((folder / name).exists() for name in RUN_FILES):
         return  # no run here to replace (other files are never touched)
-    newest = checkpoints.latest_checkpoint(folder / "checkpoints")
-    if is_inside(checkpoint, folder / "checkpoints"):
+    newest = checkpoints.latest_checkpoint(folder / CHECKPOINTS_DIR)
+    if is_inside(checkpoint, folder / CHECKPOINTS_DIR):
         if newest is None or checkpoints.run_id_of(checkpoint) == checkpoints.run_id_of(newest):
             return
         whose = f"of another run than {newest.name}, the newest checkpoint in {folder / 'checkpoints'}"

@@ -20,7 +20,6 @@ relaunch, or another experiment on the same data, tokenizer settings and filters
 to them (a file's size or modification time, --vocab_size, --max_sentence_tokens, ...) prepares a new folder.
 """
 
-import argparse
 import functools
 import hashlib
 import json
@@ -559,30 +558,7 @@ def load_or_prepare(
     return corpus
 
 
-def main(argv=None) -> None:
-    from .arguments import add_data_arguments, data_settings
+if __name__ == "__main__":  # `python -m vanilla_transformer.prepare`: the command lives in the command layer
+    import runpy
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_data_arguments(parser)
-    parser.add_argument("--output_dir", required=True, help="the prepared folder to write (must not exist)")
-    args = parser.parse_args(argv)
-    settings = data_settings(parser, args)
-    folder = Path(args.output_dir)
-    if folder.exists():
-        parser.error(f"--output_dir {folder} exists; choose a new folder (a prepared corpus is never overwritten)")
-    if blocking := next((parent for parent in folder.absolute().parents if parent.is_file()), None):
-        parser.error(f"--output_dir {folder}: {blocking} is a file, not a folder")
-    tokenizer = settings.tokenizer.load_given()
-    sources = split_sources(settings.corpus)
-    if "train" not in sources:
-        parser.error("no training data: give --data_dir, --train_file or --dataset_name")
-    prepare_corpus(settings, sources, folder, corpus_key(settings, sources, tokenizer), tokenizer)
-
-
-if __name__ == "__main__":
-    import sys
-
-    try:
-        main()
-    except DataError as error:
-        sys.exit(f"error: {error}")
+    runpy.run_module("vanilla_transformer.commands.prepare", run_name="__main__")

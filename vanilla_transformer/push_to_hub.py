@@ -1,40 +1,7 @@
-"""Upload an existing model folder to the Hugging Face Hub, after checking that it is complete.
+"""`python -m vanilla_transformer.push_to_hub`, the older name of `vanilla-transformer push`
+(vanilla_transformer/commands/push_to_hub.py); the upload itself is vanilla_transformer/hub.py's."""
 
-    python -m vanilla_transformer.push_to_hub outputs/vanilla-transformer --hub_model_id your-name/vanilla-en-de
+if __name__ == "__main__":  # `python -m vanilla_transformer.push_to_hub`: the command lives in the command layer
+    import runpy
 
-The token comes from --token, the HF_TOKEN variable or `hf auth login`. Only the model repository's files are
-uploaded (an allow-list, printed first: weights, configs, tokenizer, code, card); checkpoints, logs, results,
-hypotheses and anything else in the folder stay local.
-"""
-
-import argparse
-import sys
-from collections.abc import Sequence
-
-from vanilla_transformer.hub import HubUploadError, check_model_folder, push_folder_to_hub
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folder", help="a folder written by save_model_folder (e.g. the training --output_dir)")
-    parser.add_argument("--hub_model_id", required=True, help="the model repo, as user/name or organisation/name")
-    parser.add_argument("--private", action="store_true", help="create the repo as private")
-    parser.add_argument("--token", help="a Hub token with write access (default: the logged-in one)")
-    parser.add_argument("--commit_message", default="Upload vanilla-transformer model")
-    args = parser.parse_args(argv)
-
-    problems = check_model_folder(args.folder)
-    if problems:
-        print(f"error: {args.folder} is not ready for the Hub:", *problems, sep="\n- ", file=sys.stderr)
-        return 1
-    try:
-        url = push_folder_to_hub(args.folder, args.hub_model_id, args.token, args.private, args.commit_message)
-    except HubUploadError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(f"uploaded {args.folder} to {url}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("vanilla_transformer.commands.push_to_hub", run_name="__main__")

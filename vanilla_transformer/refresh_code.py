@@ -16,20 +16,19 @@ check fails, they are put back and the command exits with an error. Then push th
 repository (`python -m vanilla_transformer.push_to_hub`).
 """
 
-import argparse
 import json
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 import modeling_vanilla_transformer
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.hub import CODE_FILES, EXAMPLE_SOURCES
+from vanilla_transformer.hub import EXAMPLE_SOURCES
+from vanilla_transformer.names import CODE_FILES
 from vanilla_transformer.tokenization import load_tokenizer
 
 __doc__ = __doc__.format(supported=SUPPORTED_TRANSFORMERS)
@@ -132,22 +131,7 @@ def restore(folder: Path, backup: Path) -> None:
             (folder / name).unlink(missing_ok=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folders", nargs="+", help="model folders written by this project (save_model_folder)")
-    args = parser.parse_args(argv)
-    failed = 0
-    for folder in args.folders:
-        try:
-            backup = refresh(folder)
-        except RefreshError as error:
-            print(f"error: {folder}: {error}", file=sys.stderr)
-            failed += 1
-            continue
-        print(f"{folder}: code refreshed (transformers {SUPPORTED_TRANSFORMERS}), decodes as the installed code; "
-              f"old files in {backup}")  # fmt: skip
-    return 1 if failed else 0
+if __name__ == "__main__":  # `python -m vanilla_transformer.refresh_code`: the command lives in the command layer
+    import runpy
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("vanilla_transformer.commands.refresh_code", run_name="__main__")

@@ -1,43 +1,41 @@
-"""Write a Hugging Face Space (Gradio) that runs the demo, app.py, for a model on the Hub; optionally upload it.
+"""Write a Hugging Face Space (Gradio) that runs the demo (vanilla_transformer/demo.py) for a model on the Hub;
+optionally upload it. The command is `vanilla-transformer space` (vanilla_transformer/commands/space.py).
 
-    python -m vanilla_transformer.space your-name/vanilla-en-de --output_dir outputs/vanilla-transformer/space
-    python -m vanilla_transformer.space your-name/vanilla-en-de --output_dir outputs/vanilla-transformer/space \
-        --space_id your-name/vanilla-en-de-demo [--private] [--token TOKEN]
-
-The Space's folder holds app.py, the code it runs (the model's files and the few library modules the demo imports:
-no training code), requirements.txt and a README.md whose YAML header is the Space's configuration, naming the model
-under `models:`, where app.py reads it (a MODEL_ID variable in the Space's settings overrides it). A subfolder of the
-model folder, such as MODEL_DIR/space, stays local when the model is uploaded. The Space loads the model from the Hub
-when it starts: upload the model first (`python -m vanilla_transformer.push_to_hub`). Offline or unreachable, the
-upload fails with a message and the written files stay.
+The Space's folder holds app.py (`SPACE_APP`: it serves the demo), the code it runs (the model's files and the few
+library modules the demo imports, copied from this installation: no training code), requirements.txt and a
+README.md whose YAML header is the Space's configuration, naming the model under `models:`, where app.py reads it (a
+MODEL_ID variable in the Space's settings overrides it). A subfolder of the model folder, such as MODEL_DIR/space,
+stays local when the model is uploaded. The Space loads the model from the Hub when it starts: upload the model
+first (`vanilla-transformer push`). Offline or unreachable, the upload fails with a message and the written files
+stay.
 """
 
-import argparse
 import shutil
-import sys
-from collections.abc import Sequence
+from importlib import resources
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from huggingface_hub import HfApi
 
+import modeling_vanilla_transformer
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from vanilla_transformer.hub import hub_failure
+from vanilla_transformer.names import CODE_FILES
 
-PROJECT = Path(__file__).resolve().parent.parent
-# what app.py imports, by its path in the Space (= its path in this project)
-SPACE_CODE = (
-    "app.py",
-    "configuration_vanilla_transformer.py",
-    "modeling_vanilla_transformer.py",
-    "pipeline_vanilla_transformer.py",
-    "fast_paths_vanilla_transformer.py",
-    "vanilla_transformer/__init__.py",
-    "vanilla_transformer/attention_maps.py",
-    "vanilla_transformer/cli.py",
-    "vanilla_transformer/translate.py",
-)
+# the library modules the demo imports, by their path in the Space (= their path in the installed package)
+LIBRARY_CODE = ("__init__.py", "demo.py", "attention_maps.py", "translate.py")
+SPACE_CODE = ("app.py", *CODE_FILES, *(f"vanilla_transformer/{name}" for name in LIBRARY_CODE))
 SPACE_FILES = (*SPACE_CODE, "requirements.txt", "README.md")
+SPACE_APP = '''"""The Space's page: vanilla-transformer's demo (vanilla_transformer/demo.py) for the model in README.md's `models:`
+(or the MODEL_ID variable of the Space's settings). Written by `vanilla-transformer space`."""
+
+from pathlib import Path
+
+from vanilla_transformer.demo import serve, space_model
+
+if __name__ == "__main__":  # a Space runs `python app.py`
+    serve(space_model(Path(__file__).with_name("README.md")))
+'''
 REQUIREMENTS = ("torch", f"transformers{SUPPORTED_TRANSFORMERS}", "matplotlib>=3.8.4", "huggingface_hub")
 GRADIO_TESTED = "6.31.0"  # the Space's gradio when none is installed here: the release the demo was tested with
 README_TEMPLATE = """---
@@ -58,8 +56,8 @@ short_description: Translate with the 2017 Transformer and see its attention
 
 The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) from the model
 [{model_id}](https://huggingface.co/{model_id}): type one sentence per line, pick the beam size and length penalty,
-and look at the attention weights of any layer and head. The page is `app.py` of the vanilla-transformer project
-(`python app.py {model_id}` runs it locally); `gradio_client.Client("{space_id}").predict(text,
+and look at the attention weights of any layer and head. The page is the demo of the vanilla-transformer project
+(`vanilla-transformer demo {model_id}` runs it locally); `gradio_client.Client("{space_id}").predict(text,
 api_name="/translate")` calls it from Python. Another model: set the variable MODEL_ID in the Space's settings.
 """
 
@@ -77,10 +75,16 @@ def write_space(model_id: str, output_dir: str | Path, space_id: str | None = No
         raise SpaceError(f"{output_dir} is a model folder: its model card would be replaced; use {output_dir}/space")
     if readme.is_file() and "\nsdk: gradio\n" not in readme.read_text(encoding="utf-8"):
         raise SpaceError(f"{readme} exists and is not a Space's card: choose another --output_dir")
-    written = []
-    for name in SPACE_CODE:
-        (output_dir / name).parent.mkdir(parents=True, exist_ok=True)
-        written.append(Path(shutil.copyfile(PROJECT / name, output_dir / name)))
+    (output_dir / "vanilla_transformer").mkdir(parents=True, exist_ok=True)
+    (output_dir / "app.py").write_text(SPACE_APP, encoding="utf-8")
+    written = [output_dir / "app.py"]
+    model_code = Path(modeling_vanilla_transformer.__file__).parent  # the installed Hub-facing files
+    for name in CODE_FILES:
+        written.append(Path(shutil.copyfile(model_code / name, output_dir / name)))
+    library = resources.files("vanilla_transformer")
+    for name in LIBRARY_CODE:
+        (output_dir / "vanilla_transformer" / name).write_bytes((library / name).read_bytes())
+        written.append(output_dir / "vanilla_transformer" / name)
     (output_dir / "requirements.txt").write_text("\n".join(REQUIREMENTS) + "\n", encoding="utf-8")
     title = f"{model_id.split('/')[-1]} demo"
     readme.write_text(
@@ -117,24 +121,7 @@ def upload_space(folder: str | Path, space_id: str, token: str | None = None, pr
     return str(url)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model_id", help="the Hub model the Space translates with, as user/name")
-    parser.add_argument("--output_dir", required=True, help="where to write the Space's files (e.g. MODEL_DIR/space)")
-    parser.add_argument("--space_id", help="upload the files to this Space, as user/name (created if needed)")
-    parser.add_argument("--private", action="store_true", help="create the Space as private")
-    parser.add_argument("--token", help="a Hub token with write access (default: the logged-in one)")
-    args = parser.parse_args(argv)
-    try:
-        paths = write_space(args.model_id, args.output_dir, args.space_id)
-        print(f"wrote the Space's {len(paths)} files into {args.output_dir}")
-        if args.space_id:
-            print(f"uploaded the Space to {upload_space(args.output_dir, args.space_id, args.token, args.private)}")
-    except SpaceError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+if __name__ == "__main__":  # `python -m vanilla_transformer.space`: the command lives in the command layer
+    import runpy
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("vanilla_transformer.commands.space", run_name="__main__")

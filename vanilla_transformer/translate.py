@@ -18,21 +18,17 @@ byte-order mark at its start is dropped); undecodable bytes stop the run, naming
 --max_new_tokens is given, at most what a learned position table can represent (said once when it cuts).
 """
 
-import argparse
 import codecs
 import os
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.utils import logging
 
 import modeling_vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
 from pipeline_vanilla_transformer import output_length
-from vanilla_transformer.cli import positive_int
 
 MAX_LINES_NAMED = 10
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -160,7 +156,7 @@ def check_output(path: str) -> None:
         raise CommandLineError(f"--output {path} cannot be written (permission denied)")
 
 
-def _name_lines(numbers: list[int]) -> str:
+def name_lines(numbers: list[int]) -> str:
     named = ", ".join(str(number) for number in numbers[:MAX_LINES_NAMED])
     return named + (f" and {len(numbers) - MAX_LINES_NAMED} more" if len(numbers) > MAX_LINES_NAMED else "")
 
@@ -175,7 +171,7 @@ def check_lines(
     too_long = [number for number, length in enumerate(lengths, start=first_line) if length > max_source_tokens]
     if too_long:
         raise CommandLineError(
-            f"line(s) {_name_lines(too_long)} have more than {max_source_tokens} source tokens (the longest has "
+            f"line(s) {name_lines(too_long)} have more than {max_source_tokens} source tokens (the longest has "
             f"{max(lengths)}): split them, or allow longer input with --max_source_tokens."
         )
     return empty
@@ -191,80 +187,6 @@ def resolve_device(name: str | None) -> str:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CommandLineError(f"--device {name}: CUDA is not available on this machine; use --device cpu.")
     return name
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model_dir", help="a saved model folder (config.json, weights, tokenizer)")
-    parser.add_argument("--input", help="source sentences, one per line (default: stdin)")
-    parser.add_argument("--output", help="where to write the translations (default: stdout)")
-    parser.add_argument("--batch_size", type=positive_int, default=32, help="sentences per batch")
-    parser.add_argument(
-        "--buffer_size",
-        type=positive_int,
-        default=1000,
-        help="lines read, sorted by length, translated and written at a time (at least --batch_size)",
-    )
-    parser.add_argument("--num_beams", type=positive_int, help="beam size (default: generation_config.json; paper: 4)")
-    parser.add_argument("--max_new_tokens", type=positive_int, help="output length limit (default: input length + 50)")
-    parser.add_argument(
-        "--max_source_tokens", type=positive_int, help="longest input line (default: max_position_embeddings)"
-    )
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and computation")
-    parser.add_argument("--attn_implementation", choices=["sdpa", "eager"], help="attention (default: the model's)")
-    parser.add_argument(
-        "--trust_remote_code",
-        action="store_true",
-        help="run the folder's own model code (Hub models); by default the installed vanilla-transformer code runs",
-    )
-    args = parser.parse_args(argv)
-    if args.input and args.output and Path(args.input).resolve() == Path(args.output).resolve():
-        parser.error(f"--output {args.output} is the --input file: the translations would replace the sources")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.disable_progress_bar()  # stderr is for this command's own messages
-    progress = {"translated": 0, "written": 0, "empty": []}
-    destination = args.output or "(stdout)"
-    try:
-        if args.output:
-            check_output(args.output)
-        device = resolve_device(args.device)
-        model_kwargs = {"dtype": DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}
-        if args.attn_implementation:
-            model_kwargs["attn_implementation"] = args.attn_implementation
-        model, tokenizer = load_model_and_tokenizer(args.model_dir, device, **model_kwargs)
-        started = time.perf_counter()
-        translate_stream(
-            model,
-            tokenizer,
-            progress,
-            source=args.input,
-            destination=args.output,
-            batch_size=args.batch_size,
-            buffer_size=args.buffer_size,
-            num_beams=args.num_beams,
-            max_new_tokens=args.max_new_tokens,
-            max_source_tokens=args.max_source_tokens,
-        )
-    except CommandLineError as error:
-        print(f"error: {error}", file=sys.stderr)
-        if progress["written"]:
-            print(f"the translations of lines 1-{progress['written']} are in {destination}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"interrupted: the translations of lines 1-{progress['written']} are in {destination}", file=sys.stderr)
-        return 130
-    if progress["empty"]:
-        print(
-            f"warning: line(s) {_name_lines(progress['empty'])} are empty: so are their output lines.", file=sys.stderr
-        )
-    seconds = time.perf_counter() - started
-    print(f"translated {progress['translated']} sentence(s) in {seconds:.1f} s on {device}", file=sys.stderr)
-    return 0
 
 
 def translate_stream(
@@ -312,5 +234,7 @@ def open_output(path: str):
         raise CommandLineError(f"cannot write the output {path}: {error}") from error
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m vanilla_transformer.translate`: the command lives in the command layer
+    import runpy
+
+    runpy.run_module("vanilla_transformer.commands.translate", run_name="__main__")

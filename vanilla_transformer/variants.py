@@ -1,10 +1,10 @@
 """The paper's Table 3 as a command: train its variations of the base model under a fixed budget each, then write the
 table (JSON, CSV, markdown) and one plot per row group.
 
-    python -m vanilla_transformer.variants --data_dir ../shared/data/multi30k --source_lang en --target_lang de \\
+    vanilla-transformer sweep --data_dir ../shared/data/multi30k --source_lang en --target_lang de \\
         --validation_split val --test_split test_2016_flickr --scale small --rows base,A,D,E --minutes 10 \\
         --output_dir outputs/table3
-    python -m vanilla_transformer.variants ... --scale base --steps 20000 \\
+    vanilla-transformer sweep ... --scale base --steps 20000 \\
         --launcher "accelerate launch --multi_gpu --num_processes 8"      # on GPUs, through Accelerate
 
 Each row is one run of `train_accelerate.py` (its own folder under --output_dir/runs; every flag this command does
@@ -24,7 +24,6 @@ Rows, relative to the base row of --scale (the paper's, with --scale base):
 - (E) learned positions instead of sinusoids.
 """
 
-import argparse
 import csv
 import json
 import shlex
@@ -36,11 +35,10 @@ from pathlib import Path
 
 from configuration_vanilla_transformer import PRESETS
 
-from .cli import positive_float, positive_int
+from .names import CHECKPOINTS_DIR, RESULTS
 
 GROUPS = ("base", "A", "B", "C", "D", "E")
 SETTINGS_FILE = "variant.json"  # in each row's run folder: what it was trained with (`row_settings`)
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -132,7 +130,8 @@ def training_command(variant: Variant, sweep: Sweep, run_dir: Path) -> list[str]
     launcher = shlex.split(sweep.launcher) if sweep.launcher else [sys.executable]
     command = [
         *launcher,
-        str(ROOT / "train_accelerate.py"),
+        "-m",  # the installed training script, for python and for `accelerate launch` alike
+        "train_accelerate",
         *sweep.training_flags,
         "--output_dir",
         str(run_dir),
@@ -156,7 +155,7 @@ def training_command(variant: Variant, sweep: Sweep, run_dir: Path) -> list[str]
     if variant.qk_head_dim:
         command += ["--qk_head_dim", str(variant.qk_head_dim)]
     command += ["--max_minutes", str(sweep.minutes)] if sweep.minutes else ["--max_steps", str(sweep.steps)]
-    if any((run_dir / "checkpoints").glob("step_*")):
+    if any((run_dir / CHECKPOINTS_DIR).glob("step_*")):
         command += ["--resume_from_checkpoint", "latest"]  # an interrupted row: continue it
     elif run_dir.is_dir() and any(run_dir.iterdir()):
         print(f"[variants] {variant.name}: its earlier run stopped before its first checkpoint; starting it again")
@@ -175,7 +174,7 @@ def check_row_settings(run_dir: Path, settings: dict, name: str) -> None:
     RuntimeError saying what differs."""
     recorded_file = run_dir / SETTINGS_FILE
     if not recorded_file.is_file():  # a row that died before its first checkpoint starts again (`training_command`)
-        if (run_dir / "results.json").is_file() or any((run_dir / "checkpoints").glob("step_*")):
+        if (run_dir / RESULTS).is_file() or any((run_dir / CHECKPOINTS_DIR).glob("step_*")):
             raise RuntimeError(
                 f"row {name} in {run_dir} has no {SETTINGS_FILE}: what it was trained with is unknown; use another "
                 f"--output_dir, or retrain it with --restart_rows {name} (deletes that row's run)"
@@ -193,7 +192,7 @@ def check_row_settings(run_dir: Path, settings: dict, name: str) -> None:
 def run_variant(variant: Variant, sweep: Sweep) -> dict:
     """Train and score one row (or read it, if finished under the same settings); returns its line of the table."""
     run_dir = Path(sweep.output_dir) / "runs" / variant.name
-    results_file = run_dir / "results.json"
+    results_file = run_dir / RESULTS
     settings = row_settings(variant, sweep)
     if variant.name in sweep.restart_rows and run_dir.exists():
         print(f"[variants] {variant.name}: --restart_rows: deleting {run_dir}")
@@ -209,7 +208,7 @@ def run_variant(variant: Variant, sweep: Sweep) -> dict:
         command = training_command(variant, sweep, run_dir)
         print(f"[variants] {variant.name} ({variant.varied or 'base'}): training, log in {log_file}", flush=True)
         with open(log_file, "a") as log:
-            finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
         if finished.returncode != 0 or not results_file.is_file():
             raise RuntimeError(f"row {variant.name} failed (exit {finished.returncode}): see {log_file}")
     return table_line(variant, json.loads(results_file.read_text()))
@@ -309,60 +308,8 @@ def plot_groups(lines: list[dict], output_dir: Path) -> list[Path]:
     return written
 
 
-def parse_args(argv=None) -> Sweep:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--rows", default=",".join(GROUPS), help=f"row groups among {','.join(GROUPS)}, or single rows (D2, E1, ...)"
-    )
-    parser.add_argument("--scale", choices=sorted(PRESETS), default="small", help="the base row's preset")
-    budget = parser.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--minutes", type=positive_float, help="training budget of each row, wall clock")
-    budget.add_argument("--steps", type=positive_int, help="training budget of each row, optimizer steps")
-    parser.add_argument("--output_dir", required=True, help="rows' runs, logs, the table and the plots")
-    parser.add_argument(
-        "--launcher", help='prefix of each run, e.g. "accelerate launch --multi_gpu --num_processes 8"'
-    )
-    parser.add_argument(
-        "--restart_rows",
-        default="",
-        help="rows (names, e.g. base,A1) whose earlier run in --output_dir is deleted and trained again",
-    )
-    args, training_flags = parser.parse_known_args(argv)
-    names = {variant.name for variant in table3_variants(args.scale)}
-    restart_rows = tuple(row for row in args.restart_rows.split(",") if row)
-    if unknown := [row for row in restart_rows if row not in names]:
-        parser.error(f"--restart_rows: unknown {unknown}; rows are {','.join(sorted(names))}")
-    rows = ("base", *(row for row in args.rows.split(",") if row != "base"))
-    if unknown := [row for row in rows if row not in GROUPS and row not in names]:
-        parser.error(
-            f"--rows: unknown {unknown}; choose groups among {','.join(GROUPS)} or "
-            f"rows among {','.join(sorted(names))}"
-        )
-    owned = {
-        "--output_dir",
-        "--preset",
-        "--layers",
-        "--d_model",
-        "--ffn_dim",
-        "--heads",
-        "--qk_head_dim",
-        "--dropout",
-        "--label_smoothing",
-        "--position_embedding_type",
-        "--max_minutes",
-        "--max_steps",
-        "--resume_from_checkpoint",
-        "--overwrite_output_dir",
-    }
-    if clashes := sorted(flag for flag in training_flags if flag.split("=")[0] in owned):
-        parser.error(f"{', '.join(clashes)}: set by each row of the table; remove them")
-    return Sweep(
-        args.output_dir, args.scale, args.minutes, args.steps, args.launcher, rows, restart_rows, tuple(training_flags)
-    )
-
-
-def main(argv=None) -> None:
-    sweep = parse_args(argv)
+def run_sweep(sweep: Sweep) -> None:
+    """Train (or read) each row asked for, then write the table and the plots into `sweep.output_dir`."""
     output_dir = Path(sweep.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     variants = [row for row in table3_variants(sweep.scale) if row.group in sweep.rows or row.name in sweep.rows]
@@ -372,8 +319,7 @@ def main(argv=None) -> None:
         print(f"[variants] plot: {path}")
 
 
-if __name__ == "__main__":
-    try:
-        main()
-    except RuntimeError as error:
-        sys.exit(f"error: {error}")
+if __name__ == "__main__":  # `vanilla-transformer sweep`: the command lives in the command layer
+    import runpy
+
+    runpy.run_module("vanilla_transformer.commands.variants", run_name="__main__")

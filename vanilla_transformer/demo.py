@@ -1,16 +1,16 @@
 """A web page that translates with a saved model and shows its attention: the demo, and a Hugging Face Space's app.
 
-    pip install -e ".[demo]"
-    python app.py outputs/vanilla-transformer          # a model folder
-    python app.py your-name/vanilla-en-de              # or a model on the Hub
-    GRADIO_SERVER_PORT=8080 GRADIO_SERVER_NAME=0.0.0.0 python app.py MODEL   # Gradio's own settings apply
+    pip install "vanilla-transformer[demo]"
+    vanilla-transformer demo outputs/vanilla-transformer       # a model folder
+    vanilla-transformer demo your-name/vanilla-en-de           # or a model on the Hub
+    GRADIO_SERVER_PORT=8080 GRADIO_SERVER_NAME=0.0.0.0 vanilla-transformer demo MODEL   # Gradio's own settings apply
 
-Without an argument the model comes from the MODEL_ID variable (a Space's settings), else from the `models:` list in
-the README.md beside this file (the Space's card, as `python -m vanilla_transformer.space` writes it).
+In a Space (`vanilla-transformer space` writes one), the model comes from the MODEL_ID variable of the Space's
+settings, else from the `models:` list of the Space's card (`space_model`).
 
 The page translates one sentence per line, all lines as one batch, with the beam size and length penalty of the
-model's generation_config.json as defaults, and draws the attention weights of one layer and head as
-`python -m vanilla_transformer.attention_maps` does. The same translation is an API endpoint:
+model's generation_config.json as defaults, and draws the attention weights of one layer and head as the
+attention-map command does. The same translation is an API endpoint:
 
     from gradio_client import Client
     Client("http://127.0.0.1:7860/").predict("The house is small.", api_name="/translate")   # num_beams=, length_penalty=
@@ -19,7 +19,6 @@ model's generation_config.json as defaults, and draws the attention weights of o
 import io
 import os
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,7 +31,6 @@ from vanilla_transformer.translate import CommandLineError, load_model_and_token
 MAX_LINES = 32  # lines per request: one batch, translated on a CPU in seconds
 KINDS = {title: kind for kind, (_, title, _, _) in ATTENTION_KINDS.items()}  # "Encoder self-attention" -> output name
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "cs": "Czech", "ro": "Romanian"}
-HERE = Path(__file__).resolve().parent
 
 
 class InputError(ValueError):
@@ -231,38 +229,24 @@ def api_endpoint(translator: Translator):
     return translate
 
 
-def model_name(argv: Sequence[str]) -> str | None:
-    """The model to serve: the argument, else $MODEL_ID, else the first of `models:` in the README.md beside this
-    file (a Space's card)."""
-    if argv:
-        return argv[0]
+def space_model(card: Path) -> str | None:
+    """The model a Space serves: $MODEL_ID (the Space's settings), else the first of `models:` in its card."""
     if os.environ.get("MODEL_ID"):
         return os.environ["MODEL_ID"]
-    if (HERE / "README.md").is_file():
+    if card.is_file():
         from huggingface_hub import metadata_load
 
-        models = (metadata_load(HERE / "README.md") or {}).get("models") or []
+        models = (metadata_load(card) or {}).get("models") or []
         return models[0] if models else None
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("-h", "--help") or len(argv) > 1:
-        print(__doc__)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    name = model_name(argv)
-    if name is None:
-        print("error: give a model folder or Hub id: python app.py MODEL (or set MODEL_ID)", file=sys.stderr)
-        return 2
-    try:
-        import gradio  # noqa: F401
-    except ImportError:
-        print("error: the demo needs gradio: pip install -e '.[demo]'", file=sys.stderr)
-        return 1
+def serve(name: str) -> None:
+    """Build the page for the model `name` and serve it (one request at a time reaches the model), until stopped."""
     build_demo(name).queue(default_concurrency_limit=1).launch()
-    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m vanilla_transformer.demo`: the command lives in the command layer
+    import runpy
+
+    runpy.run_module("vanilla_transformer.commands.demo", run_name="__main__")

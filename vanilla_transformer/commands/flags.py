@@ -1,13 +1,33 @@
-"""Argument types that check numeric flags where they enter, naming the flag and the allowed range.
+"""What every command's flags share: argument types that check numeric flags where they enter, naming the flag and
+the allowed range; deprecated aliases; `--version`.
 
 parser.add_argument("--warmup_steps", type=at_least(1))
-$ python train_accelerate.py --warmup_steps -5
+$ vanilla-transformer train --warmup_steps -5
 error: argument --warmup_steps: must be an integer >= 1, got -5
 """
 
 import argparse
 import math
 import sys
+from importlib.metadata import PackageNotFoundError, version
+
+
+def version_text() -> str:
+    """The package's version and those of the two libraries its models run on."""
+    try:
+        ours = version("vanilla-transformer")
+    except PackageNotFoundError:  # a checkout that was never installed
+        ours = "(not installed)"
+    return f"vanilla-transformer {ours} (transformers {version('transformers')}, torch {version('torch')})"
+
+
+def command_parser(prog: str, description: str | None, **kwargs) -> argparse.ArgumentParser:
+    """A command's parser: its docstring as the help text, and `--version`."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
+    )
+    parser.add_argument("--version", action="version", version=version_text())
+    return parser
 
 
 def at_least(minimum: int):

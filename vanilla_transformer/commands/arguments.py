@@ -1,4 +1,4 @@
-"""The flags of `train_accelerate.py` (and the data flags of `python -m vanilla_transformer.prepare`), and the typed
+"""The flags of `train_accelerate.py` (and the data flags of `vanilla-transformer prepare`), and the typed
 settings they become: the only module that reads an argparse Namespace. `parse_training_arguments` parses, fills
 the defaults that depend on the data, refuses combinations that cannot work (naming the flags) and returns one
 frozen `TrainingSettings`; the parsed flags are never changed afterwards."""
@@ -11,11 +11,11 @@ from pathlib import Path
 from huggingface_hub import constants as hub_constants
 
 from configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-
-from .checkpoints import CheckpointSettings
-from .cli import (
+from vanilla_transformer.checkpoints import CheckpointSettings
+from vanilla_transformer.commands.flags import (
     add_deprecated_alias,
     at_least,
+    command_parser,
     non_negative_float,
     non_negative_int,
     number_in,
@@ -23,11 +23,11 @@ from .cli import (
     positive_int,
     probability,
 )
-from .data import DataError
-from .evaluation import EvaluationSettings
-from .output_folder import OutputSettings
-from .prepare import Corpus, DataSettings, LengthFilter, TokenizerSettings, read_manifest
-from .streaming import StreamSettings
+from vanilla_transformer.data import DataError
+from vanilla_transformer.evaluation import EvaluationSettings
+from vanilla_transformer.output_folder import OutputSettings
+from vanilla_transformer.prepare import Corpus, DataSettings, LengthFilter, TokenizerSettings, read_manifest
+from vanilla_transformer.streaming import StreamSettings
 
 # Flags left unset take these values: the embedded task trains in a few minutes on a laptop CPU, real data follows
 # the paper (warm-up 4000) with the CPU-sized model unless --preset says otherwise.
@@ -89,11 +89,7 @@ class TrainingSettings:
 
 
 def parse_training_arguments(argv=None) -> TrainingSettings:
-    parser = argparse.ArgumentParser(
-        prog="train_accelerate.py",
-        description=TRAINING_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser("vanilla-transformer train", TRAINING_DESCRIPTION)
     for add_group in (
         add_data_arguments,
         add_streaming_arguments,
@@ -110,11 +106,13 @@ def parse_training_arguments(argv=None) -> TrainingSettings:
 
 TRAINING_DESCRIPTION = """Train the Transformer of "Attention Is All You Need" with Accelerate (paper section 5).
 
-    python train_accelerate.py                                   # the embedded synthetic task, offline, CPU
-    python train_accelerate.py --data_dir ../shared/data/multi30k --source_lang en --target_lang de \\
+    vanilla-transformer train                                    # the embedded synthetic task, offline, CPU
+    vanilla-transformer train --data_dir ../shared/data/multi30k --source_lang en --target_lang de \\
         --validation_split val --test_split test_2016_flickr --preset small --max_minutes 25
-    accelerate launch --multi_gpu --num_processes 8 train_accelerate.py --prepared_data data-bin/wmt14-en-de \\
+    accelerate launch --multi_gpu --num_processes 8 -m train_accelerate --prepared_data data-bin/wmt14-en-de \\
         --preset base --max_tokens 3125
+
+(`python train_accelerate.py` in a checkout, and `python -m train_accelerate`, are the same command.)
 """
 
 
@@ -122,7 +120,7 @@ TRAINING_DESCRIPTION = """Train the Transformer of "Attention Is All You Need" w
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
-    """The data flags, shared by `train_accelerate.py` and `python -m vanilla_transformer.prepare`."""
+    """The data flags, shared by `vanilla-transformer train` and `vanilla-transformer prepare`."""
     group = parser.add_argument_group("data (default: the embedded synthetic task)")
     group.add_argument("--dataset_name", help="a Hub dataset with a `translation` column, e.g. wmt14 (online)")
     group.add_argument("--dataset_config", help="e.g. de-en")

@@ -1,0 +1,59 @@
+"""`vanilla-transformer attention-maps`: draw a saved model's attention weights for one sentence, as the paper's
+appendix shows them.
+
+    vanilla-transformer attention-maps MODEL_DIR --source "The house is small." --output_dir maps/
+    vanilla-transformer attention-maps MODEL_DIR --source "..." --target "Das Haus ist klein." --output_dir maps/
+
+Writes three PNG files, one per kind of attention (vanilla_transformer/attention_maps.py says what they show).
+"""
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from vanilla_transformer.attention_maps import draw_attention_maps
+from vanilla_transformer.commands.flags import command_parser, positive_int
+from vanilla_transformer.translate import CommandLineError, load_model_and_tokenizer
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = command_parser("vanilla-transformer attention-maps", __doc__)
+    parser.add_argument("model_dir", help="a saved model folder")
+    parser.add_argument("--source", required=True, help="the sentence to encode")
+    parser.add_argument("--target", help="its translation (default: the model's own, by beam search)")
+    parser.add_argument("--output_dir", required=True, help="where to write the PNG files")
+    parser.add_argument("--num_beams", type=positive_int, default=4, help="beam size when translating (paper: 4)")
+    parser.add_argument(
+        "--max_new_tokens", type=positive_int, help="longest translation (default: source length + 50)"
+    )
+    parser.add_argument("--dpi", type=positive_int, default=100, help="resolution of the PNG files")
+    parser.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="run the folder's own model code (Hub models); by default the installed vanilla-transformer code runs",
+    )
+    args = parser.parse_args(argv)
+    if not args.source.strip():
+        parser.error("--source is empty: give a sentence")
+    if args.target is not None and not args.target.strip():
+        parser.error("--target is empty: give a translation, or leave --target out to use the model's own")
+    output_dir = Path(args.output_dir).absolute()
+    if blocking := next((path for path in (output_dir, *output_dir.parents) if path.is_file()), None):
+        parser.error(f"--output_dir {args.output_dir}: {blocking} is a file, not a folder")
+    try:
+        model, tokenizer = load_model_and_tokenizer(
+            args.model_dir, attn_implementation="eager", trust_remote_code=args.trust_remote_code
+        )
+    except CommandLineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    paths = draw_attention_maps(
+        model, tokenizer, args.source, args.output_dir, args.target, args.num_beams, args.max_new_tokens, args.dpi
+    )
+    for path in paths.values():
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""`vanilla-transformer`: one command, its subcommands the project's commands (as `accelerate launch|config|env`).
+
+    vanilla-transformer train [FLAGS]            train (and score) a model: train_accelerate.py
+    vanilla-transformer prepare ...              prepare a corpus once, for many runs
+    vanilla-transformer translate MODEL_DIR      translate stdin or --input, line by line
+    vanilla-transformer attention-maps ...       draw a model's attention weights
+    vanilla-transformer sweep ...                the paper's Table 3
+    vanilla-transformer export-ctranslate2 ...   export to CTranslate2
+    vanilla-transformer push MODEL_DIR ...       upload a model folder to the Hub
+    vanilla-transformer refresh-code MODEL_DIR   give an older model folder the installed code
+    vanilla-transformer space HUB_ID ...         write (and upload) a Hugging Face Space of the demo
+    vanilla-transformer demo MODEL               the demo web page
+
+`vanilla-transformer SUBCOMMAND --help` lists its flags; `--version` prints the package's and the transformers and
+torch versions. Several processes or machines: `accelerate launch [ACCELERATE FLAGS] -m train_accelerate [FLAGS]`.
+"""
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from vanilla_transformer.commands.flags import version_text
+
+# subcommand -> the module whose main(argv) runs it; imported only when asked for, so --help answers at once
+SUBCOMMANDS = {
+    "train": "train_accelerate",
+    "prepare": "vanilla_transformer.commands.prepare",
+    "translate": "vanilla_transformer.commands.translate",
+    "attention-maps": "vanilla_transformer.commands.attention_maps",
+    "sweep": "vanilla_transformer.commands.variants",
+    "export-ctranslate2": "vanilla_transformer.commands.export_ctranslate2",
+    "push": "vanilla_transformer.commands.push_to_hub",
+    "refresh-code": "vanilla_transformer.commands.refresh_code",
+    "space": "vanilla_transformer.commands.space",
+    "demo": "vanilla_transformer.commands.demo",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        print(version_text())
+        return 0
+    if argv[0] not in SUBCOMMANDS:
+        print(f"error: unknown subcommand {argv[0]!r}; choose among {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        return 2
+    return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

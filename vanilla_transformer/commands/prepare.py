@@ -1,0 +1,44 @@
+"""`vanilla-transformer prepare`: prepare a translation corpus once, for any number of training runs.
+
+    vanilla-transformer prepare --data_dir wmt14 --source_lang en --target_lang de \
+        --validation_split newstest2013 --test_split newstest2014 --vocab_size 37000 \
+        --preprocessing_num_workers 16 --output_dir data-bin/wmt14-en-de
+    vanilla-transformer train --prepared_data data-bin/wmt14-en-de ...      # any number of experiments
+
+What a prepared folder holds: vanilla_transformer/prepare.py.
+"""
+
+import sys
+from pathlib import Path
+
+from vanilla_transformer.commands.arguments import add_data_arguments, data_settings
+from vanilla_transformer.commands.flags import command_parser
+from vanilla_transformer.data import DataError
+from vanilla_transformer.prepare import corpus_key, prepare_corpus, split_sources
+
+
+def main(argv=None) -> int:
+    parser = command_parser("vanilla-transformer prepare", __doc__)
+    add_data_arguments(parser)
+    parser.add_argument("--output_dir", required=True, help="the prepared folder to write (must not exist)")
+    args = parser.parse_args(argv)
+    settings = data_settings(parser, args)
+    folder = Path(args.output_dir)
+    if folder.exists():
+        parser.error(f"--output_dir {folder} exists; choose a new folder (a prepared corpus is never overwritten)")
+    if blocking := next((parent for parent in folder.absolute().parents if parent.is_file()), None):
+        parser.error(f"--output_dir {folder}: {blocking} is a file, not a folder")
+    try:
+        tokenizer = settings.tokenizer.load_given()
+        sources = split_sources(settings.corpus)
+        if "train" not in sources:
+            parser.error("no training data: give --data_dir, --train_file or --dataset_name")
+        prepare_corpus(settings, sources, folder, corpus_key(settings, sources, tokenizer), tokenizer)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""`vanilla-transformer refresh-code`: give model folders saved by an earlier version the installed model code, then
+check that their weights load and decode the same tokens, in a fresh process as a Hub user loads them.
+
+    vanilla-transformer refresh-code outputs/vanilla-transformer [MORE_FOLDERS ...]
+
+The old files are kept in `.previous_code/<time>/` inside each folder; if the check fails, they are put back and
+the command exits with an error. What is checked, and why: vanilla_transformer/refresh_code.py.
+"""
+
+import sys
+from collections.abc import Sequence
+
+from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
+from vanilla_transformer.commands.flags import command_parser
+from vanilla_transformer.refresh_code import RefreshError, refresh
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = command_parser("vanilla-transformer refresh-code", __doc__)
+    parser.add_argument("folders", nargs="+", help="model folders written by this project (save_model_folder)")
+    args = parser.parse_args(argv)
+    failed = 0
+    for folder in args.folders:
+        try:
+            backup = refresh(folder)
+        except RefreshError as error:
+            print(f"error: {folder}: {error}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{folder}: code refreshed (transformers {SUPPORTED_TRANSFORMERS}), decodes as the installed code; "
+              f"old files in {backup}")  # fmt: skip
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
