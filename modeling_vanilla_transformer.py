@@ -689,7 +689,7 @@ def decoder_cache(
         raise TypeError(
             f"transformers {transformers.__version__} passed the decoder cache as `{unknown[0]}`, a name this model's "
             f"code does not read (it reads `cache` and `past_key_values`; it supports transformers"
-            f"{SUPPORTED_TRANSFORMERS}). Refresh the folder's code with `python -m vanilla_transformer.refresh_code "
+            f"{SUPPORTED_TRANSFORMERS}). Refresh the folder's code with `vanilla-transformer refresh-code "
             "FOLDER`, or install a supported transformers."
         )
     if use_cache and cache is None:

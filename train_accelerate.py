@@ -321,7 +321,7 @@ def finish(accelerator, settings: TrainingSettings, run: Run, stop_reason: str, 
             except hub.HubUploadError as error:
                 upload_failure = (
                     f"error: {error} The model folder {output_dir} is complete; upload it later with "
-                    f"python -m vanilla_transformer.push_to_hub {output_dir} --hub_model_id {settings.hub_model_id}"
+                    f"vanilla-transformer push {output_dir} --hub_model_id {settings.hub_model_id}"
                 )
     accelerator.wait_for_everyone()
     if upload_failure:

@@ -16,8 +16,8 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer import hub
-from vanilla_transformer.names import CODE_FILES
 from vanilla_transformer.commands import push_to_hub
+from vanilla_transformer.names import CODE_FILES
 
 from .conftest import CARD_VALUES, ENGLISH, random_tiny_model, save_tiny_model_folder, train_tiny_tokenizer
 

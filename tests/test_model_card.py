@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 import yaml
 from huggingface_hub import ModelCard
-from vanilla_transformer.commands.arguments import parse_training_arguments
 
 import train_accelerate
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from vanilla_transformer import hub
+from vanilla_transformer.commands.arguments import parse_training_arguments
 
 from .conftest import CARD_VALUES, run_without_the_project, save_tiny_model_folder
 

@@ -17,12 +17,12 @@ import torch
 from accelerate.state import AcceleratorState
 from huggingface_hub import constants as hub_constants
 from safetensors.torch import save_file
-from vanilla_transformer.commands.arguments import parse_training_arguments
 
 import train_accelerate
-from vanilla_transformer import checkpoints, prepare
-from vanilla_transformer.commands import prepare as prepare_command
+from vanilla_transformer import checkpoints
 from vanilla_transformer.batching import TranslationCollator
+from vanilla_transformer.commands import prepare as prepare_command
+from vanilla_transformer.commands.arguments import parse_training_arguments
 from vanilla_transformer.evaluation import evaluation_loader
 from vanilla_transformer.output_folder import OutputDirError, OutputSettings, claim_evaluation_dir, claim_output_dir
 from vanilla_transformer.training import StopSignals, config_for_tokenizer

@@ -12,11 +12,11 @@ import datasets
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
-from vanilla_transformer.commands.arguments import add_data_arguments, data_settings, parse_training_arguments
 
 from vanilla_transformer import prepare
-from vanilla_transformer.commands import prepare as prepare_command
 from vanilla_transformer.batching import DataPosition, TokenBatchSampler, TokenizedPairs, TranslationCollator
+from vanilla_transformer.commands import prepare as prepare_command
+from vanilla_transformer.commands.arguments import add_data_arguments, data_settings, parse_training_arguments
 from vanilla_transformer.data import DataError
 from vanilla_transformer.tokenization import train_shared_tokenizer
 from vanilla_transformer.training import optimizer_step_batches, prefetch

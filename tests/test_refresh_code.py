@@ -1,4 +1,4 @@
-"""`python -m vanilla_transformer.refresh_code`: a saved folder's code replaced by the installed one, checked by
+"""`vanilla-transformer refresh-code`: a saved folder's code replaced by the installed one, checked by
 decoding, the old files kept."""
 
 import json

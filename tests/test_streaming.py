@@ -4,10 +4,10 @@ import json
 from itertools import islice
 
 import pytest
-from vanilla_transformer.commands.arguments import parse_training_arguments
 
 from vanilla_transformer import prepare, streaming
 from vanilla_transformer.batching import DataPosition, TranslationCollator
+from vanilla_transformer.commands.arguments import parse_training_arguments
 from vanilla_transformer.tokenization import train_shared_tokenizer
 
 from .conftest import SOURCES, TARGETS, train

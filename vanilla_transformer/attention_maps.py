@@ -1,7 +1,7 @@
 """Draw a saved model's attention weights for one sentence, as the paper's appendix shows them.
 
-    python -m vanilla_transformer.attention_maps MODEL_DIR --source "The house is small." --output_dir maps/
-    python -m vanilla_transformer.attention_maps MODEL_DIR --source "..." --target "Das Haus ist klein." --output_dir maps/
+    vanilla-transformer attention-maps MODEL_DIR --source "The house is small." --output_dir maps/
+    vanilla-transformer attention-maps MODEL_DIR --source "..." --target "Das Haus ist klein." --output_dir maps/
 
 Writes three PNG files, one per kind of attention: encoder self-attention, decoder (masked) self-attention and
 encoder-decoder attention. Each is a grid of heat maps with one row per layer and one column per head. In a heat

@@ -4,7 +4,7 @@ folder. An error there reaches every process, so none is left waiting at a barri
 import torch
 
 WAIT_LONGER = "raise --ddp_timeout"
-PREPARE_BEFOREHAND = "raise --ddp_timeout, or prepare the corpus beforehand (python -m vanilla_transformer.prepare)"
+PREPARE_BEFOREHAND = "raise --ddp_timeout, or prepare the corpus beforehand (vanilla-transformer prepare)"
 
 
 class CoordinationError(Exception):

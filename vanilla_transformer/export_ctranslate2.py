@@ -17,7 +17,7 @@ The output folder may not be the model folder, nor inside it, nor hold it. If it
 when it is a previous CTranslate2 export (what the converter writes and nothing else): anything else is refused.
 
 Usage:
-    python -m vanilla_transformer.export_ctranslate2 MODEL_DIR OUTPUT_DIR [--quantization int8] [--force]
+    vanilla-transformer export-ctranslate2 MODEL_DIR OUTPUT_DIR [--quantization int8] [--force]
 
     translator = ctranslate2.Translator(OUTPUT_DIR, compute_type="int8")
     tokens = tokenizer.convert_ids_to_tokens(tokenizer("A sentence.").input_ids)  # ends with </s>

@@ -1,6 +1,6 @@
 """Prepare a translation corpus once: raw pairs -> Arrow -> shared BPE -> filtered token ids, memory-mapped.
 
-    python -m vanilla_transformer.prepare --data_dir wmt14 --source_lang en --target_lang de \
+    vanilla-transformer prepare --data_dir wmt14 --source_lang en --target_lang de \
         --validation_split newstest2013 --test_split newstest2014 --vocab_size 37000 \
         --preprocessing_num_workers 16 --output_dir data-bin/wmt14-en-de
     python train_accelerate.py --prepared_data data-bin/wmt14-en-de ...      # any number of experiments
@@ -454,7 +454,7 @@ def read_manifest(folder: Path) -> dict:
     path = folder / MANIFEST
     if not path.is_file():
         raise DataError(
-            f"{folder} is not a prepared corpus (no {MANIFEST}); make one with python -m vanilla_transformer.prepare"
+            f"{folder} is not a prepared corpus (no {MANIFEST}); make one with vanilla-transformer prepare"
         )
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))

@@ -1,6 +1,6 @@
 """Refresh the model code inside a saved model folder, then check that the weights load and decode the same.
 
-    python -m vanilla_transformer.refresh_code outputs/vanilla-transformer
+    vanilla-transformer refresh-code outputs/vanilla-transformer
 
 A model folder carries the code it was saved with (configuration, modeling, pipeline and fast-path files), and
 transformers runs that copy under whatever release is installed. Folders saved before this project supported
@@ -13,7 +13,7 @@ files with this installation's, which supports transformers {supported}, and the
 
 The old files are kept in `.previous_code/<time>/` inside the folder (a hidden folder, never uploaded); if the
 check fails, they are put back and the command exits with an error. Then push the folder again to update a Hub
-repository (`python -m vanilla_transformer.push_to_hub`).
+repository (`vanilla-transformer push`).
 """
 
 import json

@@ -1,9 +1,9 @@
 """Translate sentences with a saved model: one sentence per line in, its translation on the same line out.
 
-    python -m vanilla_transformer.translate MODEL_DIR < source.txt > hypotheses.txt
-    python -m vanilla_transformer.translate MODEL_DIR --input source.txt --output hypotheses.txt \
+    vanilla-transformer translate MODEL_DIR < source.txt > hypotheses.txt
+    vanilla-transformer translate MODEL_DIR --input source.txt --output hypotheses.txt \
         --batch_size 64 --num_beams 4 --device cuda
-    python -m vanilla_transformer.translate MODEL_DIR --dtype bfloat16 --attn_implementation eager < source.txt
+    vanilla-transformer translate MODEL_DIR --dtype bfloat16 --attn_implementation eager < source.txt
 
 bf16 with eager attention translated Multi30k 1.5-1.7x as fast as float32 on a CPU with AVX512-BF16, with the same
 BLEU (docs/BENCHMARKS.md); torch's CPU sdpa kernels are slow in bf16, hence eager there.

@@ -179,14 +179,14 @@ def add_process_arguments(parser: argparse.ArgumentParser) -> None:
     """A prepared corpus, and how processes wait and load batches."""
     group = parser.add_argument_group("prepared data and processes")
     group.add_argument(
-        "--prepared_data", help="a folder made by `python -m vanilla_transformer.prepare` (replaces the data flags)"
+        "--prepared_data", help="a folder made by `vanilla-transformer prepare` (replaces the data flags)"
     )
     group.add_argument(
         "--ddp_timeout",
         type=positive_int,
         default=1800,
         help="seconds a process waits at a collective, e.g. while the main process prepares the corpus (torch's "
-        "NCCL default is 600; prepare large corpora beforehand with python -m vanilla_transformer.prepare)",
+        "NCCL default is 600; prepare large corpora beforehand with vanilla-transformer prepare)",
     )
     group.add_argument(
         "--prefetch_batches",
@@ -452,7 +452,7 @@ def check_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace
     if args.push_to_hub and hub_constants.HF_HUB_OFFLINE:
         parser.error(
             "--push_to_hub with HF_HUB_OFFLINE set: the upload at the end could not happen; train without it and "
-            "run `python -m vanilla_transformer.push_to_hub OUTPUT_DIR --hub_model_id ID` once online"
+            "run `vanilla-transformer push OUTPUT_DIR --hub_model_id ID` once online"
         )
     if args.average_last > args.save_total_limit > 0:
         parser.error("--average_last cannot exceed --save_total_limit: the checkpoints to average must be kept")
