@@ -6,7 +6,9 @@ way is not run, so this environment's editable install of the project does not c
 project it can import, which each test checks before using it.
 """
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -18,6 +20,9 @@ import pytest
 from vanilla_transformer.names import REQUIRED_FILES, WEIGHTS_NAME
 
 from .conftest import ENGLISH, ROOT, TINY_RUN, run_without_the_project
+
+
+NOT_SOURCE = (".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "outputs", "runs", "data-bin")
 
 
 def run(command: list, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
@@ -32,8 +37,10 @@ def run(command: list, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
 def installed(tmp_path_factory) -> Path:
     """The bin/ folder of a fresh virtual environment holding the project's wheel (built with `pip wheel`)."""
     work = tmp_path_factory.mktemp("package")
+    # a copy of the working tree without build outputs: a stale build/ folder would hide what the package misses
+    source = shutil.copytree(ROOT, work / "source", symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCE))
     # --no-build-isolation: the build uses this environment's setuptools instead of downloading one
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", work, ROOT], cwd=work)
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", work, source], cwd=work)
     (wheel,) = work.glob("vanilla_transformer-*.whl")
     fresh = work / "venv"
     venv.create(fresh, with_pip=False)
@@ -84,14 +91,29 @@ def test_the_folder_loads_with_transformers_alone_in_a_clean_process(trained):
     assert printed.split() == ["VanillaTransformerForConditionalGeneration", "1"]
 
 
+HELP_OF_EACH_SUBCOMMAND = """
+import contextlib, io, importlib, json
+from vanilla_transformer.commands.main import SUBCOMMANDS
+helps = {}
+for name, module in SUBCOMMANDS.items():
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.suppress(SystemExit):
+        importlib.import_module(module).main(["--help"])
+    helps[name] = printed.getvalue()
+print(json.dumps(helps))
+"""
+
+
 def test_every_command_answers_help_and_version_from_the_installed_package(installed, tmp_path):
     main_help = run([installed / "vanilla-transformer", "--help"], tmp_path).stdout
-    subcommands = [line.split()[1] for line in main_help.splitlines() if line.startswith("    vanilla-transformer ")]
-    assert len(subcommands) == 10
-    for subcommand in subcommands:
-        assert "--version" in run([installed / "vanilla-transformer", subcommand, "--help"], tmp_path).stdout
-    version = run([installed / "python", "-m", "vanilla_transformer.translate", "--version"], tmp_path).stdout
+    listed = [line.split()[1] for line in main_help.splitlines() if line.startswith("    vanilla-transformer ")]
+    helps = json.loads(run([installed / "python", "-c", HELP_OF_EACH_SUBCOMMAND], tmp_path).stdout)
+    assert sorted(listed) == sorted(helps)
+    assert all(f"usage: vanilla-transformer {name}" in text and "--version" in text for name, text in helps.items())
+    assert "--max_tokens" in helps["train"] and "--num_beams" in helps["translate"]
+    version = run([installed / "vanilla-transformer", "translate", "--version"], tmp_path).stdout
     assert version.startswith("vanilla-transformer 0.") and "transformers 5." in version and "torch 2." in version
+    assert run([installed / "python", "-m", "vanilla_transformer.translate", "--version"], tmp_path).stdout == version
 
 
 def test_accelerate_launch_starts_the_installed_training_module(installed, tmp_path):
