@@ -49,7 +49,7 @@ try:  # as Hub remote code (a package)
         label_smoothed_cross_entropy,
         reorder_grouped_cache,
     )
-    from .pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline  # noqa: F401
+    from .pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline, output_length  # noqa: F401
 except ImportError:  # as installed top-level modules
     from configuration_vanilla_transformer import VanillaTransformerConfig
     from fast_paths_vanilla_transformer import (
@@ -58,7 +58,7 @@ except ImportError:  # as installed top-level modules
         label_smoothed_cross_entropy,
         reorder_grouped_cache,
     )
-    from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline  # noqa: F401
+    from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline, output_length  # noqa: F401
 
 
 logger = logging.get_logger(__name__)
@@ -560,6 +560,34 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
+
+    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
+        """`GenerationMixin.generate`, whose output length is section 6.1's, input length + 50 (ending early at
+        </s>), when neither the call nor the generation config sets one: transformers' own fallback, 20 new tokens,
+        cuts translations mid-sentence. `max_new_tokens` or `max_length`, in the call or in generation_config.json,
+        is used as given."""
+        config = generation_config if generation_config is not None else self.generation_config
+        lengths = ("max_new_tokens", "max_length")
+        if all(kwargs.get(name) is None and getattr(config, name, None) is None for name in lengths):
+            if (source_mask := self._source_mask(inputs, kwargs)) is not None:
+                kwargs["max_new_tokens"] = output_length(source_mask, self.config)
+        return super().generate(inputs, generation_config, **kwargs)
+
+    @staticmethod
+    def _source_mask(inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
+        """The (batch, source length) mask of the sources a generate() call translates, from whatever it was given."""
+        if kwargs.get("attention_mask") is not None:
+            return kwargs["attention_mask"]
+        encoder_outputs = kwargs.get("encoder_outputs")
+        for source in (
+            inputs,
+            kwargs.get("input_ids"),
+            kwargs.get("inputs_embeds"),
+            encoder_outputs and encoder_outputs[0],
+        ):
+            if isinstance(source, torch.Tensor) and source.dim() >= 2:
+                return torch.ones(source.shape[:2], dtype=torch.long)
+        return None
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value

@@ -13,7 +13,7 @@
     README.md                 the model card, rendered from model_card.md
 
 The paper's maximum output length, input length + 50, depends on each input, so it is not in generation_config.json:
-the translation pipeline and `vanilla_transformer.translate` apply it when no length is given.
+the model's generate(), the translation pipeline and `vanilla_transformer.translate` apply it when no length is given.
 
 `push_folder_to_hub` uploads exactly these files (`UPLOADED_FILES` and the shards: `files_to_upload`, an allow-list),
 whatever else the folder holds (a training run's checkpoints, logs and hypotheses, a `.env`).
