@@ -8,8 +8,12 @@ under `custom_pipelines` in config.json, so that
     translator("A sentence.")                      # [{"translation_text": "..."}]
     translator(["One.", "Two."], batch_size=2)     # [{"translation_text": "..."}, {"translation_text": "..."}]
 
-Generation arguments (`num_beams`, `max_new_tokens`, `length_penalty`, ...) pass through to `model.generate`; those
-not given come from the model's generation_config.json (the paper: beam 4, length penalty 0.6). The paper's maximum
+The arguments of transformers 4's TranslationPipeline keep their meaning: `return_text` and `return_tensors` (the
+output ids, as `translation_token_ids`), `clean_up_tokenization_spaces`, `truncation` (sources cut at the tokenizer's
+`model_max_length`), `src_lang` and `tgt_lang` (checked against the languages the model was trained on, where its
+tokenizer_config.json records them). Generation arguments (`num_beams`, `max_new_tokens`, `length_penalty`, ...) pass
+through to `model.generate`; those not given come from the model's generation_config.json (the paper: beam 4, length
+penalty 0.6). The paper's maximum
 output length, input length + 50 (section 6.1), depends on the input, so the pipeline applies it: when neither
 `max_new_tokens` nor `max_length` is set, a batch may generate (its longest source, in tokens) + 50 new tokens.
 """
@@ -85,12 +89,43 @@ class VanillaTransformerTranslationPipeline(Pipeline):
             return results
         return super().__call__(inputs, **kwargs)
 
-    def _sanitize_parameters(self, **generate_kwargs):
-        return {}, generate_kwargs, {}
+    def _sanitize_parameters(
+        self,
+        return_text: bool | None = None,
+        return_tensors: bool | None = None,
+        clean_up_tokenization_spaces: bool | None = None,
+        truncation=None,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+        **generate_kwargs,
+    ):
+        """transformers 4's TranslationPipeline arguments, with their meaning there; the rest go to generate()."""
+        self._check_languages(src_lang=src_lang, tgt_lang=tgt_lang)
+        preprocess = {} if truncation is None else {"truncation": truncation}
+        postprocess = {}
+        if return_tensors is not None or return_text is not None:  # as in v4: ids instead of text, unless both asked
+            postprocess["with_ids"] = bool(return_tensors)
+            postprocess["with_text"] = return_text if return_text is not None else not return_tensors
+            if not (postprocess["with_ids"] or postprocess["with_text"]):
+                raise ValueError("return_text=False without return_tensors=True leaves nothing to return.")
+        if clean_up_tokenization_spaces is not None:
+            postprocess["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
+        return preprocess, generate_kwargs, postprocess
 
-    def preprocess(self, text: str) -> dict[str, torch.Tensor]:
+    def _check_languages(self, **given: str | None) -> None:
+        """`src_lang`/`tgt_lang` must be the model's own languages: a single-pair model translates nothing else."""
+        known = {"src_lang": self.tokenizer.init_kwargs.get("source_lang"),
+                 "tgt_lang": self.tokenizer.init_kwargs.get("target_lang")}  # fmt: skip
+        for name, language in given.items():
+            if language is not None and known[name] is not None and language != known[name]:
+                raise ValueError(
+                    f"{name}={language!r}, but this model translates {known['src_lang']} to {known['tgt_lang']} "
+                    f"only; leave {name} out or give {known[name]!r}."
+                )
+
+    def preprocess(self, text: str, truncation=False) -> dict[str, torch.Tensor]:
         _check_text(text)
-        encoding = self.tokenizer(text, return_tensors="pt")
+        encoding = self.tokenizer(text, return_tensors="pt", truncation=truncation)
         return {"input_ids": encoding["input_ids"], "attention_mask": encoding["attention_mask"]}
 
     def _forward(self, model_inputs: dict[str, torch.Tensor], **generate_kwargs) -> dict[str, torch.Tensor]:
@@ -104,13 +139,37 @@ class VanillaTransformerTranslationPipeline(Pipeline):
         # (batch * sequences per input, length) -> (batch, sequences per input, length), unbatched per input
         return {"output_ids": output_ids.reshape(input_ids.shape[0], -1, output_ids.shape[-1])}
 
-    def postprocess(self, model_outputs: dict[str, torch.Tensor]) -> list[dict[str, str]]:
-        return [
-            {"translation_text": self.tokenizer.decode(ids, skip_special_tokens=True)}
-            for ids in model_outputs["output_ids"][0]
-        ]
+    def postprocess(
+        self,
+        model_outputs: dict[str, torch.Tensor],
+        with_text: bool = True,
+        with_ids: bool = False,
+        clean_up_tokenization_spaces: bool = False,
+    ) -> list[dict]:
+        """One dict per returned sequence: `translation_text`, and/or `translation_token_ids` (`return_tensors`)."""
+        records = []
+        for ids in model_outputs["output_ids"][0]:
+            record = {"translation_token_ids": ids} if with_ids else {}
+            if with_text:
+                record["translation_text"] = self.tokenizer.decode(
+                    ids, skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
+                )
+            records.append(record)
+        return records
 
 
-PIPELINE_REGISTRY.register_pipeline(
-    "translation", pipeline_class=VanillaTransformerTranslationPipeline, pt_model=AutoModelForSeq2SeqLM
-)
+def _register_pipeline() -> None:
+    """Register the pipeline for the "translation" task without transformers' "already registered. Overwriting"
+    warning: each model folder's copy of this file is imported as a module of its own, and registers again."""
+    registry_logger = logging.get_logger(type(PIPELINE_REGISTRY).__module__)
+    level = registry_logger.level
+    registry_logger.setLevel(logging.ERROR)
+    try:
+        PIPELINE_REGISTRY.register_pipeline(
+            "translation", pipeline_class=VanillaTransformerTranslationPipeline, pt_model=AutoModelForSeq2SeqLM
+        )
+    finally:
+        registry_logger.setLevel(level)
+
+
+_register_pipeline()

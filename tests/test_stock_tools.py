@@ -1,13 +1,26 @@
-"""The calls Hugging Face users make, with no argument of ours: they must give the paper's answer (issue 33).
+"""The calls Hugging Face users make, with no argument of ours, give the paper's answer (issue 33).
 
 generate() without a length decodes up to section 6.1's input length + 50, ending early at </s>, as the pipeline and
-the commands do; a length the user sets, in the call or in the generation config, is used as given.
+the commands do; a length the user sets, in the call or in the generation config, is used as given. The translation
+pipeline takes the arguments of transformers 4's TranslationPipeline with their meaning there.
 """
 
-import torch
-from transformers import GenerationConfig
+import subprocess
+import sys
 
-from .conftest import random_ids, random_tiny_model, run_without_the_project, save_tiny_model_folder
+import pytest
+import torch
+from transformers import GenerationConfig, pipeline
+
+from .conftest import (
+    BLOCK_PROJECT_IMPORTS,
+    CARD_VALUES,
+    ENGLISH,
+    random_ids,
+    random_tiny_model,
+    run_without_the_project,
+    save_tiny_model_folder,
+)
 
 SOURCE_TOKENS = 25  # longer than transformers' own fallback of 20 new tokens
 
@@ -60,3 +73,49 @@ def test_a_saved_folder_loaded_by_transformers_alone_decodes_the_papers_length(t
         tmp_path,
     )
     assert int(printed) == 1 + SOURCE_TOKENS + 50
+
+
+# --- the translation pipeline takes transformers 4's TranslationPipeline arguments ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def translator(tmp_path_factory):
+    """The pipeline of a saved English-to-German folder, loaded as a Hub user loads it."""
+    folder = save_tiny_model_folder(tmp_path_factory.mktemp("v4") / "model", CARD_VALUES)
+    return pipeline("translation", model=str(folder), trust_remote_code=True)
+
+
+def test_the_pipeline_takes_return_tensors_and_return_text_with_their_v4_meaning(translator):
+    (ids_only,) = translator(ENGLISH[0], return_tensors=True, max_new_tokens=4)
+    assert set(ids_only) == {"translation_token_ids"} and ids_only["translation_token_ids"].dim() == 1
+    (both,) = translator(ENGLISH[0], return_tensors=True, return_text=True, max_new_tokens=4)
+    assert both["translation_text"] == translator.tokenizer.decode(
+        ids_only["translation_token_ids"], skip_special_tokens=True
+    )
+    assert torch.equal(both["translation_token_ids"], ids_only["translation_token_ids"])
+    with pytest.raises(ValueError, match="nothing to return"):
+        translator(ENGLISH[0], return_text=False)
+
+
+def test_the_pipeline_takes_truncation_and_clean_up_tokenization_spaces(translator):
+    too_long = " ".join(ENGLISH) * 20  # more tokens than the tokenizer's model_max_length
+    assert len(translator.tokenizer(too_long)["input_ids"]) > translator.tokenizer.model_max_length
+    (cut,) = translator(too_long, truncation=True, max_new_tokens=2, clean_up_tokenization_spaces=True)
+    assert isinstance(cut["translation_text"], str)
+
+
+def test_the_pipeline_checks_src_lang_and_tgt_lang_against_the_models_languages(translator):
+    assert translator(ENGLISH[0], src_lang="en", tgt_lang="de", max_new_tokens=2)
+    with pytest.raises(ValueError, match="tgt_lang='fr', but this model translates en to de only"):
+        translator(ENGLISH[0], src_lang="en", tgt_lang="fr")
+
+
+def test_building_the_pipeline_in_a_users_process_logs_nothing(translator):
+    """The folder's code registers the "translation" task twice in a fresh process (as the model's sibling and as
+    the pipeline transformers loads): transformers' "already registered. Overwriting" warning must not show."""
+    code = BLOCK_PROJECT_IMPORTS + "from transformers import pipeline\n"
+    code += f"pipeline('translation', model={translator.model.name_or_path!r}, trust_remote_code=True)\n"
+    environment = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    built = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=environment)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert "already registered" not in built.stderr

@@ -75,18 +75,22 @@ def save_model_folder(
     # the model (safetensors, config with auto_map, the two model files) and the tokenizer.
     translator = VanillaTransformerTranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     translator.save_pretrained(output_dir)
-    drop_machine_settings(output_dir / "tokenizer_config.json")
+    languages = {name: (card_values or {}).get(name) for name in ("source_lang", "target_lang")}
+    settle_tokenizer_config(output_dir / "tokenizer_config.json", languages)
     paper_generation_config(model.config, **decoding).save_pretrained(output_dir)
     card = render_model_card(model, {**(card_values or {}), **decoding})
     (output_dir / "README.md").write_text(card, encoding="utf-8")
     return output_dir
 
 
-def drop_machine_settings(tokenizer_config: Path) -> None:
-    """Remove from a saved tokenizer_config.json what describes the machine that loaded the tokenizer."""
+def settle_tokenizer_config(tokenizer_config: Path, languages: dict[str, str | None]) -> None:
+    """Remove from a saved tokenizer_config.json what describes the machine that loaded the tokenizer, and record the
+    model's `source_lang` and `target_lang` where known (as Marian's tokenizers do): the pipeline checks a caller's
+    `src_lang`/`tgt_lang` against them."""
     settings = json.loads(tokenizer_config.read_text(encoding="utf-8"))
-    if any(name in settings for name in MACHINE_SETTINGS):
-        kept = {name: value for name, value in settings.items() if name not in MACHINE_SETTINGS}
+    kept = {name: value for name, value in settings.items() if name not in MACHINE_SETTINGS}
+    kept |= {name: language for name, language in languages.items() if language}
+    if kept != settings:
         tokenizer_config.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
