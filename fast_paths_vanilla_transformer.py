@@ -13,6 +13,8 @@ them against it) and has a switch:
   used by the training script; 12% of a base training step on CPU went to the logits' log-softmax).
 """
 
+from functools import partial
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -45,6 +47,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         and ONEDNN["usable"]
         and input.device.type == "cpu"
         and input.dtype == weight.dtype == torch.float32
+        and type(weight) in (nn.Parameter, torch.Tensor)  # not a quantizer's tensor subclass (torchao, quanto)
         and weight.numel() > ONEDNN_MIN_WEIGHT_ELEMENTS
         and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
         and not torch.is_autocast_enabled("cpu")
@@ -58,17 +61,18 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return F.linear(input, weight, bias)
 
 
-class VanillaTransformerLinear(nn.Linear):
-    """nn.Linear whose product runs through `linear()`: oneDNN for float32 inference on CPU, unless the model's
-    `config.onednn_linear` is False."""
+def use_onednn_linears(model: nn.Module, config) -> None:
+    """Run the products of `model`'s linear layers through `linear()`: oneDNN for float32 inference on CPU, unless
+    `config.onednn_linear` is False (read at each call). The layers stay plain `nn.Linear`s, with only their
+    `forward` replaced, so the tools that match layers by type (quantize_dynamic, torchao, quanto, peft) find and
+    replace them as in any model; a layer they replace runs its own forward."""
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.forward = partial(_linear_forward, module, config)
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, config=None):
-        super().__init__(in_features, out_features, bias=bias)
-        self.config = config
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        onednn = self.config is None or getattr(self.config, "onednn_linear", True)
-        return linear(input, self.weight, self.bias, onednn=onednn)
+def _linear_forward(module: nn.Linear, config, input: torch.Tensor) -> torch.Tensor:
+    return linear(input, module.weight, module.bias, onednn=getattr(config, "onednn_linear", True))
 
 
 # --- beam search: encoder-decoder keys and values once per sentence ---------------------------------------------

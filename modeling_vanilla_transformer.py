@@ -44,19 +44,19 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 try:  # as Hub remote code (a package)
     from .configuration_vanilla_transformer import VanillaTransformerConfig
     from .fast_paths_vanilla_transformer import (
-        VanillaTransformerLinear,
         grouped_beam_attention,
         label_smoothed_cross_entropy,
         reorder_grouped_cache,
+        use_onednn_linears,
     )
     from .pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline, output_length  # noqa: F401
 except ImportError:  # as installed top-level modules
     from configuration_vanilla_transformer import VanillaTransformerConfig
     from fast_paths_vanilla_transformer import (
-        VanillaTransformerLinear,
         grouped_beam_attention,
         label_smoothed_cross_entropy,
         reorder_grouped_cache,
+        use_onednn_linears,
     )
     from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline, output_length  # noqa: F401
 
@@ -160,11 +160,11 @@ class VanillaTransformerAttention(nn.Module):
         self.layer_idx = layer_idx
         qk_size, v_size = num_heads * self.qk_head_dim, num_heads * self.head_dim
         if is_cross_attention:
-            self.q_proj = VanillaTransformerLinear(config.d_model, qk_size, config=config)
-            self.kv_proj = VanillaTransformerLinear(config.d_model, qk_size + v_size, config=config)
+            self.q_proj = nn.Linear(config.d_model, qk_size)
+            self.kv_proj = nn.Linear(config.d_model, qk_size + v_size)
         else:
-            self.qkv_proj = VanillaTransformerLinear(config.d_model, 2 * qk_size + v_size, config=config)
-        self.out_proj = VanillaTransformerLinear(v_size, config.d_model, config=config)
+            self.qkv_proj = nn.Linear(config.d_model, 2 * qk_size + v_size)
+        self.out_proj = nn.Linear(v_size, config.d_model)
 
     def _split_heads(self, projected: torch.Tensor, *head_dims: int) -> tuple[torch.Tensor, ...]:
         # (B, L, H * sum(head_dims)) -> one (B, H, L, head_dim) per head_dim
@@ -224,8 +224,8 @@ class VanillaTransformerFeedForward(nn.Module):
 
     def __init__(self, config: VanillaTransformerConfig, ffn_dim: int):
         super().__init__()
-        self.fc1 = VanillaTransformerLinear(config.d_model, ffn_dim, config=config)
-        self.fc2 = VanillaTransformerLinear(ffn_dim, config.d_model, config=config)
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
         self.activation = ACT2FN[config.activation_function]
         self.activation_dropout = config.activation_dropout
 
@@ -335,6 +335,10 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
         elif isinstance(module, VanillaTransformerSinusoidalPositionalEmbedding):
             init.copy_(module.table, sinusoidal_position_table(*module.table.shape))
+
+    def post_init(self) -> None:
+        super().post_init()
+        use_onednn_linears(self, self.config)  # the fast paths' oneDNN products; the layers stay nn.Linear
 
 
 def _position_embedding(config: VanillaTransformerConfig) -> nn.Module:
@@ -555,7 +559,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
-        self.lm_head = VanillaTransformerLinear(config.d_model, config.vocab_size, bias=False, config=config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Linear:

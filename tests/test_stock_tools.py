@@ -2,14 +2,17 @@
 
 generate() without a length decodes up to section 6.1's input length + 50, ending early at </s>, as the pipeline and
 the commands do; a length the user sets, in the call or in the generation config, is used as given. The translation
-pipeline takes the arguments of transformers 4's TranslationPipeline with their meaning there.
+pipeline takes the arguments of transformers 4's TranslationPipeline with their meaning there. The linear layers are
+plain nn.Linear, so quantizers that match layers by type find every one.
 """
 
+import copy
 import subprocess
 import sys
 
 import pytest
 import torch
+from torch import nn
 from transformers import GenerationConfig, pipeline
 
 from .conftest import (
@@ -119,3 +122,20 @@ def test_building_the_pipeline_in_a_users_process_logs_nothing(translator):
     built = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=environment)
     assert built.returncode == 0, built.stderr[-3000:]
     assert "already registered" not in built.stderr
+
+
+# --- quantizers find the linear layers --------------------------------------------------------------------------
+
+
+def test_the_linear_layers_are_plain_nn_linear_for_the_tools_that_match_by_type(tiny_model):
+    linears = [name for name, module in tiny_model.named_modules() if isinstance(module, nn.Linear)]
+    assert linears and all(type(tiny_model.get_submodule(name)) is nn.Linear for name in linears)
+
+
+def test_quantize_dynamic_converts_every_linear_layer_and_the_model_still_translates(memorising_model):
+    model, sources, targets = memorising_model
+    linears = sum(isinstance(module, nn.Linear) for module in model.modules())
+    quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+    converted = sum(isinstance(module, torch.ao.nn.quantized.dynamic.Linear) for module in quantized.modules())
+    assert converted == linears == 4 * model.config.encoder_layers + 7 * model.config.decoder_layers + 1
+    assert torch.equal(quantized.generate(input_ids=sources, num_beams=1)[:, 1:], targets)
