@@ -87,12 +87,19 @@ class VanillaTransformerSinusoidalPositionalEmbedding(nn.Module):
         self.dim = config.d_model
         self.register_buffer("table", sinusoidal_position_table(config.max_position_embeddings, self.dim), False)
 
-    def forward(self, past_length: int, length: int) -> torch.Tensor:  # -> (length, D)
+    def forward(self, past_length: int | torch.Tensor, length: int) -> torch.Tensor:  # -> (length, D)
+        if not isinstance(past_length, int):  # a static cache's length, a tensor: index without reading it
+            return self.table.index_select(0, torch.arange(length, device=self.table.device) + past_length)
         end = past_length + length
         if end > self.table.shape[0]:
-            new_size = max(end, 2 * self.table.shape[0])
-            self.table = sinusoidal_position_table(new_size, self.dim).to(self.table.device)
+            self.grow(end)
         return self.table[past_length:end]
+
+    def grow(self, positions: int) -> None:
+        """Make the table hold at least `positions` rows (a static cache's size is known before decoding)."""
+        if positions > self.table.shape[0]:
+            new_size = max(positions, 2 * self.table.shape[0])
+            self.table = sinusoidal_position_table(new_size, self.dim).to(self.table.device)
 
 
 class VanillaTransformerLearnedPositionalEmbedding(nn.Embedding):
@@ -101,7 +108,9 @@ class VanillaTransformerLearnedPositionalEmbedding(nn.Embedding):
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config.max_position_embeddings, config.d_model)
 
-    def forward(self, past_length: int, length: int) -> torch.Tensor:  # -> (length, D)
+    def forward(self, past_length: int | torch.Tensor, length: int) -> torch.Tensor:  # -> (length, D)
+        if not isinstance(past_length, int):  # a static cache's length: generate() keeps within the table
+            return self.weight.index_select(0, torch.arange(length, device=self.weight.device) + past_length)
         end = past_length + length
         if end > self.num_embeddings:
             raise ValueError(
@@ -435,8 +444,12 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
             raise ValueError("The decoder needs `encoder_hidden_states` (the encoder output).")
         cache = decoder_cache(cache, past_key_values, kwargs, use_cache, self.config)
         past_length = cache.get_seq_length() if cache is not None else 0
+        # A static cache counts its length in a tensor (torch.compile traces it; reading it would synchronise): the
+        # checks of the user's inputs run where the length is a Python int (no cache, a dynamic cache, a static
+        # cache's first call), which covers every call with user inputs.
+        length_known = isinstance(past_length, int)
         if inputs_embeds is None:
-            if past_length == 0:  # the user's ids; generate's cached steps feed back the model's own, unchecked
+            if length_known and past_length == 0:  # the user's ids; generate's later steps feed back the model's own
                 _check_token_ids(input_ids, self.config.vocab_size, "decoder_input_ids")
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale  # 3.4: scaled by sqrt(d_model)
         batch_size, length = inputs_embeds.shape[:2]
@@ -445,9 +458,13 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
                 f"The encoder output has batch size {encoder_hidden_states.shape[0]} but the decoder inputs have "
                 f"{batch_size}."
             )
-        _check_attention_mask(attention_mask, (batch_size, past_length + length), "decoder_attention_mask")
+        if length_known:
+            _check_attention_mask(attention_mask, (batch_size, past_length + length), "decoder_attention_mask")
         _check_attention_mask(encoder_attention_mask, encoder_hidden_states.shape[:2], "attention_mask")
 
+        if length_known and past_length == 0 and cache is not None and hasattr(self.embed_positions, "grow"):
+            # a static cache's size (-1 for one that grows), before decoding: later steps only index the table
+            self.embed_positions.grow(cache.self_attention_cache.get_max_length())
         positions = self.embed_positions(past_length, length)
         hidden_states = inputs_embeds + positions.to(inputs_embeds.dtype)  # (B, T, D)
         hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)

@@ -139,3 +139,21 @@ def test_quantize_dynamic_converts_every_linear_layer_and_the_model_still_transl
     converted = sum(isinstance(module, torch.ao.nn.quantized.dynamic.Linear) for module in quantized.modules())
     assert converted == linears == 4 * model.config.encoder_layers + 7 * model.config.decoder_layers + 1
     assert torch.equal(quantized.generate(input_ids=sources, num_beams=1)[:, 1:], targets)
+
+
+# --- static cache and torch.compile, as the model declares (_can_compile_fullgraph) ---------------------------------
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_compiled_static_cache_decoding_gives_the_tokens_of_eager_dynamic_cache_decoding(num_beams):
+    """fullgraph=True fails at any graph break; the "eager" backend runs the traced graph without code generation
+    (the speed of inductor's code is measured in benchmarks/, not here)."""
+    model = random_tiny_model(61, max_position_embeddings=8)  # the sinusoidal table grows before decoding
+    assert model._can_compile_fullgraph
+    sources = random_ids(model.config, (2, 9))
+    settings = dict(attention_mask=torch.ones_like(sources), num_beams=num_beams, max_new_tokens=10)
+    eager = model.generate(sources, **settings)
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False, backend="eager")
+    compiled = model.generate(sources, cache_implementation="static", **settings)
+    assert torch.equal(compiled, eager)
