@@ -47,7 +47,13 @@ from vanilla_transformer.evaluation import (
     score_splits,
 )
 from vanilla_transformer.names import RESULTS, TRACKER_LOGS, TRAIN_LOG
-from vanilla_transformer.output_folder import OutputDirError, claim_output_dir
+from vanilla_transformer.output_folder import (
+    FINAL_ENTRIES,
+    TRAINING_ENTRIES,
+    OutputDirError,
+    RunFolder,
+    claim_run_folder,
+)
 from vanilla_transformer.training import (
     StopSignals,
     TrainingLog,
@@ -74,36 +80,56 @@ def train(argv=None) -> None:
         scoring = (settings.data, settings.evaluation, settings.output, settings.trust_remote_code)
         evaluate_saved_model(accelerator, settings.evaluate_only, *scoring)
         return
-    claim_the_output_folder(accelerator, settings)  # before any data is prepared
-    set_seed(settings.seed)
-    run = set_up_run(settings, accelerator)
-    Path(settings.output.output_dir).mkdir(parents=True, exist_ok=True)
-    if accelerator.is_main_process and settings.report_to != "none":
-        accelerator.init_trackers(TRACKER_LOGS, config=settings.hyperparameters)
+    folder = claim_the_output_folder(accelerator, settings)  # before any data is prepared; holds the folder's lock
+    try:
+        set_seed(settings.seed)
+        run = set_up_run(settings, accelerator)
+        trackers = (TRACKER_LOGS,) if settings.report_to != "none" else ()
+        folder.record((*TRAINING_ENTRIES, *trackers), run.state.run_id)  # listed before they are written
+        Path(settings.output.output_dir).mkdir(parents=True, exist_ok=True)
+        if accelerator.is_main_process and settings.report_to != "none":
+            accelerator.init_trackers(TRACKER_LOGS, config=settings.hyperparameters)
 
-    stop_signals = StopSignals()
-    stop_reason = train_loop(accelerator, settings, run, stop_signals)
-    if stop_reason == "signal":
-        accelerator.print(
-            f"[stop] a stop signal at step {run.state.step}: checkpoint saved; continue with "
-            "--resume_from_checkpoint latest"
-        )
-    else:
-        finish(accelerator, settings, run, stop_reason, stop_signals)
-    del run
-    accelerator.free_memory()  # the DDP model and its reducer go while their process group still exists
-    accelerator.end_training()
+        stop_signals = StopSignals()
+        stop_reason = train_loop(accelerator, settings, run, stop_signals)
+        if stop_reason == "signal":
+            accelerator.print(
+                f"[stop] a stop signal at step {run.state.step}: checkpoint saved; continue with "
+                "--resume_from_checkpoint latest"
+            )
+        else:
+            finish(accelerator, settings, run, stop_reason, stop_signals, folder)
+        del run
+        accelerator.free_memory()  # the DDP model and its reducer go while their process group still exists
+        accelerator.end_training()
+    finally:
+        folder.close()  # the lock goes; the record keeps what the run wrote
 
 
-def claim_the_output_folder(accelerator, settings: TrainingSettings) -> None:
+def claim_the_output_folder(accelerator, settings: TrainingSettings) -> RunFolder:
     """The output folder is this run's (or refused), on every machine that writes one: with no filesystem shared
-    by every process, each machine keeps its own copy of every checkpoint."""
+    by every process, each machine keeps its own copy of every checkpoint. Returns the folder, locked by the process
+    that claimed it (one run per folder), to record what the run writes and to close at the end.
+
+    The lock: on one filesystem shared by every process, only the main process writes the folder, and only it takes
+    the lock. Without one, each machine's first process writes that machine's own copy of the folder and claims it,
+    lock included: a second run can only write into a machine's copy through that machine's first process, which
+    then meets the lock there (on other machines' folders nobody else writes)."""
     save_on_each_node = not checkpoints.output_dir_is_shared(accelerator, settings.output.output_dir)
     accelerator.project_configuration.save_on_each_node = save_on_each_node
     if save_on_each_node:
         accelerator.print("[output] --output_dir is not shared between the machines: each keeps its own checkpoints")
-    claim = partial(claim_output_dir, settings.output)
-    main_process_only(accelerator, claim, "checking --output_dir", checkpoints.writes_checkpoints(accelerator))
+    claimed = [RunFolder(settings.output.output_dir)]  # unlocked: a process that does not write the folder
+
+    def claim():
+        claimed[0] = claim_run_folder(settings.output)
+
+    try:
+        main_process_only(accelerator, claim, "checking --output_dir", checkpoints.writes_checkpoints(accelerator))
+    except BaseException:  # refused on another machine: this one's lock goes too
+        claimed[0].close()
+        raise
+    return claimed[0]
 
 
 # --- data --------------------------------------------------------------------------------------------------------
@@ -272,7 +298,14 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
 # --- the final model ---------------------------------------------------------------------------------------------
 
 
-def finish(accelerator, settings: TrainingSettings, run: Run, stop_reason: str, stop_signals: StopSignals) -> None:
+def finish(
+    accelerator,
+    settings: TrainingSettings,
+    run: Run,
+    stop_reason: str,
+    stop_signals: StopSignals,
+    folder: RunFolder | None = None,
+) -> None:
     """The final model: averaged checkpoints (6.1), saved as a Hub-ready folder, then the paper's decoding of the
     validation and test sets (beam 4, length penalty 0.6, input + 50) in float32 with the default attention, as users
     run the saved model. The folder and results.json are written before evaluating, so a crash or a Ctrl-C there
@@ -293,7 +326,11 @@ def finish(accelerator, settings: TrainingSettings, run: Run, stop_reason: str, 
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     if accelerator.is_main_process:
+        if folder is not None:
+            folder.record(FINAL_ENTRIES)  # the model folder, results and hypotheses, listed before they are written
         save_final_model(model, run.tokenizer, settings, summary)
+        if folder is not None:
+            folder.record_model_shards()
     # a signal while saving, on any process, skips the evaluation everywhere (every process must agree)
     if accelerator.reduce(torch.tensor(float(stop_signals.requested), device=accelerator.device), "sum").item():
         accelerator.print(

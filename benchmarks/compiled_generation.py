@@ -51,7 +51,9 @@ def main() -> None:
     compiled = build_ours(args.preset, workload.vocab_size).eval()
     compiled.forward = torch.compile(compiled.forward, fullgraph=True, dynamic=False)
     print(f"# {describe_machine(machine())}")
-    print("| preset | batch | beams | dynamic cache, eager (s) | static cache, compiled (s) | speed-up | compile (s) |")
+    print(
+        "| preset | batch | beams | dynamic cache, eager (s) | static cache, compiled (s) | speed-up | compile (s) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for num_beams in (1, 4):
         runs = {

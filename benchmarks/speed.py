@@ -61,10 +61,10 @@ from common import (  # noqa: E402
     padded_batch,
 )
 from timing import median_seconds  # noqa: E402
-from vanilla_transformer.commands.flags import add_deprecated_alias  # noqa: E402
 
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
+from vanilla_transformer.commands.flags import add_deprecated_alias  # noqa: E402
 from vanilla_transformer.export_marian import check_same_function, marian_config, to_marian  # noqa: E402
 
 ENGINES = ("ours", "marian", "ct2_float32", "ct2_int8")

@@ -311,3 +311,88 @@ def test_a_space_is_never_written_over_a_model_folder_or_another_card(memorising
     (tmp_path / "README.md").write_text("# my notes\n")
     with pytest.raises(space.SpaceError, match="not a Space's card"):
         space.write_space("someone/model", tmp_path)
+
+
+def test_the_space_writer_refuses_a_folder_of_the_users_files_even_with_overwrite(tmp_path, capsys):
+    folder = tmp_path / "space"
+    folder.mkdir()
+    (folder / "app.py").write_text("# the user's own app\n")
+    (folder / "notes.txt").write_text("mine\n")
+    for overwrite in ([], ["--overwrite"]):
+        assert space_command.main(["someone/model", "--output_dir", str(folder), *overwrite]) == 1
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and "app.py" in error and "Traceback" not in error
+    assert (folder / "app.py").read_text() == "# the user's own app\n" and sorted(os.listdir(folder)) == [
+        "app.py",
+        "notes.txt",
+    ]
+
+
+def test_overwrite_replaces_only_what_the_previous_space_export_wrote_and_only_unchanged(tmp_path):
+    folder = tmp_path / "space"
+    space.write_space("someone/old-model", folder)
+    (folder / "notes.txt").write_text("mine\n")
+    with pytest.raises(space.SpaceError, match="replace it with --overwrite"):
+        space.write_space("someone/new-model", folder)
+    space.write_space("someone/new-model", folder, overwrite=True)
+    assert "someone/new-model" in (folder / "README.md").read_text()
+    assert (folder / "notes.txt").read_text() == "mine\n"
+
+    (folder / "app.py").write_text("# edited since\n")
+    with pytest.raises(space.SpaceError, match=r"app.py \(changed since vanilla-transformer space wrote it\)"):
+        space.write_space("someone/new-model", folder, overwrite=True)
+    assert (folder / "app.py").read_text() == "# edited since\n"
+
+
+@pytest.mark.parametrize("name", ["app.py", "README.md", "vanilla_transformer"])
+def test_the_space_writer_never_writes_through_a_link(tmp_path, name):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "demo.py").write_text("# someone else's\n")
+    target = outside if name == "vanilla_transformer" else outside / "demo.py"
+    folder = tmp_path / "space"
+    space.write_space("someone/model", folder)
+    if name == "vanilla_transformer":
+        shutil.rmtree(folder / name)
+    else:
+        (folder / name).unlink()
+    (folder / name).symlink_to(target)
+    with pytest.raises(space.SpaceError, match=f"{name} is a symbolic link"):
+        space.write_space("someone/model", folder, overwrite=True)
+    assert (outside / "demo.py").read_text() == "# someone else's\n" and os.listdir(outside) == ["demo.py"]
+
+
+class RecordingSpaceApi:
+    """Stands in for huggingface_hub.HfApi in the Space's upload: records the calls, touches no network."""
+
+    calls: list = []
+
+    def __init__(self, token=None):
+        self.calls.append(("init", token))
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id))
+        return f"https://huggingface.co/spaces/{repo_id}"
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        self.calls.append(("create_commit", {op.path_in_repo: op.path_or_fileobj for op in operations}))
+
+
+def test_a_space_upload_sends_only_its_regular_files_and_never_a_links_target(tmp_path, monkeypatch):
+    monkeypatch.setattr(RecordingSpaceApi, "calls", [])
+    monkeypatch.setattr(space, "HfApi", RecordingSpaceApi)
+    folder = tmp_path / "space"
+    space.write_space("someone/model", folder)
+    (folder / ".env").write_text("HF_TOKEN=hf_secret\n")
+    space.upload_space(folder, "someone/demo")
+    (_, sent), *_ = [call for call in RecordingSpaceApi.calls if call[0] == "create_commit"]
+    assert sorted(sent) == sorted(space.SPACE_FILES)
+
+    RecordingSpaceApi.calls.clear()
+    token = tmp_path / "token"
+    token.write_text("hf_secret_token\n")
+    (folder / "requirements.txt").unlink()
+    (folder / "requirements.txt").symlink_to(token)
+    with pytest.raises(space.SpaceError, match="requirements.txt is a symbolic link"):
+        space.upload_space(folder, "someone/demo")
+    assert RecordingSpaceApi.calls == []

@@ -13,6 +13,7 @@ import torch
 from huggingface_hub import constants as hub_constants
 from huggingface_hub import get_session
 from huggingface_hub.errors import OfflineModeIsEnabled
+from safetensors.torch import save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer import hub
@@ -186,7 +187,7 @@ def test_push_uploads_only_the_model_repository_files_never_secrets_logs_or_resu
 
 def test_a_sharded_model_uploads_its_shards_and_index(model_folder, recording_api):
     (model_folder / "model.safetensors").rename(model_folder / "model-00001-of-00002.safetensors")
-    (model_folder / "model-00002-of-00002.safetensors").write_bytes(b"shard")
+    save_file({"shard": torch.zeros(2)}, model_folder / "model-00002-of-00002.safetensors")
     (model_folder / "model.safetensors.index.json").write_text("{}")
     assert hub.check_model_folder(model_folder) == []
     hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
@@ -196,6 +197,49 @@ def test_a_sharded_model_uploads_its_shards_and_index(model_folder, recording_ap
         "model-00002-of-00002.safetensors",
         "model.safetensors.index.json",
     } <= set(files)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "README.md", "tokenizer.json", "special_tokens_map.json"])
+def test_a_linked_file_is_never_uploaded_and_is_named_in_the_error(model_folder, tmp_path, recording_api, name):
+    token = tmp_path / "token"
+    token.write_text("hf_secret_token\n")
+    (model_folder / name).unlink(missing_ok=True)
+    (model_folder / name).symlink_to(token)
+    assert name not in hub.files_to_upload(model_folder)
+    with pytest.raises(hub.FolderNotReadyError, match=f"{name} is a symbolic link \\(to {token}\\)"):
+        hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+    assert recording_api.calls == [] and token.read_text() == "hf_secret_token\n"
+
+
+def test_a_file_that_is_not_what_its_name_says_is_refused_before_the_upload(model_folder, recording_api):
+    (model_folder / "tokenizer.json").write_text("HF_TOKEN=hf_secret")
+    (model_folder / "model-00002-of-00002.safetensors").write_bytes(b"not weights")
+    (model_folder / "pipeline_vanilla_transformer.py").write_text("def broken(:\n")
+    problems = hub.check_model_folder(model_folder)
+    assert any(problem.startswith("tokenizer.json is not valid JSON") for problem in problems), problems
+    assert any(problem.startswith("model-00002-of-00002.safetensors is not valid safetensors") for problem in problems)
+    assert any(problem.startswith("pipeline_vanilla_transformer.py is not valid Python") for problem in problems)
+    with pytest.raises(ValueError, match="is not ready for the Hub"):
+        hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+    assert recording_api.calls == []
+
+
+def test_the_card_is_rewritten_after_the_upload_by_replacing_it_never_through_a_link(
+    model_folder, tmp_path, recording_api, monkeypatch
+):
+    outside = tmp_path / "my_card.md"
+    outside.write_text("the user's own card")
+
+    class LinkingHfApi(RecordingHfApi):  # the card becomes a link while the upload runs
+        def create_commit(self, repo_id, operations, **kwargs):
+            (model_folder / "README.md").unlink()
+            (model_folder / "README.md").symlink_to(outside)
+
+    monkeypatch.setattr(hub, "HfApi", LinkingHfApi)
+    hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+    assert outside.read_text() == "the user's own card"
+    readme = model_folder / "README.md"
+    assert not readme.is_symlink() and 'model="someone/vanilla-en-de"' in readme.read_text()
 
 
 def test_weights_under_another_name_are_not_taken_for_the_model(model_folder):

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,15 +20,25 @@ from huggingface_hub import constants as hub_constants
 from safetensors.torch import save_file
 
 import train_accelerate
-from vanilla_transformer import checkpoints
+from vanilla_transformer import checkpoints, folder_lock
 from vanilla_transformer.batching import TranslationCollator
 from vanilla_transformer.commands import prepare as prepare_command
 from vanilla_transformer.commands.arguments import parse_training_arguments
 from vanilla_transformer.evaluation import evaluation_loader
-from vanilla_transformer.output_folder import OutputDirError, OutputSettings, claim_evaluation_dir, claim_output_dir
+from vanilla_transformer.folder_lock import LOCK_NAME
+from vanilla_transformer.names import CODE_FILES, TRAIN_LOG
+from vanilla_transformer.output_folder import (
+    RUN_RECORD,
+    OutputDirError,
+    OutputSettings,
+    claim_evaluation_dir,
+    claim_output_dir,
+    claim_run_folder,
+    contents,
+)
 from vanilla_transformer.training import StopSignals, config_for_tokenizer
 
-from .conftest import ROOT, TINY_RUN, logged_losses, train
+from .conftest import CARD_VALUES, ROOT, TINY_RUN, logged_losses, save_tiny_model_folder, train
 
 
 def digest(path: Path) -> str:
@@ -205,6 +216,165 @@ def test_evaluation_never_writes_over_earlier_hypotheses(tmp_path):
     with pytest.raises(OutputDirError, match="test.hyp.txt"):
         claim_evaluation_dir(tmp_path, overwrite=False)
     claim_evaluation_dir(tmp_path, overwrite=True)
+
+
+def test_evaluation_never_writes_through_a_link(tmp_path):
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("mine")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "test.hyp.txt").symlink_to(outside)
+    with pytest.raises(OutputDirError, match="test.hyp.txt is a symbolic link"):
+        claim_evaluation_dir(tmp_path / "run", overwrite=True)
+    assert outside.read_text() == "mine"
+
+
+# --- what --overwrite_output_dir deletes: only what a run of ours recorded -------------------------------------
+
+
+def test_overwrite_keeps_a_downloaded_model_that_no_run_wrote(tmp_path):
+    downloaded = save_tiny_model_folder(tmp_path / "downloaded", CARD_VALUES)  # config, weights, tokenizer, card, .py
+    before = snapshot(downloaded)
+    result = train(downloaded, "--max_steps", "2", "--overwrite_output_dir", check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "config.json" in result.stderr and "model.safetensors" in result.stderr
+    assert f"no record of a run of this project ({RUN_RECORD})" in result.stderr
+    assert snapshot(downloaded) == before and not (downloaded / LOCK_NAME).exists()
+
+
+def test_overwrite_in_a_copy_of_the_project_deletes_none_of_its_files(tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "vanilla_transformer", project / "vanilla_transformer")  # also the tracker logs' name
+    for name in ("README.md", "pyproject.toml", *CODE_FILES):
+        shutil.copy(ROOT / name, project / name)
+    before = snapshot(project)
+    with pytest.raises(OutputDirError) as refused:
+        claim_run_folder(OutputSettings(str(project), overwrite=True))
+    for name in ("README.md", "modeling_vanilla_transformer.py", "vanilla_transformer"):
+        assert name in str(refused.value)
+    assert "pyproject.toml" not in str(refused.value)  # a run never writes it: not in the way
+    assert snapshot(project) == before and sorted(os.listdir(project)) == sorted(os.listdir(tmp_path / "project"))
+    assert not (project / LOCK_NAME).exists() and not (project / RUN_RECORD).exists()
+
+
+def test_a_runs_record_lists_every_entry_it_wrote_and_its_lock_is_gone_at_the_end(finished_run):
+    record = json.loads((finished_run / RUN_RECORD).read_text())
+    assert sorted(record["entries"]) == contents(finished_run)
+    assert record["run_ids"] == [checkpoints.run_id_of(finished_run / "checkpoints" / "step_000004")]
+    assert not (finished_run / LOCK_NAME).exists()
+
+
+def test_overwrite_deletes_the_recorded_run_unlinks_links_and_keeps_everything_else(tmp_path, finished_run, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("outside the folder")
+    (run / TRAIN_LOG).unlink()
+    (run / TRAIN_LOG).symlink_to(precious)  # a recorded entry, now a link out of the folder
+    (run / "notes.txt").write_text("the user's")
+    other_run = fake_checkpoint(run / "checkpoints", 9, "another-run")  # a checkpoint of a run the record lacks
+    before = snapshot(run)
+    with pytest.raises(OutputDirError, match="checkpoints/step_000009"):  # the new run could write over it
+        claim_output_dir(OutputSettings(str(run), overwrite=True))
+    assert snapshot(run) == before
+
+    shutil.move(other_run, tmp_path / other_run.name)
+    claim_output_dir(OutputSettings(str(run), overwrite=True))
+    printed = capsys.readouterr().out
+    assert precious.read_text() == "outside the folder" and not os.path.lexists(run / TRAIN_LOG)
+    assert sorted(contents(run)) == sorted(["notes.txt", *CODE_FILES])  # .py files are never deleted
+    assert "notes.txt (not written by a run of ours)" in printed and ".py files are never deleted" in printed
+
+
+def test_a_link_where_the_run_writes_is_refused_not_written_through(tmp_path, finished_run):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    outside = tmp_path / "my_card.md"
+    outside.write_text("mine")
+    (run / "README.md").unlink()
+    (run / "README.md").symlink_to(outside)
+    with pytest.raises(OutputDirError, match="README.md is a symbolic link"):
+        claim_output_dir(OutputSettings(str(run), resume_from="latest"))
+    assert outside.read_text() == "mine"
+
+
+# --- one run per folder: the lock ----------------------------------------------------------------------------------
+
+
+def write_lock(folder: Path, **holder) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / LOCK_NAME).write_text(json.dumps(holder))
+
+
+def test_a_second_run_is_refused_while_a_live_process_holds_the_folders_lock(tmp_path, finished_run):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = snapshot(run)
+    holder = subprocess.Popen(["sleep", "300"])
+    try:
+        write_lock(run, **folder_lock.holder_record(holder.pid))
+        locked = snapshot(run)
+        result = train(run, "--max_steps", "6", "--resume_from_checkpoint", "latest", check=False)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"in use by another training run (pid {holder.pid} on host" in result.stderr
+    assert snapshot(run) == locked and {**before, LOCK_NAME: locked[LOCK_NAME]} == locked
+
+
+def test_a_lock_left_by_a_process_that_ended_is_taken_over_with_a_note(tmp_path, capsys):
+    holder = subprocess.Popen(["sleep", "300"])
+    record = folder_lock.holder_record(holder.pid)  # with its start time, as the run wrote it
+    holder.kill()
+    holder.wait()
+    write_lock(tmp_path / "run", **record)
+    folder = claim_run_folder(OutputSettings(str(tmp_path / "run")))
+    assert f"took over the lock of {tmp_path / 'run'} left by a training run that has ended (pid {holder.pid}" in (
+        capsys.readouterr().out
+    )
+    assert json.loads((tmp_path / "run" / LOCK_NAME).read_text())["pid"] == os.getpid()
+    folder.close()
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+
+
+def test_a_lock_whose_pid_now_runs_another_program_is_taken_over(tmp_path):
+    record = folder_lock.holder_record(os.getpid())
+    write_lock(tmp_path / "run", **{**record, "process_start": record["process_start"] - 1})  # a reused pid
+    folder = claim_run_folder(OutputSettings(str(tmp_path / "run")))
+    assert json.loads((tmp_path / "run" / LOCK_NAME).read_text())["token"] != record["token"]
+    folder.close()
+
+
+def test_a_lock_from_another_host_is_refused_naming_the_host_pid_and_lock_file(tmp_path):
+    write_lock(tmp_path / "run", **{**folder_lock.holder_record(12345), "host": "gpu-node-7"})
+    with pytest.raises(OutputDirError) as refused:
+        claim_run_folder(OutputSettings(str(tmp_path / "run")))
+    message = str(refused.value)
+    assert "pid 12345 on host 'gpu-node-7'" in message and "cannot be checked from here" in message
+    assert f"delete {tmp_path / 'run' / LOCK_NAME}" in message
+
+
+def claim_at_the_same_moment(folder: Path, start: threading.Barrier, outcomes: list) -> None:
+    start.wait()
+    try:
+        outcomes.append(claim_run_folder(OutputSettings(str(folder))))
+    except OutputDirError as error:
+        outcomes.append(error)
+
+
+def test_of_two_runs_claiming_one_empty_folder_at_once_exactly_one_wins(tmp_path):
+    for attempt in range(10):
+        folder, start, outcomes = tmp_path / f"run{attempt}", threading.Barrier(2), []
+        threads = [threading.Thread(target=claim_at_the_same_moment, args=(folder, start, outcomes)) for _ in "ab"]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        winners = [outcome for outcome in outcomes if not isinstance(outcome, OutputDirError)]
+        losers = [str(outcome) for outcome in outcomes if isinstance(outcome, OutputDirError)]
+        assert len(winners) == 1 and len(losers) == 1, outcomes
+        assert f"pid {os.getpid()}" in losers[0] or "at the same moment" in losers[0], losers[0]
+        winners[0].close()
 
 
 # --- checkpoints ------------------------------------------------------------------------------------------------

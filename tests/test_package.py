@@ -21,8 +21,18 @@ from vanilla_transformer.names import REQUIRED_FILES, WEIGHTS_NAME
 
 from .conftest import ENGLISH, ROOT, TINY_RUN, run_without_the_project
 
-
-NOT_SOURCE = (".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "outputs", "runs", "data-bin")
+NOT_SOURCE = (
+    ".git",
+    ".venv*",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    "outputs",
+    "runs",
+    "data-bin",
+)
 
 
 def run(command: list, cwd: Path, **kwargs) -> subprocess.CompletedProcess:

@@ -16,7 +16,10 @@ The paper's maximum output length, input length + 50, depends on each input, so 
 the model's generate(), the translation pipeline and `vanilla_transformer.translate` apply it when no length is given.
 
 `push_folder_to_hub` uploads exactly these files (`UPLOADED_FILES` and the shards: `files_to_upload`, an allow-list),
-whatever else the folder holds (a training run's checkpoints, logs and hypotheses, a `.env`).
+whatever else the folder holds (a training run's checkpoints, logs and hypotheses, a `.env`), and only as regular
+files inside the folder: a symbolic link under one of these names is refused, never followed (it could send a file
+from anywhere, a token say). Each file is checked to be what its name says first (`check_model_folder`): JSON,
+safetensors (its header), Python, the card's YAML front matter.
 """
 
 import json
@@ -33,6 +36,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
 
+from .folder_files import content_problem, file_problem, link_on_the_way, replace_file
 from .names import REQUIRED_FILES, UPLOADED_FILES, UPLOADED_PATTERNS
 
 if TYPE_CHECKING:
@@ -254,19 +258,32 @@ def _model_index_yaml(values: dict[str, Any]) -> str:
 
 
 def check_model_folder(folder: str | Path) -> list[str]:
-    """The problems that keep `folder` from working on the Hub (missing files or config entries); [] if none."""
+    """The problems that keep `folder` from working on the Hub (missing files or config entries, a symbolic link
+    where an uploaded file goes, a file that is not what its name says); [] if none."""
     folder = Path(folder)
     if not folder.is_dir():
         return [f"{folder} is not a folder"]
-    problems = [f"missing {name}" for name in REQUIRED_FILES if not (folder / name).is_file()]
-    if not any(name.endswith(".safetensors") for name in files_to_upload(folder)):
+    problems = [problem for name in REQUIRED_FILES if (problem := file_problem(folder, name))]
+    problems += [problem for name in _uploaded_links(folder) if (problem := file_problem(folder, name))]
+    names = files_to_upload(folder)
+    if not any(name.endswith(".safetensors") for name in names):
         problems.append("missing the weights: no .safetensors file")
-    if (folder / "config.json").is_file():
+    # config.json has its own check below; README.md is checked for its front matter
+    problems += [problem for name in names if name != "config.json" and (problem := content_problem(folder / name))]
+    if "config.json" in names:
         problems += _config_problems(folder)
     readme = folder / "README.md"
-    if readme.is_file() and not readme.read_text(encoding="utf-8").startswith("---\n"):
+    if "README.md" in names and not content_problem(readme) and not readme.read_text("utf-8").startswith("---\n"):
         problems.append("README.md has no YAML metadata (front matter between --- lines)")
     return problems
+
+
+def _uploaded_links(folder: Path) -> list[str]:
+    """The names of the upload's allow-list that are symbolic links in `folder` (never uploaded), but for the
+    required ones (named with the missing files)."""
+    candidates = [name for name in UPLOADED_FILES if name not in REQUIRED_FILES]
+    candidates += sorted(path.name for pattern in UPLOADED_PATTERNS for path in folder.glob(pattern))
+    return [name for name in candidates if link_on_the_way(folder, name) is not None]
 
 
 def _config_problems(folder: Path) -> list[str]:
@@ -293,14 +310,19 @@ class HubUploadError(RuntimeError):
     """An upload that did not happen (offline, unreachable, refused); nothing local was changed."""
 
 
+class FolderNotReadyError(HubUploadError, ValueError):
+    """A folder refused before any upload (`check_model_folder`'s problems); nothing was uploaded or changed."""
+
+
 def files_to_upload(folder: str | Path) -> list[str]:
     """The model repository's files in `folder`, by an allow-list (never "everything but"): the weights, the configs,
     the tokenizer, the Hub-facing code and the card. Logs, results, hypotheses, checkpoints, notes, secrets (`.env`)
-    and subfolders (the demo's Space, `vanilla_transformer.space`) stay local, whatever else the folder holds."""
+    and subfolders (the demo's Space, `vanilla_transformer.space`) stay local, whatever else the folder holds. Only
+    regular files inside the folder: a symbolic link is never followed (`check_model_folder` names it)."""
     folder = Path(folder)
-    names = [name for name in UPLOADED_FILES if (folder / name).is_file()]
-    names += sorted(path.name for pattern in UPLOADED_PATTERNS for path in folder.glob(pattern) if path.is_file())
-    return names
+    names = list(UPLOADED_FILES)
+    names += sorted(path.name for pattern in UPLOADED_PATTERNS for path in folder.glob(pattern))
+    return [name for name in names if file_problem(folder, name) is None]
 
 
 def push_folder_to_hub(
@@ -313,11 +335,13 @@ def push_folder_to_hub(
     """Upload the model repository's files of `folder` (`files_to_upload`) to the Hub model repo `repo_id` (created
     if needed) in one commit; return its URL. The folder is checked first; the card is uploaded with the model id
     placeholder in its code replaced by `repo_id`, and the local card gets the same text only once the upload
-    succeeded. Offline, unreachable or refused: a HubUploadError that says so, with nothing changed locally."""
+    succeeded (by replacing the file: never written through a link). A folder with problems: FolderNotReadyError
+    naming them, before any Hub call. Offline, unreachable or refused: a HubUploadError that says so, with nothing
+    changed locally."""
     folder = Path(folder)
     problems = check_model_folder(folder)
     if problems:
-        raise ValueError(f"{folder} is not ready for the Hub:\n- " + "\n- ".join(problems))
+        raise FolderNotReadyError(f"{folder} is not ready for the Hub:\n- " + "\n- ".join(problems))
     names = files_to_upload(folder)
     print(f"[hub] uploading to {repo_id}: {', '.join(names)}")
     readme = (folder / "README.md").read_text(encoding="utf-8").replace(MODEL_ID_PLACEHOLDER, repo_id)
@@ -330,7 +354,7 @@ def push_folder_to_hub(
         api.create_commit(repo_id, operations, commit_message=commit_message)
     except Exception as error:  # noqa: BLE001 - every failure of the Hub calls gets the same clear message
         raise HubUploadError(hub_failure(error, f"upload {folder} to {repo_id}")) from error
-    (folder / "README.md").write_text(readme, encoding="utf-8")
+    replace_file(folder / "README.md", readme)
     return str(repo_url)
 
 

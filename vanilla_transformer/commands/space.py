@@ -6,7 +6,8 @@ optionally upload it.
         --space_id your-name/vanilla-en-de-demo [--private] [--token TOKEN]
 
 What the Space's folder holds: vanilla_transformer/space.py. Upload the model first (`vanilla-transformer push`):
-the Space loads it from the Hub when it starts.
+the Space loads it from the Hub when it starts. An --output_dir that holds anything is refused, naming what it holds;
+--overwrite replaces the files a previous `vanilla-transformer space` wrote there (unchanged since), nothing else.
 """
 
 import sys
@@ -23,9 +24,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--space_id", help="upload the files to this Space, as user/name (created if needed)")
     parser.add_argument("--private", action="store_true", help="create the Space as private")
     parser.add_argument("--token", help="a Hub token with write access (default: the logged-in one)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the files a previous `vanilla-transformer space` wrote into --output_dir (only those)",
+    )
     args = parser.parse_args(argv)
     try:
-        paths = write_space(args.model_id, args.output_dir, args.space_id)
+        paths = write_space(args.model_id, args.output_dir, args.space_id, overwrite=args.overwrite)
         print(f"wrote the Space's {len(paths)} files into {args.output_dir}")
         if args.space_id:
             print(f"uploaded the Space to {upload_space(args.output_dir, args.space_id, args.token, args.private)}")

@@ -1,0 +1,91 @@
+"""Files of a folder we write or upload: only regular files inside it, never read or written through a symbolic link.
+
+- `link_on_the_way(folder, name)`: the symbolic link, if any, between `folder` and its file `name` (the file itself
+  or a subfolder on its path): such a file is never uploaded, written or deleted through the link.
+- `file_problem(folder, name)`: why `name` is not a regular file inside `folder` (missing, a link, leading out).
+- `content_problem(path)`: whether a file is what its name says before it is uploaded: `.json` parses as JSON,
+  `.safetensors` opens as safetensors (its header), `.py` parses as Python, `.md`/`.txt` are UTF-8 text.
+- `replace_file(path, data)`: write by replacing: a new file renamed over `path` (a link there is replaced, its
+  target is never written).
+"""
+
+import ast
+import json
+import os
+import uuid
+from pathlib import Path
+
+
+def link_on_the_way(folder: Path, name: str) -> Path | None:
+    """The first path from `folder` down to `folder / name` that is a symbolic link; None when there is none."""
+    path = Path(folder)
+    for part in Path(name).parts:
+        path = path / part
+        if path.is_symlink():
+            return path
+    return None
+
+
+def describe_link(link: Path) -> str:
+    try:
+        return f"{link} is a symbolic link (to {os.readlink(link)})"
+    except OSError:
+        return f"{link} is a symbolic link"
+
+
+def file_problem(folder: str | Path, name: str) -> str | None:
+    """Why `folder / name` is not a regular file inside `folder`: "missing", a symbolic link on its path, or a path
+    that leads out of the folder; None when it is one."""
+    folder = Path(folder)
+    if (link := link_on_the_way(folder, name)) is not None:
+        return f"{describe_link(link)}: only regular files inside the folder are used, never a link's target"
+    path = folder / name
+    if not path.exists():
+        return f"missing {name}"
+    if not path.is_file():
+        return f"{name} is not a regular file"
+    if not path.resolve().is_relative_to(folder.resolve()):
+        return f"{name} leads out of {folder}"
+    return None
+
+
+def content_problem(path: str | Path) -> str | None:
+    """Why the file is not what its suffix says (JSON, safetensors, Python, UTF-8 text), named with its cause; None
+    when it is, or for other suffixes."""
+    path = Path(path)
+    suffix = path.suffix
+    try:
+        if suffix == ".json":
+            json.loads(path.read_text(encoding="utf-8"))
+        elif suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(path, "pt") as weights:  # reads the header only
+                weights.keys()
+        elif suffix == ".py":
+            ast.parse(path.read_bytes(), filename=path.name)
+        elif suffix in (".md", ".txt"):
+            path.read_text(encoding="utf-8")
+    except Exception as error:  # noqa: BLE001 - whatever a damaged or foreign file raises while being parsed
+        kind = {".json": "JSON", ".safetensors": "safetensors", ".py": "Python"}.get(suffix, "UTF-8 text")
+        return f"{path.name} is not valid {kind} ({type(error).__name__}: {str(error)[:200]})"
+    return None
+
+
+def replace_file(path: str | Path, data: bytes | str) -> Path:
+    """Write `data` to `path` by renaming a new file over it: a symbolic link at `path` is replaced by the file, its
+    target is never opened. Text is written as UTF-8."""
+    path = Path(path)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    descriptor = os.open(staging, flags, 0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
+        os.replace(staging, path)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
+    return path
