@@ -15,7 +15,9 @@ tokenizer_config.json records them). Generation arguments (`num_beams`, `max_new
 through to `model.generate`; those not given come from the model's generation_config.json (the paper: beam 4, length
 penalty 0.6). The paper's maximum
 output length, input length + 50 (section 6.1), depends on the input, so the pipeline applies it: when neither
-`max_new_tokens` nor `max_length` is set, a batch may generate (its longest source, in tokens) + 50 new tokens.
+`max_new_tokens` nor `max_length` is set, a batch may generate (its longest source, in tokens) + 50 new tokens. A
+`max_new_tokens` or `max_length` over MAX_OUTPUT_TOKENS (4096), given or from generation_config.json, is refused
+with a ValueError before anything is generated.
 """
 
 import torch
@@ -24,6 +26,9 @@ from transformers.pipelines import PIPELINE_REGISTRY
 from transformers.utils import logging
 
 EXTRA_OUTPUT_TOKENS = 50  # section 6.1: "maximum output length to input length + 50"
+# The longest output a call or a model's generation_config.json may ask for: a sentence's translation is tens of
+# tokens, and the cache and the scores of generation grow with the length asked for (10**9 tried to allocate 32 GB).
+MAX_OUTPUT_TOKENS = 4096
 
 logger = logging.get_logger(__name__)
 
@@ -47,6 +52,18 @@ def output_length(attention_mask: torch.Tensor, config, requested: int | None = 
         f"than {cap} tokens are cut there."
     )
     return cap
+
+
+def check_output_length(settings: dict) -> None:
+    """Refuse (ValueError naming it) a `max_new_tokens` or `max_length` over MAX_OUTPUT_TOKENS in `settings`, the
+    generation arguments of a call on top of the model's generation config, before anything is generated."""
+    for name in ("max_new_tokens", "max_length"):
+        value = settings.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_OUTPUT_TOKENS:
+            raise ValueError(
+                f"{name}={value} is over this pipeline's limit of {MAX_OUTPUT_TOKENS} tokens: a translation is far "
+                "shorter, and generation allocates for the length asked."
+            )
 
 
 def _check_text(text, position: int | None = None) -> None:
@@ -132,6 +149,7 @@ class VanillaTransformerTranslationPipeline(Pipeline):
         input_ids, attention_mask = model_inputs["input_ids"], model_inputs["attention_mask"]
         prepared = self._prepare_generate_kwargs(generate_kwargs)
         set_params = self._get_set_generation_params(prepared)
+        check_output_length(set_params)
         if "max_length" not in set_params:  # input + 50 unless given, at most what the positions can represent
             length = output_length(attention_mask, self.model.config, set_params.get("max_new_tokens"))
             prepared = self._prepare_generate_kwargs(generate_kwargs, max_new_tokens=length)

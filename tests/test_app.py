@@ -2,11 +2,15 @@
 on /translate; and the Space that `vanilla-transformer space` writes. The model is the session's memorising model, whose four
 sentences have known translations (their reverses), so what the page shows can be checked word for word."""
 
+import dataclasses
+import inspect
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -19,6 +23,7 @@ from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from vanilla_transformer import demo as app
 from vanilla_transformer import space
 from vanilla_transformer.commands import space as space_command
+from vanilla_transformer.translate import read_lines
 
 PROJECT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -44,7 +49,7 @@ def test_lines_translate_as_one_batch_in_their_order(translator, memorising_fold
         app, "translate_sentences", lambda *a, **k: batch_sizes.append(k["batch_size"]) or translate_sentences(*a, **k)
     )
     text = "\n".join([sources[2], "", sources[0], sources[3]])
-    assert app.translate_text(translator, text, 1, 1.0) == "\n".join([targets[2], "", targets[0], targets[3]])
+    assert app.translate_text(translator, text, 1, 1.0) == ("\n".join([targets[2], "", targets[0], targets[3]]), "")
     assert batch_sizes == [4]
 
 
@@ -56,10 +61,94 @@ def test_long_input_and_bad_settings_are_refused_with_a_message(gr, translator, 
     )
     assert (translation, image) == ("", None)
     assert "Line 2 is too long: 35 tokens" in message and "at most 32" in message
-    with pytest.raises(app.InputError, match="Beam size 0 or length penalty 0.6 is out of range"):
+    with pytest.raises(app.InputError, match="The beam size must be a whole number from 1 to 8, got 0"):
         app.translate_text(translator, sources[0], 0, 0.6)
     with pytest.raises(app.InputError, match="at most 32 at a time"):
         app.translate_text(translator, "\n".join(sources * 9), 1, 0.6)
+
+
+def limited(translator, **limits) -> "app.Translator":
+    """The session's translator under other limits."""
+    return dataclasses.replace(translator, limits=app.Limits(**limits))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (("w40 \ud800 w7",), "not valid Unicode: character 5 is a lone surrogate (U+D800)"),
+        ((123,), "The text must be a string, got int"),
+        (("w40", "abc"), "The beam size must be a whole number from 1 to 8, got 'abc'"),
+        (("w40", 1e308), "The beam size must be a whole number from 1 to 8, got 1e+308"),
+        (("w40", 100000), "The beam size must be a whole number from 1 to 8, got 100000"),
+        (("w40", 2.5), "The beam size must be a whole number from 1 to 8, got 2.5"),
+        (("w40", 4, float("nan")), "The length penalty must be a number from 0 to 2, got nan"),
+        (("w40", 4, "0.6"), "The length penalty must be a number from 0 to 2, got '0.6'"),
+    ],
+)
+def test_the_api_refuses_each_bad_argument_with_a_message_naming_it(gr, translator, monkeypatch, arguments, message):
+    translated = []
+    monkeypatch.setattr(app, "translate_sentences", lambda *a, **k: translated.append(a) or [])
+    with pytest.raises(gr.Error) as refused:
+        app.api_endpoint(translator)(*arguments)
+    assert message in refused.value.message and translated == []
+
+
+@pytest.mark.parametrize(
+    ("limits", "text", "message"),
+    [
+        ({"lines": 3}, "w40\nw41\nw42\nw43", "The input has 4 lines; the demo translates at most 3 at a time."),
+        (
+            {"line_tokens": 5},
+            "w40 w41\nw40 w41 w42 w43 w44 w45",
+            "Line 2 is too long: 6 tokens, and the demo translates at most 5",
+        ),
+        (
+            {"request_tokens": 10},
+            "w40 w41 w42 w43\nw40 w41 w42 w43\nw40 w41 w42",
+            "The input has 11 tokens; the demo translates at most 10 per request",
+        ),
+        ({"lines": 1, "line_tokens": 2}, "w40 " * 60, "The text has 240 characters; the demo reads at most 100."),
+    ],
+)
+def test_a_request_over_the_limits_is_refused_before_anything_is_translated(
+    translator, monkeypatch, limits, text, message
+):
+    translated = []
+    monkeypatch.setattr(app, "translate_sentences", lambda *a, **k: translated.append(a) or [])
+    with pytest.raises(app.InputError) as refused:
+        app.translate_text(limited(translator, **limits), text, 1, 0.6)
+    assert message in str(refused.value) and translated == []
+
+
+def test_the_demo_splits_a_text_into_the_lines_the_translator_reads_from_a_file(translator, monkeypatch, tmp_path):
+    text = "w40 w41\u2028w42\x0cw43\x85w44\rw45\r\nw46\n"  # one "\n" inside: two lines, in a file as on the page
+    seen = []
+    monkeypatch.setattr(app, "translate_sentences", lambda model, tokenizer, lines, **k: seen.extend(lines) or lines)
+    app.translate_text(translator, text, 1, 0.6)
+    (tmp_path / "source.txt").write_bytes(text.encode())
+    assert seen == read_lines(str(tmp_path / "source.txt")) == ["w40 w41\u2028w42\x0cw43\x85w44\rw45", "w46"]
+
+
+def test_a_request_that_runs_out_of_its_time_budget_is_stopped_with_a_message(gr, translator, memorising_folder):
+    _, sources, targets = memorising_folder
+    out_of_time = limited(translator, seconds=1e-9)  # over as soon as generation first looks at the time
+    translation, _, message = app.respond(out_of_time, sources[0], 1, 0.6, False, "Encoder self-attention", 1, 1)
+    assert translation == targets[0].split()[0]  # stopped after its first token
+    assert "ran out of the demo's time budget (1e-09 s per request)" in message
+    with pytest.raises(gr.Error, match="time budget"):  # a script gets an error, not a cut translation
+        app.api_endpoint(out_of_time)(sources[0])
+
+
+def test_an_attention_picture_over_its_token_limit_is_refused_and_the_translation_stays(
+    translator, memorising_folder, monkeypatch
+):
+    _, sources, targets = memorising_folder
+    computed = []
+    monkeypatch.setattr(app, "compute_attentions", lambda *a, **k: computed.append(a))
+    small_pictures = limited(translator, attention_tokens=6)  # the source has 7 tokens
+    translation, image, message = app.respond(small_pictures, sources[0], 1, 0.6, True, "Encoder self-attention", 1, 1)
+    assert translation == targets[0] and image is None and computed == []
+    assert "The attention picture would be 8 x 7 tokens; the demo draws at most 6 tokens a side" in message
 
 
 def test_an_empty_box_changes_nothing_on_the_page(gr, translator):
@@ -102,6 +191,32 @@ def test_the_page_offers_the_cards_languages_and_the_folders_decoding(
     assert labels == {"Source (French)", "Translation (English)"}
 
 
+def test_the_models_decoding_defaults_are_clamped_to_the_limits_and_the_page_says_so(
+    gr, memorising_model, memorising_folder, tmp_path, capsys
+):
+    from transformers import PreTrainedTokenizerFast
+
+    from vanilla_transformer.hub import save_model_folder
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(memorising_folder[0])
+    folder = save_model_folder(memorising_model[0], tokenizer, tmp_path / "model", None, {"num_beams": 32})
+    demo = app.build_demo(str(folder))
+    (beams,) = [block for block in values_of(demo, gr.Slider) if block.label == "Beam size"]
+    assert (beams.value, beams.maximum) == (8, 8)
+    assert "asks for 32 beams; this demo allows at most 8" in capsys.readouterr().err
+    assert any("asks for 32 beams" in block.value for block in values_of(demo, gr.Markdown))
+    endpoint = app.api_endpoint(app.load_translator(str(folder)))
+    assert inspect.signature(endpoint).parameters["num_beams"].default == 8
+
+
+def test_the_page_and_its_config_name_the_model_and_never_its_path(gr, memorising_folder):
+    folder = memorising_folder[0]
+    demo = app.build_demo(str(folder))
+    config = json.dumps(demo.get_config_file())
+    assert demo.title == "vanilla-transformer: vanilla-transformer-en-de"  # the card's model name
+    assert str(folder) not in config and str(folder.parent) not in config
+
+
 def values_of(demo, kind) -> list:
     return [block for block in demo.blocks.values() if isinstance(block, kind)]
 
@@ -110,6 +225,23 @@ def test_a_folder_that_is_not_a_model_says_why_on_the_page(gr, tmp_path):
     demo = app.build_demo(str(tmp_path))
     messages = [block.value for block in values_of(demo, gr.Markdown)]
     assert len(messages) == 1 and "could not be loaded" in messages[0] and "no config.json" in messages[0]
+
+
+def test_a_model_that_cannot_be_loaded_is_named_on_the_page_without_its_path(gr, tmp_path):
+    folder = tmp_path / "some-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 10**9}))
+    (message,) = [block.value for block in values_of(app.build_demo(str(folder)), gr.Markdown)]
+    assert "some-model/config.json: vocab_size 1,000,000,000" in message and str(tmp_path) not in message
+
+
+def test_a_spaces_owner_changes_a_limit_with_its_variable_and_a_bad_value_is_named(gr, memorising_folder, monkeypatch):
+    monkeypatch.setenv("VANILLA_DEMO_MAX_BEAMS", "3")
+    monkeypatch.setenv("VANILLA_DEMO_TIME_BUDGET", "2.5")
+    assert app.Limits.from_environment() == app.Limits(beams=3, seconds=2.5)
+    monkeypatch.setenv("VANILLA_DEMO_MAX_LINES", "1e9")
+    (message,) = [block.value for block in values_of(app.build_demo(str(memorising_folder[0])), gr.Markdown)]
+    assert "VANILLA_DEMO_MAX_LINES='1e9': the demo's limit must be a whole number >= 1" in message
 
 
 def test_a_space_serves_the_model_of_its_settings_else_of_its_card(monkeypatch, tmp_path):
@@ -177,6 +309,38 @@ def test_the_translate_endpoint_answers_gradio_client_with_optional_settings(ser
     )
     with pytest.raises(Exception, match="too long"):
         client.predict(" ".join(sources * 2), api_name="/translate")
+
+
+def test_a_short_request_is_answered_while_a_long_one_is_translating(gr, memorising_folder, monkeypatch):
+    from gradio_client import Client
+
+    _, sources, targets = memorising_folder
+    release, started = threading.Event(), threading.Event()
+    translate_sentences = app.translate_sentences
+
+    def slow_for_the_first_source(model, tokenizer, lines, **kwargs):
+        if lines == [sources[0]]:  # the long request: holds its worker until the short one is answered
+            started.set()
+            assert release.wait(timeout=120), "the short request was never answered"
+        return translate_sentences(model, tokenizer, lines, **kwargs)
+
+    monkeypatch.setattr(app, "translate_sentences", slow_for_the_first_source)
+    demo = app.build_demo(str(memorising_folder[0]))  # queued as `serve` launches it
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True)
+    try:
+        client = Client(demo.local_url, verbose=False)
+        long_job = client.submit(sources[0], api_name="/translate")
+        assert started.wait(timeout=60)
+        short = threading.Thread(target=lambda: answers.append(client.predict(sources[1], api_name="/translate")))
+        answers = []
+        short.start()
+        short.join(timeout=60)
+        release.set()
+        assert answers == [targets[1]]
+        assert long_job.result(timeout=60) == targets[0]
+    finally:
+        release.set()
+        demo.close()
 
 
 # --- a real browser on the page ------------------------------------------------------------------------------------

@@ -83,6 +83,21 @@ def test_command_writes_three_valid_pngs_of_the_figure_size(folder, tmp_path, ca
     assert source_tokens > 5 and decoder_width < encoder_width and decoder_height < encoder_height
 
 
+def test_a_picture_over_the_pixel_limit_is_refused_before_any_attention_is_computed(
+    folder, tmp_path, capsys, monkeypatch
+):
+    computed = []
+    monkeypatch.setattr(attention_maps, "compute_attentions", lambda *a, **k: computed.append(a))
+    source = " ".join(ENGLISH * 8)  # about 2100 tokens: the grid would need about 25 GB
+    argv = [str(folder), "--source", source, "--target", GERMAN[0], "--output_dir", str(tmp_path / "maps")]
+    assert attention_maps_command.main(argv) == 1
+    error = capsys.readouterr().err
+    (refusal,) = [line for line in error.splitlines() if line.startswith("error: ")]  # after the tokenizer's warning
+    assert refusal.startswith("error: The encoder self-attention picture would be ") and "Traceback" not in error
+    assert "the limit is 268,435,456 pixels (1 GiB)" in error
+    assert computed == [] and not (tmp_path / "maps").exists()
+
+
 def test_command_rejects_a_folder_that_is_not_a_model(tmp_path, capsys):
     assert (
         attention_maps_command.main([str(tmp_path), "--source", "a sentence", "--output_dir", str(tmp_path / "maps")])
@@ -99,6 +114,8 @@ def test_command_rejects_a_folder_that_is_not_a_model(tmp_path, capsys):
         ("--max_new_tokens", "-3", "must be an integer >= 1, got -3"),
         ("--dpi", "0", "must be an integer >= 1, got 0"),
         ("--dpi", "1e3", "must be an integer >= 1, got '1e3'"),
+        ("--num_beams", "65", "must be an integer from 1 to 64, got 65"),
+        ("--max_new_tokens", "4097", "must be an integer from 1 to 4096, got 4097"),
     ],
 )
 def test_bad_numbers_are_refused_when_the_flags_are_parsed(tmp_path, capsys, flag, value, message):

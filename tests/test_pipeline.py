@@ -5,6 +5,7 @@ and decoding done here, for the same inputs, batches and generation arguments.
 """
 
 import json
+import re
 
 import pytest
 import torch
@@ -124,3 +125,24 @@ def test_pipeline_rejects_empty_and_non_text_inputs(folder, inputs, error, messa
     )
     with pytest.raises(error, match=message):
         translator(inputs)
+
+
+@pytest.mark.parametrize(
+    ("given", "from_the_folder", "message"),
+    [
+        ({"max_new_tokens": 10**9}, {}, "max_new_tokens=1000000000 is over this pipeline's limit of 4096 tokens"),
+        ({"max_length": 10**9}, {}, "max_length=1000000000 is over this pipeline's limit of 4096 tokens"),
+        ({}, {"max_new_tokens": 5000}, "max_new_tokens=5000 is over this pipeline's limit of 4096 tokens"),
+    ],
+)
+def test_pipeline_refuses_an_output_length_over_its_bound_before_generating(folder, given, from_the_folder, message):
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder)
+    model.generation_config.update(**from_the_folder)
+    generated = []
+    model.generate = lambda **kwargs: generated.append(kwargs) or 1 / 0
+    translator = VanillaTransformerTranslationPipeline(
+        model=model, tokenizer=AutoTokenizer.from_pretrained(folder), device=-1
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        translator(ONE, **given)
+    assert generated == []

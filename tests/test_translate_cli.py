@@ -1,7 +1,9 @@
 """The command-line translator: stdin to stdout, file to file, line alignment, and clear messages for bad input."""
 
 import io
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer import translate
+from vanilla_transformer.commands import translate as translate_command
 from vanilla_transformer.commands.translate import main, parse_args
 from vanilla_transformer.translate import read_lines, translate_sentences
 
@@ -101,6 +104,19 @@ def test_bad_numbers_are_refused_when_the_flags_are_parsed(tmp_path, capsys, fla
     assert f"argument {flag}: must be an integer >= 1, got" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "limit"),
+    [("--num_beams", "65", 64), ("--num_beams", "100000", 64), ("--max_new_tokens", "4097", 4096)],
+)
+def test_beams_and_output_lengths_over_their_bounds_are_refused_when_the_flags_are_parsed(
+    tmp_path, capsys, flag, value, limit
+):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path), flag, value])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: must be an integer from 1 to {limit}, got {value}" in capsys.readouterr().err
+
+
 def test_file_to_file_with_an_empty_line_keeps_the_alignment(folder, model_and_tokenizer, tmp_path, capsys):
     source_file, output_file = tmp_path / "source.en", tmp_path / "out" / "hypotheses.de"
     output_file.parent.mkdir()
@@ -143,6 +159,44 @@ def test_a_folder_that_is_not_a_model_gets_a_clear_message(tmp_path, capsys, mon
     captured = capsys.readouterr()
     assert captured.err.startswith("error: ") and message in captured.err
     assert "Traceback" not in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize(
+    ("file", "field", "value", "message"),
+    [
+        ("config.json", "max_position_embeddings", 20_000_000, "20,000,000 x d_model 32 would be a 2.4 GiB position"),
+        ("config.json", "vocab_size", 10**9, "vocab_size 1,000,000,000 x d_model 32 would be a 119.2 GiB embedding"),
+        ("generation_config.json", "num_beams", 1000000, "num_beams is 1,000,000; the limit is 64"),
+        ("generation_config.json", "max_new_tokens", 10**9, "max_new_tokens is 1,000,000,000; the limit is 4,096"),
+        ("generation_config.json", "max_length", 10**9, "max_length is 1,000,000,000; the limit is 4,096"),
+        ("config.json", "d_model", "512", "d_model must be a whole number >= 1, got '512'"),
+    ],
+)
+def test_a_folder_whose_sizes_would_allocate_without_bound_is_refused_before_a_model_is_built(
+    folder, tmp_path, capsys, monkeypatch, file, field, value, message
+):
+    untrusted = tmp_path / "downloaded"
+    shutil.copytree(folder, untrusted)
+    settings = json.loads((untrusted / file).read_text())
+    (untrusted / file).write_text(json.dumps({**settings, field: value}))
+    built = []
+    monkeypatch.setattr(AutoModelForSeq2SeqLM, "from_pretrained", lambda *a, **k: built.append(a) or 1 / 0)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("the house is small\n"))
+    assert main([str(untrusted)]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: {untrusted / file}: ") and message in error and built == []
+
+
+def test_a_closed_stdin_is_a_clear_error_before_the_model_is_loaded(folder, capsys, monkeypatch):
+    loaded = []
+    monkeypatch.setattr(translate_command, "load_model_and_tokenizer", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(sys, "stdin", None)  # started with `<&-`
+    assert main([str(folder)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "error: there is no input: stdin is closed. Pipe the sentences in (< source.txt) or give --input FILE.\n"
+    )
+    assert loaded == []
 
 
 def test_an_empty_input_and_a_bad_device_are_errors(folder, capsys, monkeypatch):

@@ -7,7 +7,9 @@ Writes three PNG files, one per kind of attention: encoder self-attention, decod
 encoder-decoder attention. Each is a grid of heat maps with one row per layer and one column per head. In a heat
 map, row i holds the weights of query position i over the key positions (each row sums to 1), on a fixed 0-1 colour
 scale so that heads can be compared. The decoder reads `<s>`, the target tokens and `</s>`; without --target, the
-target is the model's own translation (beam search, the paper's maximum length input + 50).
+target is the model's own translation (beam search, the paper's maximum length input + 50). A picture over
+MAX_PICTURE_PIXELS (2**28 pixels, 1 GiB to draw: a 6-layer, 8-head grid of about 140 tokens at 100 dpi) is refused
+with a message naming the limit, before any attention is computed where the lengths are known.
 """
 
 from collections.abc import Sequence
@@ -25,6 +27,44 @@ ATTENTION_KINDS = {
     "cross_attentions": ("encoder_decoder_attention.png", "Encoder-decoder attention", "target", "source"),
 }
 INCHES_PER_TOKEN = 0.16
+# The largest picture drawn: Agg draws into width x height x 4 bytes, so 2**28 pixels is 1 GiB (a 6-layer, 8-head
+# grid of about 140 tokens at 100 dpi). A 2000-token source would need about 200 GB: refused before anything runs.
+MAX_PICTURE_PIXELS = 2**28
+
+
+class PictureTooLarge(ValueError):
+    """A picture over MAX_PICTURE_PIXELS, refused before its attention weights are computed or drawn."""
+
+
+def figure_inches(num_layers: int, num_heads: int, num_queries: int, num_keys: int) -> tuple[float, float]:
+    """The width and height of `plot_attention_grid`'s figure, in inches: one cell per layer and head."""
+    cell_width = 0.9 + INCHES_PER_TOKEN * num_keys
+    cell_height = 0.7 + INCHES_PER_TOKEN * num_queries
+    return num_heads * cell_width + 1.5, num_layers * cell_height + 0.8
+
+
+def check_picture_size(title: str, num_layers: int, num_heads: int, num_queries: int, num_keys: int, dpi: int) -> None:
+    """PictureTooLarge, naming the limit, if the grid of `title` would be over MAX_PICTURE_PIXELS at `dpi`."""
+    width, height = (round(inches * dpi) for inches in figure_inches(num_layers, num_heads, num_queries, num_keys))
+    if width * height > MAX_PICTURE_PIXELS:
+        raise PictureTooLarge(
+            f"The {title.lower()} picture would be {width:,} x {height:,} pixels ({num_layers} layers x {num_heads} "
+            f"heads of {num_queries} x {num_keys} tokens at {dpi} dpi, {width * height * 4 / 2**30:,.1f} GiB to "
+            f"draw); the limit is {MAX_PICTURE_PIXELS:,} pixels ({MAX_PICTURE_PIXELS * 4 / 2**30:g} GiB). Draw a "
+            "shorter sentence, or at a lower dpi."
+        )
+
+
+def check_picture_sizes(config, dpi: int, source_tokens: int, target_tokens: int | None) -> None:
+    """Check the pictures of the three kinds (`target_tokens` None: the encoder's only) for a model `config`."""
+    sides = {"source": source_tokens, "target": target_tokens}
+    for kind, (_, title, query_side, key_side) in ATTENTION_KINDS.items():
+        if sides[query_side] is None or sides[key_side] is None:
+            continue
+        encoder = kind == "encoder_attentions"
+        layers = config.encoder_layers if encoder else config.decoder_layers
+        heads = config.encoder_attention_heads if encoder else config.decoder_attention_heads
+        check_picture_size(title, layers, heads, sides[query_side], sides[key_side], dpi)
 
 
 def token_labels(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list[str]:
@@ -85,9 +125,7 @@ def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_toke
     except ImportError as error:
         raise ImportError("Attention maps need matplotlib: pip install 'vanilla-transformer[plots]'.") from error
     num_layers, num_heads, num_queries, num_keys = weights.shape
-    cell_width = 0.9 + INCHES_PER_TOKEN * num_keys
-    cell_height = 0.7 + INCHES_PER_TOKEN * num_queries
-    figure = Figure(figsize=(num_heads * cell_width + 1.5, num_layers * cell_height + 0.8), layout="constrained")
+    figure = Figure(figsize=figure_inches(num_layers, num_heads, num_queries, num_keys), layout="constrained")
     axes = figure.subplots(num_layers, num_heads, squeeze=False, sharex=True, sharey=True)
     for layer in range(num_layers):
         for head in range(num_heads):
@@ -114,8 +152,15 @@ def draw_attention_maps(
     max_new_tokens: int | None = None,
     dpi: int = 100,
 ) -> dict[str, Path]:
-    """Write the three attention-map PNGs into `output_dir`; returns {kind: path} for the kinds in ATTENTION_KINDS."""
+    """Write the three attention-map PNGs into `output_dir`; returns {kind: path} for the kinds in ATTENTION_KINDS.
+
+    PictureTooLarge refuses a picture over MAX_PICTURE_PIXELS: those of the source (and of a given `target`) before
+    any attention is computed, those of the model's own translation before anything is drawn."""
+    count = lambda text: len(tokenizer(text)["input_ids"])  # noqa: E731
+    target_tokens = None if target is None else count(target) + 1  # the decoder reads <s> first
+    check_picture_sizes(model.config, dpi, count(source), target_tokens)
     attentions = compute_attentions(model, tokenizer, source, target, num_beams, max_new_tokens)
+    check_picture_sizes(model.config, dpi, len(attentions["source"]), len(attentions["target"]))
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = {}

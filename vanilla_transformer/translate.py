@@ -16,9 +16,16 @@ byte-order mark at its start is dropped); undecodable bytes stop the run, naming
 --max_source_tokens stop the run, naming them. Decoding follows the model's generation_config.json (the paper: beam
 4, length penalty 0.6) with a maximum output length of input length + 50 tokens (section 6.1) unless
 --max_new_tokens is given, at most what a learned position table can represent (said once when it cuts).
+
+A model folder may come from anyone: its config.json and generation_config.json are read as plain JSON before any model
+is built, and sizes that would allocate without bound are refused, naming the file, the field and the limit (a
+position table or embedding matrix over 1 GiB, a beam over 64, an output length over 4096). --num_beams and
+--max_new_tokens have the same limits. Started with stdin closed and no --input, the command says so.
 """
 
 import codecs
+import json
+import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -28,10 +35,18 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import modeling_vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
-from pipeline_vanilla_transformer import output_length
+from configuration_vanilla_transformer import VanillaTransformerConfig
+from pipeline_vanilla_transformer import MAX_OUTPUT_TOKENS, output_length
 
 MAX_LINES_NAMED = 10
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# What a model folder (downloaded, so untrusted) may make us allocate before a single sentence is translated; checked
+# in its plain JSON before any model is built (`check_folder_sizes`). 1 GiB is 7 times the paper's big model's
+# embedding matrix (37000 x 1024 float32, 145 MiB) and 256 times its sinusoidal table at the default 1024 positions.
+MAX_TABLE_BYTES = 2**30  # a float32 table the loader builds: positions x d_model, or vocab_size x d_model
+MAX_BEAMS = 64  # 16 times the paper's beam of 4; the memory and time of a step grow with it
+MAX_CONFIG_BYTES = 2**20  # config.json and generation_config.json are a few KB
+NO_STDIN = "there is no input: stdin is closed. Pipe the sentences in (< source.txt) or give --input FILE."
 
 
 class CommandLineError(Exception):
@@ -83,12 +98,14 @@ def load_model_and_tokenizer(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model (in eval mode, on `device`) and tokenizer of a saved model folder; CommandLineError if it is none.
 
-    `model_kwargs` go to `from_pretrained`, e.g. attn_implementation="eager"."""
+    `model_kwargs` go to `from_pretrained`, e.g. attn_implementation="eager". The folder's sizes are checked first
+    (`check_folder_sizes`): a downloaded folder must not make us allocate without bound."""
     folder = Path(model_dir)
     if not folder.is_dir():
         raise CommandLineError(f"{model_dir} is not a folder: give the folder of a saved model.")
     if not (folder / "config.json").is_file():
         raise CommandLineError(f"{model_dir} is not a model folder: it has no config.json.")
+    check_folder_sizes(folder)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=model_kwargs.get("trust_remote_code"))
         model = AutoModelForSeq2SeqLM.from_pretrained(folder, **model_kwargs).to(device).eval()
@@ -97,15 +114,79 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
+def split_lines(text: str) -> list[str]:
+    """The lines of `text` as the translator and the demo both read them: split at "\n" only, each line without a
+    trailing "\r" (a Windows line end), a final "\n" ending the last line rather than starting an empty one. Other
+    characters that `str.splitlines` breaks at (U+2028, U+0085, \x0c, a lone "\r") stay inside their line."""
+    lines = text.split("\n")
+    if len(lines) > 1 and not lines[-1]:
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def read_json_file(path: Path) -> dict:
+    """A folder's config file as a dict ({} if it is absent); CommandLineError for one too big or not a JSON object."""
+    if not path.is_file():
+        return {}
+    if (size := path.stat().st_size) > MAX_CONFIG_BYTES:
+        raise CommandLineError(f"{path} is {size:,} bytes: a model's {path.name} is a few KB (the limit is 1 MiB).")
+    try:
+        content = json.loads(path.read_bytes())
+    except (OSError, ValueError) as error:  # unreadable, not UTF-8, not JSON
+        raise CommandLineError(f"cannot load a model and tokenizer from {path.parent}: {path.name}: {error}") from None
+    if not isinstance(content, dict):
+        raise CommandLineError(f"cannot load a model and tokenizer from {path.parent}: {path.name} is not an object.")
+    return content
+
+
+def whole_number(path: Path, content: dict, field: str, high: float) -> int | None:
+    """`content[field]` (None if absent) if it is a whole number from 1 to `high`; else CommandLineError naming the
+    file, the field and the limit."""
+    value = content.get(field)
+    if value is None:
+        return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or value != int(value) or value < 1:
+        raise CommandLineError(f"{path}: {field} must be a whole number >= 1, got {value!r}.")
+    if value > high:
+        raise CommandLineError(f"{path}: {field} is {int(value):,}; the limit is {int(high):,}.")
+    return int(value)
+
+
+def check_folder_sizes(folder: Path) -> None:
+    """Refuse, from the plain JSON of config.json and generation_config.json and before any model is built, a folder
+    whose sizes would make loading or decoding allocate without bound: a sinusoidal (or learned) position table or an
+    embedding matrix over MAX_TABLE_BYTES, a default beam over MAX_BEAMS, a default output length over
+    MAX_OUTPUT_TOKENS. CommandLineError names the file, the field and the limit."""
+    config_path, generation_path = folder / "config.json", folder / "generation_config.json"
+    config = read_json_file(config_path)
+
+    def size(field: str) -> int:  # a field left out has the config class's default
+        return whole_number(config_path, config, field, math.inf) or getattr(VanillaTransformerConfig, field)
+
+    d_model, gib = size("d_model"), MAX_TABLE_BYTES / 2**30
+    for field, table in (("max_position_embeddings", "position table"), ("vocab_size", "embedding matrix")):
+        rows = size(field)
+        if rows * d_model * 4 > MAX_TABLE_BYTES:
+            raise CommandLineError(
+                f"{config_path}: {field} {rows:,} x d_model {d_model:,} would be a {rows * d_model * 4 / 2**30:,.1f} "
+                f"GiB {table} (float32); the limit is {gib:g} GiB, {field} up to {MAX_TABLE_BYTES // (4 * d_model):,} "
+                "at this d_model."
+            )
+    for path, content in ((config_path, config), (generation_path, read_json_file(generation_path))):
+        whole_number(path, content, "num_beams", MAX_BEAMS)
+        for field in ("max_new_tokens", "max_length"):
+            whole_number(path, content, field, MAX_OUTPUT_TOKENS)
+
+
 def decode_line(raw: bytes | str, number: int, name: str) -> str:
     """Line `number` of the input without its line ending (and, on line 1, a byte-order mark); CommandLineError names
     the line and byte of bad UTF-8."""
     if isinstance(raw, str):  # a text stdin without .buffer
-        line = raw.removeprefix("\ufeff") if number == 1 else raw
-        return line.removesuffix("\n").removesuffix("\r")
+        return split_lines(raw.removeprefix("\ufeff") if number == 1 else raw)[0]
     raw = raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw
     try:
-        return raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+        return split_lines(raw.decode("utf-8"))[0]  # a raw line holds one "\n", at its end
     except UnicodeDecodeError as error:
         raise CommandLineError(
             f"cannot read the input {name}: invalid UTF-8 on line {number} ({error.reason} at byte {error.start + 1} "
@@ -118,6 +199,8 @@ def read_chunks(path: str | None, chunk_lines: int) -> Iterator[tuple[int, list[
     time. Read as bytes split at "\n" only and decoded strictly, so bad bytes are an error naming their line (stdin's
     own decoding would let them through as lone surrogates) and other line-breaking characters stay in their line."""
     name = path or "(stdin)"
+    if path is None and sys.stdin is None:
+        raise CommandLineError(NO_STDIN)
     try:
         stream = open(path, "rb") if path is not None else getattr(sys.stdin, "buffer", sys.stdin)
     except OSError as error:

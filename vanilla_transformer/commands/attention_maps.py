@@ -11,8 +11,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vanilla_transformer.attention_maps import draw_attention_maps
+from vanilla_transformer.attention_maps import PictureTooLarge, draw_attention_maps
 from vanilla_transformer.commands.flags import command_parser, positive_int
+from vanilla_transformer.commands.translate import beam_size, output_tokens
 from vanilla_transformer.translate import CommandLineError, load_model_and_tokenizer
 
 
@@ -22,9 +23,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--source", required=True, help="the sentence to encode")
     parser.add_argument("--target", help="its translation (default: the model's own, by beam search)")
     parser.add_argument("--output_dir", required=True, help="where to write the PNG files")
-    parser.add_argument("--num_beams", type=positive_int, default=4, help="beam size when translating (paper: 4)")
+    parser.add_argument("--num_beams", type=beam_size, default=4, help="beam size when translating (paper: 4)")
     parser.add_argument(
-        "--max_new_tokens", type=positive_int, help="longest translation (default: source length + 50)"
+        "--max_new_tokens", type=output_tokens, help="longest translation (default: source length + 50)"
     )
     parser.add_argument("--dpi", type=positive_int, default=100, help="resolution of the PNG files")
     parser.add_argument(
@@ -47,9 +48,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandLineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    paths = draw_attention_maps(
-        model, tokenizer, args.source, args.output_dir, args.target, args.num_beams, args.max_new_tokens, args.dpi
-    )
+    try:
+        paths = draw_attention_maps(
+            model, tokenizer, args.source, args.output_dir, args.target, args.num_beams, args.max_new_tokens, args.dpi
+        )
+    except PictureTooLarge as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     for path in paths.values():
         print(path)
     return 0

@@ -16,6 +16,11 @@ byte-order mark at its start is dropped); undecodable bytes stop the run, naming
 --max_source_tokens stop the run, naming them. Decoding follows the model's generation_config.json (the paper: beam
 4, length penalty 0.6) with a maximum output length of input length + 50 tokens (section 6.1) unless
 --max_new_tokens is given, at most what a learned position table can represent (said once when it cuts).
+
+A model folder may come from anyone: its config.json and generation_config.json are read as plain JSON before any model
+is built, and sizes that would allocate without bound are refused, naming the file, the field and the limit (a
+position table or embedding matrix over 1 GiB, a beam over 64, an output length over 4096). --num_beams and
+--max_new_tokens have the same limits. Started with stdin closed and no --input, the command says so.
 """
 
 import argparse
@@ -29,6 +34,9 @@ from transformers.utils import logging
 from vanilla_transformer.commands.flags import command_parser, positive_int
 from vanilla_transformer.translate import (
     DTYPES,
+    MAX_BEAMS,
+    MAX_OUTPUT_TOKENS,
+    NO_STDIN,
     CommandLineError,
     check_output,
     load_model_and_tokenizer,
@@ -36,6 +44,23 @@ from vanilla_transformer.translate import (
     resolve_device,
     translate_stream,
 )
+
+
+def up_to(high: int):
+    """An integer type for argparse: whole numbers from 1 to `high` (a beam or output length the machine can hold)."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be an integer from 1 to {high}, got {value}")
+        return value
+
+    parse.__name__ = f"integer from 1 to {high}"
+    return parse
+
+
+beam_size = up_to(MAX_BEAMS)
+output_tokens = up_to(MAX_OUTPUT_TOKENS)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -50,8 +75,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1000,
         help="lines read, sorted by length, translated and written at a time (at least --batch_size)",
     )
-    parser.add_argument("--num_beams", type=positive_int, help="beam size (default: generation_config.json; paper: 4)")
-    parser.add_argument("--max_new_tokens", type=positive_int, help="output length limit (default: input length + 50)")
+    parser.add_argument(
+        "--num_beams",
+        type=beam_size,
+        help=f"beam size, at most {MAX_BEAMS} (default: generation_config.json; paper: 4)",
+    )
+    parser.add_argument(
+        "--max_new_tokens",
+        type=output_tokens,
+        help=f"output length limit, at most {MAX_OUTPUT_TOKENS} (default: input length + 50)",
+    )
     parser.add_argument(
         "--max_source_tokens", type=positive_int, help="longest input line (default: max_position_embeddings)"
     )
@@ -75,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = {"translated": 0, "written": 0, "empty": []}
     destination = args.output or "(stdout)"
     try:
+        if args.input is None and sys.stdin is None:  # started with stdin closed (<&-): said before the model loads
+            raise CommandLineError(NO_STDIN)
         if args.output:
             check_output(args.output)
         device = resolve_device(args.device)
