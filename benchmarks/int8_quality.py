@@ -3,7 +3,9 @@
 Variants, each a fresh copy of the float32 model:
 - float32: the model as saved;
 - dynamic: `torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)` (every linear layer:
-  int8 weights, activations quantized per batch);
+  int8 weights with one scale per matrix, activations quantized per batch); and the same with one weight scale per
+  output row (`per_channel_dynamic_qconfig`), as CTranslate2's int8 quantizes (its weights, the tied embedding and
+  output projection included, carry one scale per row; layer norms, biases and positions stay float32);
 - dynamic, each group alone: only the pre-softmax projection (`lm_head`, tied to the embedding), only the attention
   projections, only the feed-forward layers; and all but `lm_head`: which layers the loss comes from;
 - torchao: `quantize_(model, Int8DynamicActivationInt8WeightConfig())` (`pip install torchao`), if installed;
@@ -28,6 +30,7 @@ from pathlib import Path
 import sacrebleu
 import torch
 from torch import nn
+from torch.ao import quantization
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -41,14 +44,13 @@ ATTENTION = ("q_proj", "k_proj", "v_proj", "kv_proj", "qkv_proj", "out_proj")
 FEED_FORWARD = ("fc1", "fc2")
 
 
-def dynamic(model: nn.Module, names: tuple[str, ...] | None = None) -> nn.Module:
-    """quantize_dynamic of every linear layer, or of those whose last name is in `names`."""
-    if names is None:
-        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+def dynamic(model: nn.Module, names: tuple[str, ...] | None = None, per_channel: bool = False) -> nn.Module:
+    """quantize_dynamic of every linear layer, or of those whose last name is in `names`; one weight scale per
+    matrix (torch's default), or per output row (`per_channel`, as CTranslate2's int8 does)."""
+    qconfig = quantization.per_channel_dynamic_qconfig if per_channel else quantization.default_dynamic_qconfig
     chosen = {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
-    chosen = {name for name in chosen if name.split(".")[-1] in names}
-    spec = {name: torch.ao.quantization.default_dynamic_qconfig for name in chosen}
-    return torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8)
+    chosen = {name for name in chosen if names is None or name.split(".")[-1] in names}
+    return quantization.quantize_dynamic(model, {name: qconfig for name in chosen}, dtype=torch.qint8)
 
 
 def torchao_int8(model: nn.Module) -> nn.Module:
@@ -69,6 +71,7 @@ def quanto_int8(model: nn.Module) -> nn.Module:
 VARIANTS = {
     "float32": lambda model: model,
     "dynamic int8, every linear layer": dynamic,
+    "dynamic int8 per output row, every linear layer": lambda model: dynamic(model, per_channel=True),
     "dynamic int8, lm_head only": lambda model: dynamic(model, ("lm_head",)),
     "dynamic int8, attention only": lambda model: dynamic(model, ATTENTION),
     "dynamic int8, feed-forward only": lambda model: dynamic(model, FEED_FORWARD),
@@ -102,14 +105,14 @@ def main() -> None:
     parser.add_argument("--source", help="source lines (optionally .gz)")
     parser.add_argument("--reference", help="reference lines (optionally .gz)")
     parser.add_argument("--limit", type=int, help="only the first LIMIT pairs")
-    parser.add_argument("--variants", help="comma-separated names (default: all that are installed)")
+    parser.add_argument("--variants", help="names separated by \";\" (default: all that are installed)")
     args = parser.parse_args()
     sources, references = test_pairs(args)
     model, tokenizer = load_model_and_tokenizer(args.model_dir, "cpu")
     print(f"# {describe_machine(machine())}; {len(sources)} sentences; {args.model_dir}")
     print("| variant | BLEU | chrF | seconds | linear layers quantized |")
     print("|---|---|---|---|---|")
-    names = args.variants.split(",") if args.variants else list(VARIANTS)
+    names = args.variants.split(";") if args.variants else list(VARIANTS)
     for name in names:
         try:
             variant = VARIANTS[name](copy.deepcopy(model)).eval()
