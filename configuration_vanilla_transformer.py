@@ -52,6 +52,10 @@ class VanillaTransformerConfig(PreTrainedConfig):
         the same products, faster on some CPUs); False: plain nn.functional.linear.
     grouped_beam_cross_attention: in beam search, keep the encoder-decoder keys and values once per sentence
         rather than once per beam (fast_paths_vanilla_transformer.py); False: one row per beam, as in BART.
+    fused_projections: compute the attention's projections of one input (W^Q, W^K, W^V of self-attention; W^K, W^V
+        of the encoder output) as one product of their stacked weights (fast_paths_vanilla_transformer.py; the same
+        values); False: one product per projection. The parameters are the separate `q_proj`, `k_proj`, `v_proj`
+        either way, and projections that peft wraps or a quantizer replaces always run on their own.
 
     The training loss's label smoothing is not here: it is how a model is trained, not what it is
     (`model(..., labels=..., epsilon_ls=0.1)`; configs saved with a `label_smoothing` still load, without it).
@@ -90,6 +94,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
     init_std: float | None = None
     onednn_linear: bool = True
     grouped_beam_cross_attention: bool = True
+    fused_projections: bool = True
     use_cache: bool = True
     is_encoder_decoder: bool = True
     pad_token_id: int | None = 0

@@ -7,6 +7,10 @@ them against it) and has a switch:
 - oneDNN linear layers for float32 inference on CPU (`config.onednn_linear`, default True; up to 2.7x on the
   skinny products of generation on some CPUs, docs/BENCHMARKS.md). The op is private to torch: if it is missing or
   raises, the plain `F.linear` runs from then on.
+- The attention's projections of one input as one product: W^Q, W^K, W^V of self-attention, W^K, W^V of the encoder
+  output (`config.fused_projections`, default True; one pass over the input instead of three or two). The model's
+  parameters stay the paper's separate `q_proj`, `k_proj`, `v_proj`, which tools that adapt or quantize layers by name
+  (peft's LoRA, quantize_dynamic) find as in BART or Marian; a layer such a tool wraps or replaces runs its own forward.
 - Beam search keeps the encoder-decoder keys and values once per sentence instead of once per beam
   (`config.grouped_beam_cross_attention`, default True; less memory and time per step, docs/BENCHMARKS.md).
 - The label-smoothed training loss without the (B, T, V) logits (`model(..., labels=..., return_logits=False)`,
@@ -18,6 +22,7 @@ from functools import partial
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.modules import module as torch_module
 from transformers.utils import is_torchdynamo_compiling, logging
 
 logger = logging.get_logger(__name__)
@@ -73,6 +78,78 @@ def use_onednn_linears(model: nn.Module, config) -> None:
 
 def _linear_forward(module: nn.Linear, config, input: torch.Tensor) -> torch.Tensor:
     return linear(input, module.weight, module.bias, onednn=getattr(config, "onednn_linear", True))
+
+
+# --- the projections of one input as one product ---------------------------------------------------------------
+# Self-attention's W^Q, W^K, W^V read the same input, and encoder-decoder attention's W^K, W^V read the encoder
+# output: their stacked weights multiply the input once, then the output is split. Only plain nn.Linear layers are
+# stacked, with nothing else watching them (hooks, accelerate's device hooks): a layer that peft wraps, a quantizer
+# replaces or a hook watches is called, so that it sees its input. With gradients the weights are stacked at every
+# call (autograd splits the gradient); without (generation) the stack is kept on the attention, rebuilt when a weight
+# changes (its storage or version: any in-place change through the parameter, as an optimizer step or
+# load_state_dict makes; not one through `.data`). torch.compile traces the separate products.
+
+
+def fused_projections(attention: nn.Module, input: torch.Tensor, *projections: nn.Module) -> tuple[torch.Tensor, ...]:
+    """`tuple(projection(input) for projection in projections)`, as one product of the stacked weights when
+    `attention.config.fused_projections` (default True) and the projections are plain nn.Linear layers."""
+    if (
+        getattr(attention.config, "fused_projections", True)
+        and not is_torchdynamo_compiling()
+        and all(_plain_linear(projection) for projection in projections)
+        and len({(p.weight.dtype, p.weight.device, p.bias is None) for p in projections}) == 1
+    ):
+        weight, bias = _stacked_weights(attention, projections)
+        output = linear(input, weight, bias, onednn=getattr(attention.config, "onednn_linear", True))
+        return output.split([projection.out_features for projection in projections], dim=-1)
+    return tuple(projection(input) for projection in projections)
+
+
+def _plain_linear(module: nn.Module) -> bool:
+    """An nn.Linear whose forward is nn.Linear's (or the oneDNN one), with plain tensors and no hook."""
+    forward = module.__dict__.get("forward")
+    return (
+        type(module) is nn.Linear
+        and (forward is None or (isinstance(forward, partial) and forward.func is _linear_forward))
+        and all(
+            type(tensor) in (nn.Parameter, torch.Tensor)
+            for tensor in (module.weight, module.bias)
+            if tensor is not None
+        )
+        and not any(getattr(module, hooks, None) for hooks in MODULE_HOOKS)
+        and not any(getattr(torch_module, hooks, None) for hooks in GLOBAL_MODULE_HOOKS)
+    )
+
+
+MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+GLOBAL_MODULE_HOOKS = tuple(f"_global{hooks}" for hooks in MODULE_HOOKS)  # register_module_forward_hook's, ...
+
+
+def _stacked_weights(attention: nn.Module, projections) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The projections' weights and biases stacked by rows: at each call where autograd needs them, else kept on
+    `attention` and rebuilt when any of them changes."""
+    tensors = [tensor for p in projections for tensor in (p.weight, p.bias) if tensor is not None]
+    if torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors):
+        attention.__dict__.pop("_stacked_projections", None)  # training: no stale copy kept from an evaluation
+        return _stack(projections)
+    try:
+        key = tuple(
+            (tensor.data_ptr(), tensor._version, tensor.dtype, tensor.device, tensor.shape) for tensor in tensors
+        )
+    except RuntimeError:  # inference tensors have no version counter: nothing tells a change, so nothing is kept
+        return _stack(projections)
+    kept = attention.__dict__.get("_stacked_projections")
+    if kept is None or kept[0] != key:
+        with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable outside inference mode too
+            kept = (key, *_stack(projections))
+        attention.__dict__["_stacked_projections"] = kept
+    return kept[1], kept[2]
+
+
+def _stack(projections) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = torch.cat([projection.weight for projection in projections])
+    bias = None if projections[0].bias is None else torch.cat([projection.bias for projection in projections])
+    return weight, bias
 
 
 # --- beam search: encoder-decoder keys and values once per sentence ---------------------------------------------

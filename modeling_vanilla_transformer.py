@@ -9,8 +9,9 @@ Every sub-layer is post-LN: LayerNorm(x + Dropout(Sublayer(x))).
 Shapes: B = batch, S = source length, T = target length, D = d_model, H = heads, V = vocabulary; per head, queries
 and keys have d_k and values d_v = D / H features (d_k = d_v but in Table 3's row B).
 
-The speed paths (oneDNN linear layers on CPU, beam search's encoder-decoder keys and values kept once per sentence,
-the training loss without logits) live in fast_paths_vanilla_transformer.py, each with a switch.
+The speed paths (oneDNN linear layers on CPU, the projections of one input as one product, beam search's
+encoder-decoder keys and values kept once per sentence, the training loss without logits) live in
+fast_paths_vanilla_transformer.py, each with a switch.
 """
 
 import inspect
@@ -44,6 +45,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 try:  # as Hub remote code (a package)
     from .configuration_vanilla_transformer import VanillaTransformerConfig
     from .fast_paths_vanilla_transformer import (
+        fused_projections,
         grouped_beam_attention,
         label_smoothed_cross_entropy,
         reorder_grouped_cache,
@@ -53,6 +55,7 @@ try:  # as Hub remote code (a package)
 except ImportError:  # as installed top-level modules
     from configuration_vanilla_transformer import VanillaTransformerConfig
     from fast_paths_vanilla_transformer import (
+        fused_projections,
         grouped_beam_attention,
         label_smoothed_cross_entropy,
         reorder_grouped_cache,
@@ -143,10 +146,11 @@ def eager_attention_forward(
 class VanillaTransformerAttention(nn.Module):
     """3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-    The per-head projections of all heads are one matrix: `qkv_proj` (D -> H (2 d_k + d_v)) for self-attention and
-    `q_proj` (D -> H d_k) + `kv_proj` (D -> H (d_k + d_v)) for encoder-decoder attention, whose keys and values come
-    from the encoder output and are computed once per generation (cached). d_v = D / H; d_k = D / H too unless
-    `config.qk_head_dim` says otherwise (Table 3, row B).
+    The per-head projections of all heads are one matrix each: `q_proj` and `k_proj` (D -> H d_k), `v_proj`
+    (D -> H d_v), `out_proj` (H d_v -> D), as in every attention of BART and Marian. Encoder-decoder attention takes
+    its keys and values from the encoder output, computed once per generation (cached). d_v = D / H; d_k = D / H too
+    unless `config.qk_head_dim` says otherwise (Table 3, row B). The projections of one input (Q, K and V of
+    self-attention; K and V of the encoder output) run as one product in the fast paths (`fused_projections`).
     """
 
     def __init__(
@@ -168,21 +172,20 @@ class VanillaTransformerAttention(nn.Module):
         self.is_causal = is_causal  # read by the sdpa/flash attention functions
         self.layer_idx = layer_idx
         qk_size, v_size = num_heads * self.qk_head_dim, num_heads * self.head_dim
-        if is_cross_attention:
-            self.q_proj = nn.Linear(config.d_model, qk_size)
-            self.kv_proj = nn.Linear(config.d_model, qk_size + v_size)
-        else:
-            self.qkv_proj = nn.Linear(config.d_model, 2 * qk_size + v_size)
-        self.out_proj = nn.Linear(v_size, config.d_model)
+        self.q_proj = nn.Linear(config.d_model, qk_size)  # W^Q
+        self.k_proj = nn.Linear(config.d_model, qk_size)  # W^K
+        self.v_proj = nn.Linear(config.d_model, v_size)  # W^V
+        self.out_proj = nn.Linear(v_size, config.d_model)  # W^O
+        # Xavier-initialised as one matrix with the projections of the same input, as when they were one layer:
+        # a seed gives the model it gave before (`_init_weights`)
+        same_input = (self.k_proj, self.v_proj) if is_cross_attention else (self.q_proj, self.k_proj, self.v_proj)
+        for projection in same_input:
+            projection.xavier_fan_out = sum(layer.out_features for layer in same_input)
+        self.register_load_state_dict_pre_hook(split_fused_projections)  # checkpoints saved before they were separate
 
-    def _split_heads(self, projected: torch.Tensor, *head_dims: int) -> tuple[torch.Tensor, ...]:
-        # (B, L, H * sum(head_dims)) -> one (B, H, L, head_dim) per head_dim
-        batch, length, _ = projected.shape
-        parts = projected.split([self.num_heads * head_dim for head_dim in head_dims], dim=-1)
-        return tuple(
-            part.view(batch, length, self.num_heads, head_dim).transpose(1, 2)
-            for part, head_dim in zip(parts, head_dims, strict=True)
-        )
+    def _heads(self, projected: torch.Tensor, head_dim: int) -> torch.Tensor:
+        # (B, L, H * head_dim) -> (B, H, L, head_dim)
+        return projected.view(*projected.shape[:-1], self.num_heads, head_dim).transpose(1, 2)
 
     def forward(
         self,
@@ -193,19 +196,20 @@ class VanillaTransformerAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.is_cross_attention:
-            (query,) = self._split_heads(self.q_proj(hidden_states), self.qk_head_dim)
+            query = self._heads(self.q_proj(hidden_states), self.qk_head_dim)
             if cache is not None and cache.is_updated.get(self.layer_idx):
                 layer_cache = cache.cross_attention_cache.layers[self.layer_idx]
                 key, value = layer_cache.keys, layer_cache.values
-            else:
-                key, value = self._split_heads(self.kv_proj(key_value_states), self.qk_head_dim, self.head_dim)
+            else:  # K W^K and V W^V of the encoder output, as one product where they can be (fast paths)
+                key, value = fused_projections(self, key_value_states, self.k_proj, self.v_proj)
+                key, value = self._heads(key, self.qk_head_dim), self._heads(value, self.head_dim)
                 if cache is not None:
                     key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
                     cache.is_updated[self.layer_idx] = True
-        else:
-            query, key, value = self._split_heads(
-                self.qkv_proj(hidden_states), self.qk_head_dim, self.qk_head_dim, self.head_dim
-            )
+        else:  # Q W^Q, K W^K and V W^V of the same input, as one product where they can be (fast paths)
+            query, key, value = fused_projections(self, hidden_states, self.q_proj, self.k_proj, self.v_proj)
+            query, key = self._heads(query, self.qk_head_dim), self._heads(key, self.qk_head_dim)
+            value = self._heads(value, self.head_dim)
             if cache is not None:  # append this step's keys and values to the decoder's cache
                 key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
 
@@ -331,8 +335,10 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         # The paper does not say; Xavier-uniform linear layers and N(0, d_model^-0.5) embeddings are the
         # usual choice for post-LN Transformers (the scaled input embeddings then start with unit variance).
         std = self.config.init_std or self.config.d_model**-0.5
-        if isinstance(module, nn.Linear):
-            init.xavier_uniform_(module.weight)
+        if isinstance(module, nn.Linear):  # Xavier-uniform; the attention's projections of one input as one matrix
+            fan_out = getattr(module, "xavier_fan_out", module.out_features)
+            bound = math.sqrt(3.0) * math.sqrt(2.0 / float(module.in_features + fan_out))  # as xavier_uniform_'s
+            init.uniform_(module.weight, -bound, bound)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
@@ -785,6 +791,70 @@ def _check_attention_mask(mask: torch.Tensor | None, expected_shape: tuple, name
         return
     if tuple(mask.shape) != tuple(expected_shape):
         raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but the inputs need {tuple(expected_shape)}.")
+
+
+# --- checkpoints saved before the attention's projections were separate layers --------------------------------------
+# Until issue 33, self-attention's W^Q, W^K, W^V were one layer `qkv_proj` (rows q, k, v) and encoder-decoder
+# attention's W^K, W^V one layer `kv_proj` (rows k, v; its W^Q was `q_proj` already). Their weights load into the
+# separate layers: through `from_pretrained` by transformers' checkpoint conversion (registered below), and through
+# nn.Module.load_state_dict (accelerate's load_state, the training script's checkpoint averaging) by each
+# attention's pre-hook. Nothing writes the old names back: saving writes the layers as they are.
+
+FUSED_PROJECTIONS = {  # sub-layer: (the old fused layer, the layers it splits into, in its row order)
+    "self_attn": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    "encoder_attn": ("kv_proj", ("k_proj", "v_proj")),
+}
+
+
+def split_fused_projections(attention: VanillaTransformerAttention, state_dict: dict, prefix: str, *args) -> None:
+    """load_state_dict pre-hook of an attention: an old checkpoint's fused `qkv_proj` or `kv_proj` weight and bias,
+    split into the rows of the separate projections (in place; `state_dict` is load_state_dict's own copy). One of
+    another size (another model's) is left as it is, for load_state_dict to report."""
+    fused, parts = FUSED_PROJECTIONS["encoder_attn" if attention.is_cross_attention else "self_attn"]
+    qk_size, v_size = attention.num_heads * attention.qk_head_dim, attention.num_heads * attention.head_dim
+    sizes = [v_size if part == "v_proj" else qk_size for part in parts]
+    for name in ("weight", "bias"):
+        key = f"{prefix}{fused}.{name}"
+        if key in state_dict and state_dict[key].dim() > 0 and state_dict[key].shape[0] == sum(sizes):
+            for part, rows in zip(parts, state_dict.pop(key).split(sizes), strict=True):
+                state_dict[f"{prefix}{part}.{name}"] = rows
+
+
+def split_fused_projections_of(model: nn.Module, state_dict: dict) -> dict:
+    """`state_dict` (of `model`, with any module prefix `model` has) with the fused projections of an old checkpoint
+    split as `model.load_state_dict` splits them; a new dict. For code that reads checkpoints by key (averaging)."""
+    state_dict = dict(state_dict)
+    for name, module in model.named_modules():
+        if isinstance(module, VanillaTransformerAttention):
+            split_fused_projections(module, state_dict, f"{name}." if name else "")
+    return state_dict
+
+
+def _register_checkpoint_conversion() -> None:
+    """Make from_pretrained split the fused layers of old checkpoints (transformers' conversion mapping, read for
+    this model type whether the class is installed or Hub code). The rows are split at the sizes of the model's own
+    layers (d_k may differ from d_v: Table 3, row B). Conversions are reversed when a model is saved; this one is
+    not: a loaded model saves its separate layers."""
+    try:
+        from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+        from transformers.core_model_loading import Split, WeightConverter, WeightRenaming
+    except ImportError:  # a transformers without the API: old checkpoints then load only through load_state_dict
+        return
+
+    class SplitFusedProjections(WeightConverter):
+        __slots__ = ()
+
+        def reverse_transform(self) -> WeightRenaming:  # saving: a renaming that matches no key
+            return WeightRenaming(source_patterns="(?!)", target_patterns="(?!)")
+
+    conversions = [
+        SplitFusedProjections(f"{layer}.{fused}", [f"{layer}.{part}" for part in parts], operations=[Split(dim=0)])
+        for layer, (fused, parts) in FUSED_PROJECTIONS.items()
+    ]
+    register_checkpoint_conversion_mapping(VanillaTransformerConfig.model_type, conversions, overwrite=True)
+
+
+_register_checkpoint_conversion()
 
 
 def _register_auto_classes() -> None:

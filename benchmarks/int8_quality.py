@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--source", help="source lines (optionally .gz)")
     parser.add_argument("--reference", help="reference lines (optionally .gz)")
     parser.add_argument("--limit", type=int, help="only the first LIMIT pairs")
-    parser.add_argument("--variants", help="names separated by \";\" (default: all that are installed)")
+    parser.add_argument("--variants", help='names separated by ";" (default: all that are installed)')
     args = parser.parse_args()
     sources, references = test_pairs(args)
     model, tokenizer = load_model_and_tokenizer(args.model_dir, "cpu")

@@ -17,6 +17,7 @@ from vanilla_transformer.commands.export_ctranslate2 import main
 from vanilla_transformer.export_ctranslate2 import convert_to_ctranslate2, vocabulary
 
 from .conftest import TINY
+from .fixtures.old_checkpoints import make_old_folder
 
 try:
     import ctranslate2
@@ -137,6 +138,18 @@ def test_other_architecture_options_convert_exactly(padded_sources, tmp_path):
     for num_beams in (1, 4):
         translated, generated = generate_and_translate(model, tmp_path / "ct2", padded_sources, num_beams)
         assert translated == generated
+
+
+@needs_ctranslate2
+def test_a_folder_saved_before_the_projections_were_separate_layers_exports_the_same_model(
+    reversal_model, padded_sources, tmp_path
+):
+    """Its fused `qkv_proj` and `kv_proj` load into the separate layers, which the export stacks again."""
+    reversal_model.save_pretrained(tmp_path / "model")
+    make_old_folder(tmp_path / "model")
+    convert_to_ctranslate2(tmp_path / "model", tmp_path / "ct2")
+    translated, generated = generate_and_translate(reversal_model, tmp_path / "ct2", padded_sources, num_beams=4)
+    assert translated == generated
 
 
 def test_beam_search_finds_other_outputs_than_greedy(reversal_model, padded_sources):

@@ -2,16 +2,20 @@
 the training loss without logits, oneDNN linear layers for float32 inference on CPU (guarded: the private op may go
 away), and beam search's encoder-decoder keys and values once per sentence, with no host synchronisation per step."""
 
+import copy
 import sys
 
 import pytest
 import torch
+from torch import nn
 from torch.nn import functional as F
 from torch.profiler import profile
 
 import fast_paths_vanilla_transformer as fast_paths
 import modeling_vanilla_transformer as modeling
 from fast_paths_vanilla_transformer import label_smoothed_cross_entropy, linear
+
+from .conftest import TINY
 
 
 def random_labels(shape, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
@@ -199,3 +203,132 @@ def test_the_model_synchronises_with_the_host_a_fixed_number_of_times_per_genera
         per_generate.append(counts["syncs"])
     assert per_generate[0] == per_generate[1], per_generate
     assert per_generate[0] > 0  # the input check and the one grouping check are seen
+
+
+# --- the projections of one input as one product ----------------------------------------------------------------
+
+
+def counting_stacks(monkeypatch) -> dict:
+    """Counts the stackings of projection weights (the fused path's), kept or not."""
+    counts = {"stacked": 0}
+    stack = fast_paths._stack
+
+    def counting(projections):
+        counts["stacked"] += 1
+        return stack(projections)
+
+    monkeypatch.setattr(fast_paths, "_stack", counting)
+    return counts
+
+
+@pytest.mark.parametrize("qk_head_dim", [None, 4])  # 4: Table 3 row (B), d_k = 4 against d_v = 8
+def test_fused_and_separate_projections_give_the_same_loss_and_gradients(monkeypatch, source_batch, qk_head_dim):
+    torch.manual_seed(0)
+    config = modeling.VanillaTransformerConfig(**{**TINY, "dropout": 0.0, "qk_head_dim": qk_head_dim})
+    model = modeling.VanillaTransformerForConditionalGeneration(config).train()
+    input_ids, attention_mask = source_batch
+    labels = random_labels((2, 6), config.vocab_size, torch.Generator().manual_seed(2))
+    counts = counting_stacks(monkeypatch)
+    results = []
+    for fused in (True, False):
+        model.config.fused_projections = fused
+        counts["stacked"] = 0
+        model.zero_grad()
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        results.append((loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
+        # with gradients, stacked at every call: each self-attention and each encoder-decoder attention once
+        assert counts["stacked"] == (config.encoder_layers + 2 * config.decoder_layers if fused else 0)
+    (fused_loss, fused_gradients), (loss, gradients) = results
+    torch.testing.assert_close(fused_loss, loss, rtol=1e-5, atol=1e-5)
+    for name, gradient in gradients.items():
+        assert gradient.abs().sum() > 0, name  # every projection learns
+        torch.testing.assert_close(fused_gradients[name], gradient, rtol=1e-5, atol=1e-5, msg=name)
+    assert not any("_stacked_projections" in module.__dict__ for module in model.modules())  # none kept in training
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_generate_gives_the_same_tokens_with_fused_projections_on_and_off(monkeypatch, source_batch, num_beams):
+    model = modeling.VanillaTransformerForConditionalGeneration(modeling.VanillaTransformerConfig(**TINY)).eval()
+    input_ids, attention_mask = source_batch
+    settings = dict(attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=10, do_sample=False)
+    counts = counting_stacks(monkeypatch)
+    fused = model.generate(input_ids, **settings)
+    attentions = [m for m in model.modules() if isinstance(m, modeling.VanillaTransformerAttention)]
+    assert counts["stacked"] == len(attentions)  # without gradients: once per attention, then kept
+    model.config.fused_projections = False
+    assert torch.equal(fused, model.generate(input_ids, **settings))
+    assert counts["stacked"] == len(attentions)
+
+
+@torch.no_grad()
+def test_a_weight_changed_in_place_after_a_cached_generate_is_used_by_the_next_one(tiny_model, source_batch):
+    input_ids, attention_mask = source_batch
+    settings = dict(attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :5])
+    before = tiny_model(**inputs).logits
+    tiny_model.generate(input_ids, **settings)  # the stacked weights are kept now
+    attentions = [tiny_model.model.encoder.layers[0].self_attn, tiny_model.model.decoder.layers[1].encoder_attn]
+    assert all("_stacked_projections" in attention.__dict__ for attention in attentions)
+    attentions[0].v_proj.weight.mul_(-1)  # in place: the same storage, a new version
+    attentions[1].k_proj.bias.add_(1.0)
+    tiny_model.model.decoder.layers[0].self_attn.q_proj.weight.copy_(torch.randn(32, 32))
+    changed = tiny_model(**inputs).logits
+    fused_tokens = tiny_model.generate(input_ids, **settings)
+    tiny_model.config.fused_projections = False
+    torch.testing.assert_close(changed, tiny_model(**inputs).logits, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(changed, before, atol=1e-3)
+    assert torch.equal(fused_tokens, tiny_model.generate(input_ids, **settings))
+
+    other = modeling.VanillaTransformerForConditionalGeneration(tiny_model.config).eval()
+    tiny_model.config.fused_projections = True
+    tiny_model.load_state_dict(other.state_dict())  # another model's weights, copied into the same storage
+    torch.testing.assert_close(tiny_model(**inputs).logits, other(**inputs).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_the_kept_weights_hold_no_graph_and_the_model_still_copies_and_trains(tiny_model, source_batch):
+    input_ids, attention_mask = source_batch
+    with torch.inference_mode():  # as the translation pipeline decodes
+        tiny_model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=4)
+    kept = tiny_model.model.decoder.layers[0].self_attn.__dict__["_stacked_projections"]
+    assert all(t.grad_fn is None and not t.requires_grad and not t.is_inference() for t in kept[1:])
+    copied = copy.deepcopy(tiny_model)  # a kept stack must not stop deepcopy (quantize_dynamic copies models)
+    # a frozen model under autograd (gradients for its inputs only) runs on the kept weights
+    embeddings = copied.get_input_embeddings()(input_ids).detach().requires_grad_()
+    for parameter in copied.parameters():
+        parameter.requires_grad_(False)
+    with torch.no_grad():
+        copied.generate(input_ids, attention_mask=attention_mask, max_new_tokens=4)
+    output = copied(inputs_embeds=embeddings, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :3])
+    output.logits.sum().backward()
+    assert embeddings.grad is not None and embeddings.grad.abs().sum() > 0
+
+
+@torch.no_grad()
+def test_a_projection_that_is_hooked_or_replaced_is_called(tiny_model, source_batch):
+    """A forward hook (as tools that record activations add) must see its layer's input; so must a replaced layer."""
+    input_ids, attention_mask = source_batch
+    settings = dict(attention_mask=attention_mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    expected = tiny_model.generate(input_ids, **settings)
+    attention = tiny_model.model.decoder.layers[0]
+    seen = []
+    handle = attention.encoder_attn.k_proj.register_forward_hook(lambda module, args, output: seen.append(args[0]))
+    assert torch.equal(tiny_model.generate(input_ids, **settings), expected)
+    handle.remove()
+    assert len(seen) == 1 and seen[0].shape == (2, 9, 32)  # the encoder output, once per generation
+
+    calls = []
+
+    class Replaced(nn.Module):  # e.g. a quantizer's layer, computing the same function
+        def __init__(self, linear):
+            super().__init__()
+            self.linear = linear
+
+        def forward(self, input):
+            calls.append(input.shape)
+            return self.linear(input)
+
+    attention.self_attn.v_proj = Replaced(attention.self_attn.v_proj)
+    assert torch.equal(tiny_model.generate(input_ids, **settings), expected)
+    assert calls == [(2, 1, 32)] * 6  # one decoder step per new token

@@ -58,7 +58,7 @@ def test_batched_padded_generation_equals_one_by_one(tiny_model, source_batch, n
 def test_encoder_decoder_keys_and_values_are_computed_once_per_generation(tiny_model, source_batch):
     input_ids, attention_mask = source_batch
     calls = []
-    handle = tiny_model.model.decoder.layers[0].encoder_attn.kv_proj.register_forward_hook(
+    handle = tiny_model.model.decoder.layers[0].encoder_attn.k_proj.register_forward_hook(
         lambda *args: calls.append(1)
     )
     tiny_model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=6, min_new_tokens=6)

@@ -1,10 +1,14 @@
 """The model against the paper (sections 3.1-3.5) and transformers' contracts."""
 
+import copy
 import json
 import math
+from functools import partial
+from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
@@ -17,8 +21,10 @@ from modeling_vanilla_transformer import (
     shift_tokens_right,
     sinusoidal_position_table,
 )
+from vanilla_transformer import checkpoints
 
 from .conftest import TINY, random_ids
+from .fixtures.old_checkpoints import fused, make_old_folder
 
 
 def model_with_attention(attn_implementation: str, **overrides) -> VanillaTransformerForConditionalGeneration:
@@ -129,16 +135,16 @@ def test_learned_positions_work_and_refuse_overlong_inputs(tiny_config, tmp_path
 # --- layers against torch's reference implementation ---------------------------------------------------------
 
 
-def copy_attention(ours, theirs, fused_qkv: bool):
-    d_model = theirs.embed_dim
-    if fused_qkv:
-        ours.qkv_proj.weight.copy_(theirs.in_proj_weight)
-        ours.qkv_proj.bias.copy_(theirs.in_proj_bias)
-    else:
-        ours.q_proj.weight.copy_(theirs.in_proj_weight[:d_model])
-        ours.q_proj.bias.copy_(theirs.in_proj_bias[:d_model])
-        ours.kv_proj.weight.copy_(theirs.in_proj_weight[d_model:])
-        ours.kv_proj.bias.copy_(theirs.in_proj_bias[d_model:])
+def copy_attention(ours, theirs):
+    """torch's in_proj_weight holds W^Q, W^K, W^V by rows."""
+    for projection, weight, bias in zip(
+        (ours.q_proj, ours.k_proj, ours.v_proj),
+        theirs.in_proj_weight.chunk(3),
+        theirs.in_proj_bias.chunk(3),
+        strict=True,
+    ):
+        projection.weight.copy_(weight)
+        projection.bias.copy_(bias)
     ours.out_proj.load_state_dict(theirs.out_proj.state_dict())
 
 
@@ -161,7 +167,7 @@ def test_encoder_layer_matches_torch_transformer_encoder_layer(tiny_config):
         batch_first=True,
         norm_first=False,
     ).eval()
-    copy_attention(ours.self_attn, theirs.self_attn, fused_qkv=True)
+    copy_attention(ours.self_attn, theirs.self_attn)
     copy_feed_forward_and_norms(ours, theirs, [("self_attn_layer_norm", "norm1"), ("final_layer_norm", "norm2")])
     hidden = torch.randn(3, 7, tiny_config.d_model)
     expected = theirs(hidden)
@@ -181,8 +187,8 @@ def test_decoder_layer_matches_torch_transformer_decoder_layer(tiny_config):
         batch_first=True,
         norm_first=False,
     ).eval()
-    copy_attention(ours.self_attn, theirs.self_attn, fused_qkv=True)
-    copy_attention(ours.encoder_attn, theirs.multihead_attn, fused_qkv=False)
+    copy_attention(ours.self_attn, theirs.self_attn)
+    copy_attention(ours.encoder_attn, theirs.multihead_attn)
     copy_feed_forward_and_norms(
         ours,
         theirs,
@@ -203,10 +209,11 @@ def test_row_b_attention_is_softmax_of_q_k_over_sqrt_d_k_times_v_with_d_v_values
     config = VanillaTransformerConfig(**{**TINY, "qk_head_dim": 4, "_attn_implementation": "eager"})
     layer = VanillaTransformerEncoderLayer(config, layer_idx=0).eval()
     attention, heads, d_k, d_v = layer.self_attn, 4, 4, 8  # TINY: d_model 32, 4 heads
-    assert attention.qkv_proj.weight.shape == (2 * heads * d_k + heads * d_v, 32)
+    assert attention.q_proj.weight.shape == attention.k_proj.weight.shape == (heads * d_k, 32)
+    assert attention.v_proj.weight.shape == (heads * d_v, 32)
     assert attention.out_proj.weight.shape == (32, heads * d_v)
     hidden = torch.randn(2, 5, 32)
-    query, key, value = attention.qkv_proj(hidden).split([heads * d_k, heads * d_k, heads * d_v], dim=-1)
+    query, key, value = attention.q_proj(hidden), attention.k_proj(hidden), attention.v_proj(hidden)
     query, key = query.view(2, 5, heads, d_k).transpose(1, 2), key.view(2, 5, heads, d_k).transpose(1, 2)
     value = value.view(2, 5, heads, d_v).transpose(1, 2)
     weights = torch.softmax(query @ key.transpose(2, 3) / math.sqrt(d_k), dim=-1)
@@ -412,7 +419,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_config, source_bat
             model.activation_checkpointing_enable()
             assert model.model.encoder.gradient_checkpointing
         model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
-        gradients.append(model.model.decoder.layers[0].self_attn.qkv_proj.weight.grad.clone())
+        gradients.append(model.model.decoder.layers[0].self_attn.q_proj.weight.grad.clone())
     assert torch.allclose(gradients[0], gradients[1], atol=1e-6)
 
 
@@ -479,3 +486,118 @@ def test_bad_labels_get_a_clear_error(tiny_model, source_batch):
     labels = torch.full((2, 3), 999)
     with pytest.raises(ValueError, match="labels"):
         tiny_model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+
+
+# --- checkpoints saved before the attention's projections were separate layers (issue 33) ------------------------
+
+
+def trained_a_step(model, optimizer, source_batch) -> None:
+    input_ids, attention_mask = source_batch
+    labels = random_ids(model.config, (2, 5), seed=6)
+    model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+@pytest.mark.parametrize("qk_head_dim", [None, 4])  # 4: Table 3 row (B), whose fused rows are not of equal size
+def test_an_old_folder_loads_and_decodes_the_tokens_of_the_model_it_was_made_from(tmp_path, source_batch, qk_head_dim):
+    """from_pretrained splits the fused `qkv_proj` and `kv_proj` of a folder the old code saved (transformers'
+    checkpoint conversion); saving the loaded model writes the separate layers, not the old names."""
+    model = model_with_attention("sdpa", qk_head_dim=qk_head_dim)
+    model.save_pretrained(tmp_path / "old")
+    make_old_folder(tmp_path / "old")
+    assert any("self_attn.qkv_proj" in key for key in load_file(tmp_path / "old" / "model.safetensors"))
+    loaded, loading = VanillaTransformerForConditionalGeneration.from_pretrained(
+        tmp_path / "old", output_loading_info=True
+    )
+    assert not (loading["missing_keys"] or loading["unexpected_keys"] or loading["mismatched_keys"])
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    input_ids, attention_mask = source_batch
+    for num_beams in (1, 4):
+        settings = dict(attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=8, do_sample=False)
+        assert torch.equal(loaded.eval().generate(input_ids, **settings), model.generate(input_ids, **settings))
+    loaded.save_pretrained(tmp_path / "again")
+    keys = set(load_file(tmp_path / "again" / "model.safetensors"))
+    assert not any("qkv_proj" in key or "kv_proj" in key for key in keys)
+    assert {
+        "model.decoder.layers.0.encoder_attn.k_proj.weight",
+        "model.encoder.layers.0.self_attn.v_proj.bias",
+    } <= keys
+    VanillaTransformerForConditionalGeneration(model.config).save_pretrained(tmp_path / "new")  # a fresh model too
+    assert set(load_file(tmp_path / "new" / "model.safetensors")) == keys
+
+
+def test_load_state_dict_splits_an_old_checkpoints_fused_projections(tiny_model):
+    """What accelerate's load_state (resuming) and the checkpoint averaging go through: nn.Module.load_state_dict."""
+    old = fused(tiny_model.state_dict())
+    fresh = VanillaTransformerForConditionalGeneration(tiny_model.config)
+    assert fresh.load_state_dict(old, strict=True)  # no missing, no unexpected key
+    for name, tensor in tiny_model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+    assert "model.encoder.layers.0.self_attn.qkv_proj.weight" in old  # the caller's dict is left as it was
+
+
+def test_an_old_checkpoints_adam_state_resumes_as_it_was(tiny_config, source_batch):
+    """The training script's checkpoints hold Adam's state by the old code's parameter order, where each fused layer
+    had one state: it is split for the separate layers, and training goes on exactly as it would have."""
+    tiny_config.dropout = 0.0
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(tiny_config).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, betas=(0.9, 0.98), eps=1e-9)
+    trained_a_step(model, optimizer, source_batch)
+    saved, names = optimizer.state_dict(), [name for name, _ in model.named_parameters()]
+    by_name = {name: saved["state"][index] for index, name in enumerate(names)}
+    old_names = list(fused(dict(model.named_parameters())))
+    old_state = {
+        field: fused({name: state[field] for name, state in by_name.items()}) for field in ("exp_avg", "exp_avg_sq")
+    }
+    old_saved = {
+        "state": {
+            index: {"step": by_name[names[0]]["step"].clone(), **{f: old_state[f][name] for f in old_state}}
+            for index, name in enumerate(old_names)
+        },
+        "param_groups": [{**saved["param_groups"][0], "params": list(range(len(old_names)))}],
+    }
+
+    resumed_model = copy.deepcopy(model)
+    resumed = torch.optim.Adam(resumed_model.parameters(), lr=1e-2, betas=(0.9, 0.98), eps=1e-9)
+    assert checkpoints.old_parameter_names(resumed_model) == old_names
+    resumed.register_load_state_dict_pre_hook(partial(checkpoints.split_fused_optimizer_state, resumed_model))
+    resumed.load_state_dict(old_saved)
+    for index, name in enumerate(names):
+        for field, value in resumed.state_dict()["state"][index].items():
+            assert torch.equal(value, by_name[name][field]), (name, field)
+    for _ in range(2):  # Adam's step of each part moves on its own
+        trained_a_step(model, optimizer, source_batch)
+        trained_a_step(resumed_model, resumed, source_batch)
+    for (name, parameter), resumed_parameter in zip(model.named_parameters(), resumed_model.parameters(), strict=True):
+        assert torch.equal(parameter, resumed_parameter), name
+
+
+def test_averaging_and_checking_old_and_new_checkpoints_of_one_run(tmp_path, tiny_model):
+    """A run resumed after the change holds old checkpoints and new ones: they average by the current names."""
+    settings = checkpoints.CheckpointSettings(str(tmp_path), average_last=2)
+    other = VanillaTransformerForConditionalGeneration(tiny_model.config)
+    for step, weights in ((1, fused(tiny_model.state_dict())), (2, other.state_dict())):
+        folder = checkpoints.checkpoint_dir(settings.root, step)
+        folder.mkdir(parents=True)
+        save_file(
+            {k: v.contiguous() for k, v in weights.items() if "embed_tokens" not in k and "lm_head" not in k},
+            folder / checkpoints.WEIGHTS_NAME,
+        )
+    old_checkpoint = checkpoints.checkpoint_dir(settings.root, 1)
+    assert checkpoints.has_fused_projections(old_checkpoint)
+    assert not checkpoints.has_fused_projections(checkpoints.checkpoint_dir(settings.root, 2))
+    identity = checkpoints.run_identity(tiny_model.config, "tokenizer")
+    checkpoints.check_checkpoint_matches(old_checkpoint, identity, tiny_model)  # by shapes: no model_config there
+    with pytest.raises(checkpoints.CheckpointError, match="another model"):
+        checkpoints.check_checkpoint_matches(old_checkpoint, identity, model_with_attention("sdpa", qk_head_dim=4))
+
+    final = VanillaTransformerForConditionalGeneration(tiny_model.config)
+    printed = []
+    assert checkpoints.load_averaged_weights(final, SimpleNamespace(print=printed.append), settings, None) == 2
+    for name, tensor in final.state_dict().items():
+        if not name.endswith("embed_positions.table"):
+            expected = (tiny_model.state_dict()[name].double() + other.state_dict()[name].double()) / 2
+            torch.testing.assert_close(tensor, expected.float(), msg=name)

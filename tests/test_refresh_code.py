@@ -4,12 +4,17 @@ decoding, the old files kept."""
 import json
 from pathlib import Path
 
+from safetensors.torch import load_file
+
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from modeling_vanilla_transformer import __file__ as MODELING_FILE
 from vanilla_transformer import refresh_code
 from vanilla_transformer.commands import refresh_code as refresh_code_command
 from vanilla_transformer.names import CODE_FILES
+from vanilla_transformer.tokenization import load_tokenizer
 
 from .conftest import CARD_VALUES, save_tiny_model_folder
+from .fixtures.old_checkpoints import make_old_folder
 
 OLD_CODE = "# saved by an older version of this project\n"
 
@@ -39,3 +44,20 @@ def test_refresh_refuses_a_folder_of_another_model_and_changes_nothing(tmp_path,
 
     assert "holds a 'marian' model" in capsys.readouterr().err
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+
+
+def test_a_folder_saved_before_the_projections_were_separate_layers_refreshes_and_decodes_as_before(tmp_path, capsys):
+    """Saved before issue 33, a folder holds self-attention's fused `qkv_proj` and encoder-decoder attention's fused
+    `kv_proj`: refreshed, its new code loads them as a Hub user loads it and decodes the tokens of the model the
+    folder was made from."""
+    folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
+    expected = refresh_code.decode(
+        VanillaTransformerForConditionalGeneration.from_pretrained(folder).eval(), load_tokenizer(folder)
+    )
+    make_old_folder(folder)
+    assert any("qkv_proj" in key for key in load_file(folder / "model.safetensors"))
+
+    assert refresh_code_command.main([str(folder)]) == 0
+
+    assert "decodes as the installed code" in capsys.readouterr().out
+    assert refresh_code.folder_decodes(folder) == expected

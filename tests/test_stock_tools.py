@@ -137,7 +137,7 @@ def test_quantize_dynamic_converts_every_linear_layer_and_the_model_still_transl
     linears = sum(isinstance(module, nn.Linear) for module in model.modules())
     quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
     converted = sum(isinstance(module, torch.ao.nn.quantized.dynamic.Linear) for module in quantized.modules())
-    assert converted == linears == 4 * model.config.encoder_layers + 7 * model.config.decoder_layers + 1
+    assert converted == linears == 6 * model.config.encoder_layers + 10 * model.config.decoder_layers + 1
     assert torch.equal(quantized.generate(input_ids=sources, num_beams=1)[:, 1:], targets)
 
 
@@ -157,3 +157,105 @@ def test_compiled_static_cache_decoding_gives_the_tokens_of_eager_dynamic_cache_
     model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False, backend="eager")
     compiled = model.generate(sources, cache_implementation="static", **settings)
     assert torch.equal(compiled, eager)
+
+
+# --- LoRA with the recipe users copy from BART and Marian -------------------------------------------------------
+
+
+@pytest.fixture
+def peft():
+    """peft (the dev extra), or the test skipped: releases before 0.21.2 call generation code transformers 5 removed."""
+    pytest.importorskip("peft", minversion="0.21.2", reason="the LoRA tests need peft 0.21.2 or later")
+    import peft as module
+
+    return module
+
+
+def lora_model(peft, base):
+    config = peft.LoraConfig(target_modules=["q_proj", "v_proj"], task_type="SEQ_2_SEQ_LM", r=4, lora_dropout=0.0)
+    return peft.get_peft_model(base, config)
+
+
+def test_lora_on_q_proj_and_v_proj_adapts_the_queries_and_values_of_every_attention_layer(peft):
+    model = lora_model(peft, random_tiny_model(61))
+    wrapped = sorted(name for name, module in model.named_modules() if isinstance(module, peft.tuners.lora.LoraLayer))
+    config = model.config
+    assert len(wrapped) == 2 * config.encoder_layers + 4 * config.decoder_layers
+    expected = [
+        f"base_model.model.model.{stack}.layers.{index}.{attention}.{projection}"
+        for stack, layers, attentions in (
+            ("encoder", config.encoder_layers, ["self_attn"]),
+            ("decoder", config.decoder_layers, ["self_attn", "encoder_attn"]),
+        )
+        for index in range(layers)
+        for attention in attentions
+        for projection in ("q_proj", "v_proj")
+    ]
+    assert wrapped == sorted(expected)
+
+
+def test_lora_trains_only_its_own_weights_saves_reloads_and_merges_into_plain_linear_layers(peft, tmp_path):
+    base = random_tiny_model(61, dropout=0.0)
+    base.save_pretrained(tmp_path / "base")
+    model = lora_model(peft, base).train()
+    frozen = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_" not in name}
+    lora = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_" in name}
+    assert all(p.requires_grad == ("lora_" in name) for name, p in model.named_parameters())
+    sources = random_ids(model.config, (4, 7), seed=3)
+    batch = dict(input_ids=sources, labels=torch.cat([sources.flip(1)[:, :5], torch.full((4, 1), 2)], dim=1))
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(5):
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    parameters = dict(model.named_parameters())
+    assert all(torch.equal(parameters[name], tensor) for name, tensor in frozen.items())
+    assert any(not torch.equal(parameters[name], tensor) for name, tensor in lora.items())
+
+    model.eval()
+    model.save_pretrained(tmp_path / "adapter")
+    fresh = type(base).from_pretrained(tmp_path / "base")
+    reloaded = peft.PeftModel.from_pretrained(fresh, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        logits = model(**batch).logits
+        assert torch.equal(reloaded(**batch).logits, logits)
+        merged = reloaded.merge_and_unload()
+        linears = [module for module in merged.modules() if isinstance(module, nn.Linear)]
+        assert all(type(module) is nn.Linear for module in linears)
+        assert len(linears) == 6 * model.config.encoder_layers + 10 * model.config.decoder_layers + 1
+        torch.testing.assert_close(merged(**batch).logits, logits, rtol=1e-5, atol=1e-5)
+        settings = dict(max_new_tokens=6, num_beams=1, do_sample=False)
+        assert torch.equal(merged.generate(sources, **settings), model.generate(input_ids=sources, **settings))
+
+
+# --- ONNX: torch.onnx.export, run by onnxruntime (the `onnx` extra; CI installs it in its demo run) ----------------
+
+
+def test_the_onnx_export_run_by_onnxruntime_gives_the_models_logits(tmp_path):
+    onnxruntime = pytest.importorskip(
+        "onnxruntime", reason="the ONNX check needs the onnx extra: pip install -e '.[onnx]'"
+    )
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript: pip install -e '.[onnx]'")
+
+    class Logits(nn.Module):  # one teacher-forced step: the inputs and output ONNX sees
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, decoder_input_ids):
+            inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+            return self.model(**inputs, use_cache=False).logits
+
+    model = Logits(random_tiny_model(61))
+    inputs = (random_ids(model.model.config, (2, 9)), torch.ones(2, 9, dtype=torch.long))
+    inputs += (random_ids(model.model.config, (2, 5), seed=1),)
+    names = ["input_ids", "attention_mask", "decoder_input_ids"]
+    torch.onnx.export(model, inputs, tmp_path / "model.onnx", input_names=names, output_names=["logits"], dynamo=True)
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    (logits,) = session.run(None, {name: tensor.numpy() for name, tensor in zip(names, inputs, strict=True)})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(logits), model(*inputs), rtol=1e-5, atol=1e-5)

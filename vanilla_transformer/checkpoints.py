@@ -24,13 +24,16 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
+
+from modeling_vanilla_transformer import FUSED_PROJECTIONS, split_fused_projections_of
 
 from .batching import DataPosition
 from .coordination import main_process_only
@@ -224,18 +227,22 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
     return torch.load(weights_file, map_location="cpu", weights_only=True, mmap=True)
 
 
-def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
+def average_checkpoints(
+    paths: Sequence[str | Path], convert: Callable[[dict], dict] | None = None
+) -> dict[str, torch.Tensor]:
     """Average the model weights of several checkpoints (Vaswani et al. 2017, section 6.1).
 
     Each entry of `paths` is a checkpoint folder or a `.safetensors` file. Floating-point tensors
     are averaged in float64 and cast back to their dtype; other tensors must be identical in every
-    checkpoint and are copied.
+    checkpoint and are copied. `convert`, if given, is applied to each checkpoint's weights first (e.g. the model's
+    current names for those of older code).
     """
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint.")
     weights_files = [find_weights_file(path) for path in paths]
+    convert = convert or (lambda weights: weights)
 
-    first = load_weights(weights_files[0])
+    first = convert(load_weights(weights_files[0]))
     dtypes = {key: tensor.dtype for key, tensor in first.items()}
     sums = {
         key: tensor.to(torch.float64, copy=True) if tensor.is_floating_point() else tensor
@@ -244,7 +251,7 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     del first
 
     for weights_file in weights_files[1:]:
-        state = load_weights(weights_file)
+        state = convert(load_weights(weights_file))
         missing, extra = sorted(sums.keys() - state.keys()), sorted(state.keys() - sums.keys())
         if missing or extra:
             raise ValueError(
@@ -350,6 +357,7 @@ NOT_MODEL_IDENTITY = {
     "use_cache",
     "onednn_linear",
     "grouped_beam_cross_attention",
+    "fused_projections",
 }
 
 
@@ -499,8 +507,10 @@ def check_checkpoint_matches(path: Path, identity: dict, model) -> None:
         there, here = saved["model_config"], identity["model_config"]
         differing = [k for k in sorted(there.keys() | here.keys()) if there.get(k) != here.get(k)]
         differences = [f"{k}: {there.get(k)!r} there, {here.get(k)!r} here" for k in differing]
-    else:
-        there, here = weight_shapes(path), {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    else:  # the shapes under the model's current names (older code fused the attention's projections)
+        there = {key: torch.empty(shape, device="meta") for key, shape in weight_shapes(path).items()}
+        there = {key: tuple(tensor.shape) for key, tensor in split_fused_projections_of(model, there).items()}
+        here = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         differing = [k for k in there if there[k] != here.get(k)][:3]
         differences = [f"{k}: shape {there[k]} there, {here.get(k)} here" for k in differing]
     if differences:
@@ -534,7 +544,16 @@ def resume(accelerator, settings: CheckpointSettings, model, schedule, identity:
         accelerator.print(f"[resume] no checkpoint in {settings.root}; starting from scratch")
         return None
     check_checkpoint_matches(path, identity, accelerator.unwrap_model(model))
-    accelerator.load_state(str(path))
+    hooks = []
+    if has_fused_projections(path):  # saved before issue 33: Adam's state is in the old parameter order
+        split = partial(split_fused_optimizer_state, accelerator.unwrap_model(model))
+        optimizers = [getattr(optimizer, "optimizer", optimizer) for optimizer in accelerator._optimizers]
+        hooks = [optimizer.register_load_state_dict_pre_hook(split) for optimizer in optimizers]
+    try:
+        accelerator.load_state(str(path))  # the model's own load_state_dict hooks split its fused weights
+    finally:
+        for hook in hooks:
+            hook.remove()
     saved = trainer_state(path)
     warn_if_not_exact(accelerator, saved, continuation)
     if "schedule" in saved:
@@ -554,7 +573,7 @@ def load_averaged_weights(model, accelerator, settings: CheckpointSettings, run_
     for path in paths:
         if problem := checkpoint_problem(path, only=WEIGHTS_NAMES):
             raise CheckpointError(f"cannot average {path}: {problem}")
-    averaged = average_checkpoints(paths)
+    averaged = average_checkpoints(paths, convert=partial(split_fused_projections_of, model))
     missing, unexpected = model.load_state_dict(averaged, strict=False)
     tied = set(model.get_expanded_tied_weights_keys(all_submodels=True)) | {
         name for name, _ in model.named_buffers() if name.endswith("embed_positions.table")
@@ -565,3 +584,75 @@ def load_averaged_weights(model, accelerator, settings: CheckpointSettings, run_
         )
     accelerator.print(f"[average] the final model averages {len(paths)} checkpoint(s): {[p.name for p in paths]}")
     return len(paths)
+
+
+# --- checkpoints saved before the attention's projections were separate layers (issue 33) --------------------------
+# Their weights hold self-attention's fused `qkv_proj` and encoder-decoder attention's fused `kv_proj`
+# (FUSED_PROJECTIONS): the model's load_state_dict splits them (resuming), `split_fused_projections_of` splits them
+# for averaging and for the shape check. Their Adam state is indexed by the old code's parameter order, where each
+# fused layer stood in place of its parts: `split_fused_optimizer_state` splits it the same way.
+
+_FUSED_LAYER = re.compile("|".join(rf"\.{layer}\.{fused}\." for layer, (fused, _) in FUSED_PROJECTIONS.items()))
+
+
+def has_fused_projections(path: str | Path) -> bool:
+    """Whether the checkpoint's weights were saved by the code before issue 33 (from the header: nothing is loaded)."""
+    return any(_FUSED_LAYER.search(f".{key}") for key in weight_shapes(path))
+
+
+def _attention_layer(name: str) -> tuple[str, str, str, str | None, tuple[str, ...]]:
+    """A parameter name's attention, layer, tensor and that attention's old fused layer with its parts:
+    "m.self_attn.q_proj.weight" -> ("m.self_attn", "q_proj", "weight", "qkv_proj", ("q_proj", "k_proj", "v_proj"))."""
+    module, _, tensor = name.rpartition(".")
+    attention, _, layer = module.rpartition(".")
+    fused, parts = FUSED_PROJECTIONS.get(attention.rpartition(".")[2], (None, ()))
+    return attention, layer, tensor, fused, parts
+
+
+def old_parameter_names(model: torch.nn.Module) -> list[str]:
+    """`model`'s parameters as the code before issue 33 named and ordered them (`model.parameters()`' order, which
+    the optimizer's state follows): each fused layer where its first part is."""
+    names = {}
+    for name, _ in model.named_parameters():
+        attention, layer, tensor, fused, parts = _attention_layer(name)
+        names.setdefault(f"{attention}.{fused}.{tensor}" if layer in parts else name)
+    return list(names)
+
+
+def split_fused_optimizer_state(model: torch.nn.Module, optimizer, state_dict: dict) -> dict | None:
+    """torch.optim.Optimizer load_state_dict pre-hook: the state of an optimizer over the old code's parameters of
+    `model` (`old_parameter_names`), split for the current ones: each fused parameter's state tensors (Adam's moving
+    averages) by rows as the weights are split, its scalars (the step) copied to every part. A state of any other
+    size is left as it is (None), for torch to check."""
+    old_names, new_names = old_parameter_names(model), [name for name, _ in model.named_parameters()]
+    old_ids = [old_id for group in state_dict["param_groups"] for old_id in group["params"]]
+    if len(old_ids) != len(old_names):
+        return None
+    new_index = {name: index for index, name in enumerate(new_names)}
+    parts_of, state = {}, {}  # old id -> new indices; new index -> its state
+    for old_id, old_name in zip(old_ids, old_names, strict=True):
+        attention, layer, tensor, fused, parts = _attention_layer(old_name)
+        parts = [f"{attention}.{part}.{tensor}" for part in parts] if layer == fused else [old_name]
+        parts_of[old_id] = [new_index[part] for part in parts]
+        if old_id not in state_dict["state"]:
+            continue
+        fields = state_dict["state"][old_id]
+        split = {
+            field: split_fused_projections_of(model, {old_name: value})
+            if isinstance(value, torch.Tensor) and value.dim() > 0
+            else dict.fromkeys(parts, value)
+            for field, value in fields.items()
+        }
+        for part in parts:  # copies: the optimizer updates each part's state in place (Adam's step too)
+            state[new_index[part]] = {field: _copy(split[field][part]) for field in fields}
+    groups = []
+    for group in state_dict["param_groups"]:
+        params = sorted(new for old_id in group["params"] for new in parts_of[old_id])
+        groups.append({**group, "params": params})
+        if "param_names" in group:
+            groups[-1]["param_names"] = [new_names[index] for index in params]
+    return {**state_dict, "state": state, "param_groups": groups}
+
+
+def _copy(value):
+    return value.clone() if isinstance(value, torch.Tensor) else value

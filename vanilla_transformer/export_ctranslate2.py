@@ -3,8 +3,9 @@
 The model maps one to one onto CTranslate2's `TransformerSpec`:
 
 - post-norm layers (`pre_norm=False`): LayerNorm(x + Sublayer(x)) after every sub-layer, no final LayerNorm;
-- self-attention as one fused Q,K,V projection (our `qkv_proj`: rows q, k, v), encoder-decoder attention as a
-  query projection plus one fused K,V projection (our `q_proj` and `kv_proj`), then the output projection;
+- self-attention as one fused Q,K,V projection (our `q_proj`, `k_proj` and `v_proj` stacked by rows), encoder-decoder
+  attention as a query projection plus one fused K,V projection (our `q_proj`; `k_proj` and `v_proj` stacked), then
+  the output projection;
 - one embedding matrix shared by the encoder, the decoder and the (bias-free) pre-softmax projection,
   scaled by sqrt(d_model) on the input side;
 - the position table written out explicitly: ours interleaves sine and cosine (section 3.5 of the paper), and
@@ -75,10 +76,11 @@ def _weight(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().float().contiguous()
 
 
-def _set_linear(spec: common_spec.LinearSpec, linear: nn.Linear) -> None:
-    spec.weight = _weight(linear.weight)  # (out, in), the layout CTranslate2 expects
-    if linear.bias is not None:
-        spec.bias = _weight(linear.bias)
+def _set_linear(spec: common_spec.LinearSpec, *linears: nn.Linear) -> None:
+    """One linear layer, or several of the same input stacked by rows (CTranslate2's fused projections)."""
+    spec.weight = _weight(torch.cat([linear.weight for linear in linears]))  # (out, in), CTranslate2's layout
+    if linears[0].bias is not None:
+        spec.bias = _weight(torch.cat([linear.bias for linear in linears]))
 
 
 def _set_layer_norm(spec: common_spec.LayerNormSpec, norm: nn.LayerNorm) -> None:
@@ -89,9 +91,9 @@ def _set_layer_norm(spec: common_spec.LayerNormSpec, norm: nn.LayerNorm) -> None
 def _set_attention(spec, attention: VanillaTransformerAttention, norm: nn.LayerNorm) -> None:
     if attention.is_cross_attention:  # linear = [query, fused key+value, output]
         _set_linear(spec.linear[0], attention.q_proj)
-        _set_linear(spec.linear[1], attention.kv_proj)
+        _set_linear(spec.linear[1], attention.k_proj, attention.v_proj)
     else:  # linear = [fused query+key+value, output]
-        _set_linear(spec.linear[0], attention.qkv_proj)
+        _set_linear(spec.linear[0], attention.q_proj, attention.k_proj, attention.v_proj)
     _set_linear(spec.linear[-1], attention.out_proj)
     _set_layer_norm(spec.layer_norm, norm)  # with pre_norm=False it runs after the residual sum
 

@@ -3,15 +3,13 @@ without `trust_remote_code` (and is what benchmarks/speed.py compares our model 
 
 Marian is the same architecture: post-LN layers (LayerNorm(x + Dropout(Sublayer(x)))), no final LayerNorm, one
 embedding matrix shared by the encoder, the decoder and the (bias-free) pre-softmax projection, optionally scaled by
-sqrt(d_model), fixed sinusoidal positions, the same activation functions. Two differences are bridged:
-
-- our fused projections (self-attention `qkv_proj`: rows q, k, v; encoder-decoder `q_proj` + `kv_proj`: rows k, v)
-  are split into Marian's `q_proj`, `k_proj` and `v_proj`;
-- Marian's sinusoid table holds the sines in its first half of the features and the cosines in the second, ours
-  interleaves them (section 3.5): the same features in another order. The conversion puts every d_model-sized axis
-  (embeddings, the residual side of every projection, the LayerNorms) in Marian's order, so Marian's own table adds
-  exactly our positions, and a converted model saved with `save_pretrained` (which leaves Marian's table out and
-  rebuilds it on loading) loads back as the same function.
+sqrt(d_model), fixed sinusoidal positions, the same activation functions, and the same layers in every attention
+(`q_proj`, `k_proj`, `v_proj`, `out_proj`), copied one to one. One difference is bridged: Marian's sinusoid table
+holds the sines in its first half of the features and the cosines in the second, ours interleaves them (section
+3.5): the same features in another order. The conversion puts every d_model-sized axis (embeddings, the residual side
+of every projection, the LayerNorms) in Marian's order, so Marian's own table adds exactly our positions, and a
+converted model saved with `save_pretrained` (which leaves Marian's table out and rebuilds it on loading) loads back
+as the same function.
 
 Configs Marian cannot express are refused with a ValueError naming the setting (`marian_problem`): d_k other than
 d_model / heads (`qk_head_dim`, Table 3 row B), learned positions (Marian's table is a fixed sinusoid, never
@@ -108,14 +106,9 @@ def marian_feature_order(d_model: int) -> torch.Tensor:
 
 
 def _copy_attention(target: nn.Module, source: VanillaTransformerAttention, order: torch.Tensor) -> None:
-    if source.is_cross_attention:
-        weights = [source.q_proj.weight, *source.kv_proj.weight.chunk(2)]
-        biases = [source.q_proj.bias, *source.kv_proj.bias.chunk(2)]
-    else:
-        weights, biases = source.qkv_proj.weight.chunk(3), source.qkv_proj.bias.chunk(3)
-    for projection, weight, bias in zip((target.q_proj, target.k_proj, target.v_proj), weights, biases, strict=True):
-        projection.weight.copy_(weight[:, order])  # reads the residual stream: its input features reordered
-        projection.bias.copy_(bias)
+    for name in ("q_proj", "k_proj", "v_proj"):  # they read the residual stream: their input features reordered
+        getattr(target, name).weight.copy_(getattr(source, name).weight[:, order])
+        getattr(target, name).bias.copy_(getattr(source, name).bias)
     _copy_to_residual(target.out_proj, source.out_proj, order)
 
 
