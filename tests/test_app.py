@@ -140,7 +140,7 @@ def test_a_request_that_runs_out_of_its_time_budget_is_stopped_with_a_message(gr
 
 
 def test_an_attention_picture_over_its_token_limit_is_refused_and_the_translation_stays(
-    translator, memorising_folder, monkeypatch
+    gr, translator, memorising_folder, monkeypatch
 ):
     _, sources, targets = memorising_folder
     computed = []
