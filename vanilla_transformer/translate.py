@@ -1,26 +1,13 @@
-"""Translate sentences with a saved model: one sentence per line in, its translation on the same line out.
+"""Translation with a saved model, line by line: loading a folder (checked before any model is built), reading,
+checking, translating and writing the input a buffer at a time in input order. The command is `vanilla-transformer
+translate` (vanilla_transformer/commands/translate.py); the demo and the attention maps load models here too.
 
-    vanilla-transformer translate MODEL_DIR < source.txt > hypotheses.txt
-    vanilla-transformer translate MODEL_DIR --input source.txt --output hypotheses.txt \
-        --batch_size 64 --num_beams 4 --device cuda
-    vanilla-transformer translate MODEL_DIR --dtype bfloat16 --attn_implementation eager < source.txt
-
-bf16 with eager attention translated Multi30k 1.5-1.7x as fast as float32 on a CPU with AVX512-BF16, with the same
-BLEU (docs/BENCHMARKS.md); torch's CPU sdpa kernels are slow in bf16, hence eager there.
-
-Line i of the output translates line i of the input, so the output can be scored against references: an empty input
-line gives an empty output line (with a warning). The input is read, checked, translated and written --buffer_size
-lines at a time, in input order, so memory stays bounded on any file and an interruption (Ctrl-C, an error) keeps
-every translation written so far; the output path is checked before the model is loaded. The input is UTF-8 (a
-byte-order mark at its start is dropped); undecodable bytes stop the run, naming their line. Lines longer than
---max_source_tokens stop the run, naming them. Decoding follows the model's generation_config.json (the paper: beam
-4, length penalty 0.6) with a maximum output length of input length + 50 tokens (section 6.1) unless
---max_new_tokens is given, at most what a learned position table can represent (said once when it cuts).
-
-A model folder may come from anyone: its config.json and generation_config.json are read as plain JSON before any model
-is built, and sizes that would allocate without bound are refused, naming the file, the field and the limit (a
-position table or embedding matrix over 1 GiB, a beam over 64, an output length over 4096). --num_beams and
---max_new_tokens have the same limits. Started with stdin closed and no --input, the command says so.
+Line i of the output translates line i of the input (an empty line gives an empty line); memory stays bounded on any
+file, and an interruption keeps every translation written so far. Decoding follows the model's generation_config.json
+with section 6.1's maximum output length, input length + 50, unless a length is given. A model folder may come from
+anyone: its config.json and generation_config.json are read as plain JSON first, and sizes that would allocate
+without bound are refused, naming the file, the field and the limit (a position table or embedding matrix over
+1 GiB, a beam over 64, an output length over 4096).
 """
 
 import codecs
