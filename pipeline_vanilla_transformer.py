@@ -26,6 +26,9 @@ from transformers.pipelines import PIPELINE_REGISTRY
 from transformers.utils import logging
 
 EXTRA_OUTPUT_TOKENS = 50  # section 6.1: "maximum output length to input length + 50"
+# Section 6.1's beam search: the decoding written into every saved generation_config.json unless a run chose another,
+# and the default of the training's final evaluation (the one statement of these numbers)
+PAPER_DECODING = {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True}
 # The longest output a call or a model's generation_config.json may ask for: a sentence's translation is tens of
 # tokens, and the cache and the scores of generation grow with the length asked for (10**9 tried to allocate 32 GB).
 MAX_OUTPUT_TOKENS = 4096

@@ -1,17 +1,10 @@
-"""Train the Transformer of "Attention Is All You Need" with Accelerate, following the paper's section 5.
+"""Train the Transformer of "Attention Is All You Need" with Accelerate, following the paper's section 5: the main job
+(`python train_accelerate.py`, `vanilla-transformer train`, `accelerate launch ... -m train_accelerate`; its flags and
+examples: `--help`, from `vanilla_transformer.commands.arguments`).
 
-    python train_accelerate.py                                   # the embedded synthetic task, offline, CPU
-    vanilla-transformer train                                    # the same, installed (or python -m train_accelerate)
-    vanilla-transformer train --data_dir ../shared/data/multi30k --source_lang en --target_lang de \
-        --validation_split val --test_split test_2016_flickr --preset small --max_minutes 25
-    vanilla-transformer prepare --dataset_name wmt14 --dataset_config de-en --source_lang en \
-        --target_lang de --vocab_size 37000 --output_dir data-bin/wmt14-en-de    # once, on any machine
-    accelerate launch --multi_gpu --num_processes 8 -m train_accelerate --prepared_data data-bin/wmt14-en-de \
-        --preset base --max_tokens 3125
-
-Reads top to bottom: settings (`vanilla_transformer.commands.arguments`), the output folder, data (prepared once and cached,
-`vanilla_transformer.prepare`), model, optimizer, the loop, then the final model: averaged, saved, evaluated.
-Checkpoint mechanics are `vanilla_transformer.checkpoints`, evaluation `vanilla_transformer.evaluation`.
+Reads top to bottom: settings, the output folder, data (prepared once and cached, `vanilla_transformer.prepare`),
+model, optimizer, the loop, then the final model: averaged, saved, evaluated. Checkpoint mechanics are
+`vanilla_transformer.checkpoints`, evaluation `vanilla_transformer.evaluation`.
 """
 
 import datetime
@@ -19,33 +12,21 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
+import datasets
 import torch
 from accelerate.utils import InitProcessGroupKwargs, set_seed
 from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer import checkpoints, hub, prepare, streaming
-from vanilla_transformer.batching import (
-    DataPosition,
-    TokenBatchSampler,
-    TokenizedPairs,
-    TranslationCollator,
-    padding_statistics,
-)
+from vanilla_transformer import checkpoints, evaluation, hub, model_card, model_folder, prepare, streaming
+from vanilla_transformer.batching import TokenBatchSampler, TokenizedPairs, TranslationCollator, padding_statistics
 from vanilla_transformer.checkpoints import CheckpointError, RunState
 from vanilla_transformer.commands.arguments import TrainingSettings, parse_training_arguments
-from vanilla_transformer.coordination import CoordinationError, main_process_only
+from vanilla_transformer.coordination import CoordinationError, run_while_others_wait
 from vanilla_transformer.data import DataError
-from vanilla_transformer.evaluation import (
-    evaluate_saved_model,
-    final_model,
-    periodic_evaluation,
-    prepared_loader,
-    score_splits,
-)
 from vanilla_transformer.names import RESULTS, TRACKER_LOGS, TRAIN_LOG
 from vanilla_transformer.output_folder import (
     FINAL_ENTRIES,
@@ -54,7 +35,9 @@ from vanilla_transformer.output_folder import (
     RunFolder,
     claim_run_folder,
 )
+from vanilla_transformer.streaming import StreamedSteps
 from vanilla_transformer.training import (
+    PreparedSteps,
     StopSignals,
     TrainingLog,
     UnsupportedSetup,
@@ -63,9 +46,12 @@ from vanilla_transformer.training import (
     forward_backward,
     make_accelerator,
     make_optimizer_and_schedule,
-    optimizer_step_batches,
     prefetch,
 )
+
+Steps = PreparedSteps | StreamedSteps  # the optimizer steps' batches, from any data position
+# what ends the command with one message: a refused setting, bad data, a damaged checkpoint, an occupied folder
+REFUSALS = (DataError, FileNotFoundError, CheckpointError, CoordinationError, OutputDirError, UnsupportedSetup)
 
 
 def train(argv=None) -> None:
@@ -76,9 +62,9 @@ def train(argv=None) -> None:
         project_dir=settings.output.output_dir,
         kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=settings.ddp_timeout))],
     )
-    if settings.evaluate_only:
+    if settings.model_to_evaluate:
         scoring = (settings.data, settings.evaluation, settings.output, settings.trust_remote_code)
-        evaluate_saved_model(accelerator, settings.evaluate_only, *scoring)
+        evaluation.evaluate_saved_model(accelerator, settings.model_to_evaluate, *scoring)
         return
     folder = claim_the_output_folder(accelerator, settings)  # before any data is prepared; holds the folder's lock
     try:
@@ -125,7 +111,7 @@ def claim_the_output_folder(accelerator, settings: TrainingSettings) -> RunFolde
         claimed[0] = claim_run_folder(settings.output)
 
     try:
-        main_process_only(accelerator, claim, "checking --output_dir", checkpoints.writes_checkpoints(accelerator))
+        run_while_others_wait(accelerator, claim, "checking --output_dir", checkpoints.writes_checkpoints(accelerator))
     except BaseException:  # refused on another machine: this one's lock goes too
         claimed[0].close()
         raise
@@ -135,8 +121,8 @@ def claim_the_output_folder(accelerator, settings: TrainingSettings) -> RunFolde
 # --- data --------------------------------------------------------------------------------------------------------
 
 
-def load_training_data(settings: TrainingSettings, accelerator):
-    """(tokenizer, evaluation splits, `step_stream(position)`: the optimizer steps' batches from a data position).
+def load_training_data(settings: TrainingSettings, accelerator) -> tuple[PreTrainedTokenizerBase, dict, Steps]:
+    """(tokenizer, evaluation splits, the optimizer steps' batches from any data position).
 
     By default the corpus is prepared once (tokenized, filtered, cached on disk) and memory-mapped by every process;
     with --streaming the training pairs are read, shuffled and tokenized as they are needed.
@@ -148,13 +134,9 @@ def load_training_data(settings: TrainingSettings, accelerator):
         epoch_batches = streaming.epoch_batches_factory(
             data.corpus, data.filters, settings.stream, tokenizer, accelerator.process_index, accelerator.num_processes
         )
-        collator = TranslationCollator(tokenizer.pad_token_id)
         accelerator.print("[data] streaming the training pairs")
-        return (
-            tokenizer,
-            corpus.splits,
-            partial(streaming.streaming_step_batches, epoch_batches, collator, accumulation),
-        )
+        steps = StreamedSteps(epoch_batches, TranslationCollator(tokenizer.pad_token_id), accumulation)
+        return tokenizer, corpus.splits, steps
 
     corpus = prepare.load_or_prepare(data, accelerator)
     accelerator.print("\n".join(corpus.summary()))
@@ -167,18 +149,14 @@ def load_training_data(settings: TrainingSettings, accelerator):
         num_replicas=accelerator.num_processes,
         rank=accelerator.process_index,
     )
-    collator = TranslationCollator(corpus.tokenizer.pad_token_id)
     stats = padding_statistics(sampler.epoch_batches(), sampler.source_lengths, sampler.target_lengths)
     accelerator.print(
         f"[data] {len(train_examples)} training pairs, {len(sampler)} batches per process per epoch, "
         f"padding waste {stats['padding_fraction']:.1%}"
     )
     evaluation_splits = {split: dataset for split, dataset in corpus.splits.items() if split != "train"}
-
-    def step_stream(position: DataPosition):
-        return optimizer_step_batches(sampler, collator, train_examples, accumulation, position, settings.max_epochs)
-
-    return corpus.tokenizer, evaluation_splits, step_stream
+    steps = PreparedSteps(sampler, TranslationCollator(corpus.tokenizer.pad_token_id), train_examples, accumulation)
+    return corpus.tokenizer, evaluation_splits, steps
 
 
 # --- model, optimizer, resume -------------------------------------------------------------------------------------
@@ -188,22 +166,23 @@ def load_training_data(settings: TrainingSettings, accelerator):
 class Run:
     """What the loop and the final model need; `state` advances in place."""
 
-    tokenizer: object
-    splits: dict  # the evaluation splits there are
-    step_stream: object
-    model: object
-    optimizer: object
-    schedule: object
+    tokenizer: PreTrainedTokenizerBase
+    splits: dict[str, datasets.Dataset]  # the evaluation splits there are
+    steps: Steps
+    model: torch.nn.Module  # prepared by accelerate (DDP, mixed precision)
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LambdaLR
     default_attention: str  # what the saved model will use (sdpa)
     identity: dict  # what a checkpoint must share with this run (checkpoints.run_identity)
     continuation: dict  # what an exact continuation needs unchanged (checkpoints.continuation_settings)
-    evaluate: object  # step, progress bar -> validation loss and greedy BLEU; None without a validation split
-    state: RunState | None = None
+    validation: datasets.Dataset | None  # the first validation pairs, for loss and greedy BLEU during training
+    validation_loader: torch.utils.data.DataLoader | None
+    state: RunState
 
 
 def set_up_run(settings: TrainingSettings, accelerator) -> Run:
     """Data, model, optimizer (5.3) and schedule (equation 3); resumed from a checkpoint when asked."""
-    tokenizer, splits, step_stream = load_training_data(settings, accelerator)
+    tokenizer, splits, steps = load_training_data(settings, accelerator)
     config = config_for_tokenizer(settings.preset, tokenizer, **settings.model_overrides)
     model = VanillaTransformerForConditionalGeneration(config)
     default_attention = model.config._attn_implementation
@@ -221,54 +200,52 @@ def set_up_run(settings: TrainingSettings, accelerator) -> Run:
                 f"[data] no {split} split: training goes on without scoring one (give --{split}_file, "
                 f"or --{split}_split with --data_dir/--dataset_name)"
             )
-    evaluate = None
-    if (validation := splits.get("validation")) is not None:
+    validation, validation_loader = splits.get("validation"), None
+    if validation is not None:
         validation = validation.select(range(min(len(validation), settings.evaluation.max_sentences)))
-        loader = prepared_loader(accelerator, tokenizer, validation, settings.evaluation, config, "validation")
-        evaluate = partial(periodic_evaluation, accelerator, model, tokenizer, validation, loader)
-    identity = checkpoints.run_identity(config, prepare.tokenizer_fingerprint(tokenizer))
-    continuation = checkpoints.continuation_settings(accelerator, settings.continuation)
-    run = Run(
-        tokenizer, splits, step_stream, model, optimizer, schedule, default_attention, identity, continuation, evaluate
-    )
-    if settings.checkpoints.resume_from:
-        run.state = checkpoints.resume(
-            accelerator, settings.checkpoints, model, schedule, run.identity, run.continuation
+        validation_loader = evaluation.sharded_loader(
+            accelerator, tokenizer, validation, settings.evaluation, config, "validation"
         )
-    run.state = run.state or RunState(checkpoints.new_run_id())
-    return run
+    identity = checkpoints.run_identity(config, prepare.tokenizer_fingerprint(tokenizer))
+    continuation = checkpoints.continuation_settings(accelerator, settings.batches_and_schedule)
+    state = None
+    if settings.checkpoints.resume_from:
+        state = checkpoints.resume(accelerator, settings.checkpoints, model, schedule, identity, continuation)
+    return Run(
+        tokenizer=tokenizer,
+        splits=splits,
+        steps=steps,
+        model=model,
+        optimizer=optimizer,
+        schedule=schedule,
+        default_attention=default_attention,
+        identity=identity,
+        continuation=continuation,
+        validation=validation,
+        validation_loader=validation_loader,
+        state=state or RunState(checkpoints.new_run_id()),
+    )
 
 
 # --- the loop ----------------------------------------------------------------------------------------------------
 
 
 def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: StopSignals) -> str:
-    """Section 5: optimizer steps until a limit or a stop request; returns why it stopped. `run.state` advances in
-    place and is checkpointed every --save_steps and at the end."""
+    """Section 5: optimizer steps until `stop_reason` gives one; returns it. `run.state` advances in place and is
+    checkpointed every --save_steps and at the end."""
     model, optimizer, schedule, state = run.model, run.optimizer, run.schedule, run.state
     progress = tqdm(
         total=settings.max_steps, initial=state.step, disable=not accelerator.is_local_main_process, desc="train"
     )
     log = TrainingLog(accelerator, Path(settings.output.output_dir) / TRAIN_LOG, progress, state.step)
-    save = partial(
-        checkpoints.save_checkpoint, accelerator, settings.checkpoints, state, schedule, run.identity, run.continuation
+    start_time, last_saved_step = time.time() - state.elapsed_seconds, state.step
+    steps = prefetch(
+        run.steps.from_position(state.position), settings.prefetch_batches, accelerator.device.type == "cuda"
     )
-    start_time, last_saved_step, stop_reason = time.time() - state.elapsed_seconds, state.step, "max_epochs"
-    steps = prefetch(run.step_stream(state.position), settings.prefetch_batches, accelerator.device.type == "cuda")
-    for step_batches, position_after_step in steps:
-        if settings.max_steps is not None and state.step >= settings.max_steps:
-            stop_reason = "max_steps"
-            break
-        # One collective per step: the step's global target-token count, and whether any process must stop (and
-        # why: a signal anywhere stops every process the same way, at the same step).
-        out_of_time = settings.max_minutes is not None and time.time() - start_time > settings.max_minutes * 60
-        local = [sum(count_target_tokens(b) for b in step_batches), float(stop_signals.requested), float(out_of_time)]
-        global_tokens, signal_votes, time_votes = accelerator.reduce(
-            torch.tensor(local, dtype=torch.float64, device=accelerator.device)
-        ).tolist()
-        if signal_votes or time_votes:
-            stop_reason = "signal" if signal_votes else "max_minutes"
-            break
+    while not (reason := stop_reason(accelerator, settings, state, stop_signals, start_time)):
+        step_batches, position_after_step = next(steps)
+        local_tokens = torch.tensor(float(sum(count_target_tokens(b) for b in step_batches)), dtype=torch.float64)
+        global_tokens = accelerator.reduce(local_tokens.to(accelerator.device)).item()  # the step's, every process's
         model.train()
         step_loss = forward_backward(accelerator, model, step_batches, global_tokens, settings.label_smoothing)
         log.add(step_loss, global_tokens)
@@ -282,17 +259,35 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
         progress.update(1)
         if state.step % settings.logging_steps == 0:
             log.write(state.step, schedule.get_last_lr()[0], state.position.epoch)
-        if state.step % settings.evaluation.every_steps == 0 and run.evaluate:
-            run.evaluate(state.step, progress)
+        if state.step % settings.evaluation.every_steps == 0 and run.validation is not None:
+            evaluation.periodic_evaluation(
+                accelerator, model, run.tokenizer, run.validation, run.validation_loader, state.step, progress
+            )
         if state.step % settings.checkpoints.save_steps == 0:
-            save()
+            checkpoints.save_checkpoint(
+                accelerator, settings.checkpoints, state, schedule, run.identity, run.continuation
+            )
             last_saved_step = state.step
     steps.close()
     progress.close()
     state.elapsed_seconds = time.time() - start_time
     if state.step != last_saved_step:
-        save()
-    return stop_reason
+        checkpoints.save_checkpoint(accelerator, settings.checkpoints, state, schedule, run.identity, run.continuation)
+    return reason
+
+
+def stop_reason(accelerator, settings: TrainingSettings, state: RunState, stop_signals: StopSignals, start_time):
+    """Why the run stops before its next step, the same on every process, or None to go on: its limits (steps,
+    epochs), then one collective for what one process alone may see (a stop signal, the clock): a signal anywhere
+    stops every process at the same step."""
+    if settings.max_steps is not None and state.step >= settings.max_steps:
+        return "max_steps"
+    if settings.max_epochs is not None and state.position.epoch >= settings.max_epochs:
+        return "max_epochs"
+    out_of_time = settings.max_minutes is not None and time.time() - start_time > settings.max_minutes * 60
+    votes = torch.tensor([float(stop_signals.requested), float(out_of_time)], device=accelerator.device)
+    signal_votes, time_votes = accelerator.reduce(votes).tolist()
+    return "signal" if signal_votes else "max_minutes" if time_votes else None
 
 
 # --- the final model ---------------------------------------------------------------------------------------------
@@ -311,16 +306,15 @@ def finish(
     run the saved model. The folder and results.json are written before evaluating, so a crash or a Ctrl-C there
     loses nothing; a signal while saving is acted on once the folder is complete."""
     output_dir = settings.output.output_dir
-    model = final_model(accelerator, run.model, run.default_attention)
+    model = evaluation.bare_model(accelerator, run.model, run.default_attention)
+    averaged = checkpoints.load_averaged_weights(model, accelerator, settings.checkpoints, run.state.run_id)
     summary = {
         "steps": run.state.step,
         "processes": accelerator.num_processes,
         "stop_reason": stop_reason,
         "training_minutes": run.state.elapsed_seconds / 60,
         "mixed_precision": accelerator.mixed_precision,
-        "checkpoints_averaged": checkpoints.load_averaged_weights(
-            model, accelerator, settings.checkpoints, run.state.run_id
-        ),
+        "checkpoints_averaged": averaged,
         "results": {},
         "preset": settings.preset,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -328,7 +322,8 @@ def finish(
     if accelerator.is_main_process:
         if folder is not None:
             folder.record(FINAL_ENTRIES)  # the model folder, results and hypotheses, listed before they are written
-        save_final_model(model, run.tokenizer, settings, summary)
+        with checkpoints.stop_if_disk_full(settings.checkpoints, "the final model folder"):
+            save_final_model(model, run.tokenizer, settings, summary)
         if folder is not None:
             folder.record_model_shards()
     # a signal while saving, on any process, skips the evaluation everywhere (every process must agree)
@@ -340,7 +335,7 @@ def finish(
         return
     stop_signals.restore_defaults()
     try:
-        summary["results"] = score_splits(
+        summary["results"] = evaluation.score_splits(
             accelerator, model, run.tokenizer, run.splits, settings.evaluation, output_dir
         )
     except KeyboardInterrupt:
@@ -351,7 +346,8 @@ def finish(
     accelerator.log({f"final/{split}_bleu": r["bleu"] for split, r in summary["results"].items()}, step=run.state.step)
     upload_failure = None
     if accelerator.is_main_process:
-        save_final_model(model, run.tokenizer, settings, summary, card_only=True)
+        with checkpoints.stop_if_disk_full(settings.checkpoints, "the model card and results.json"):
+            write_scores(model, settings, summary)
         if settings.push_to_hub:
             try:
                 hub.push_folder_to_hub(output_dir, settings.hub_model_id, private=settings.hub_private)
@@ -365,17 +361,24 @@ def finish(
         sys.exit(upload_failure)
 
 
-def save_final_model(model, tokenizer, settings: TrainingSettings, summary: dict, card_only: bool = False) -> None:
-    """results.json and the Hub-ready model folder (weights, config, code, tokenizer, card); `card_only` rewrites
-    the card and results.json once the scores are known."""
-    output_dir = Path(settings.output.output_dir)
-    (output_dir / RESULTS).write_text(json.dumps(summary, indent=2))
-    card_values = hub.training_card_values(settings.data, summary, settings.recipe)
-    if card_only:
-        (output_dir / "README.md").write_text(hub.render_model_card(model, card_values), encoding="utf-8")
-    else:
-        decoding = settings.evaluation.final_decoding  # as the scores are measured
-        print(f"[save] model folder: {hub.save_model_folder(model, tokenizer, output_dir, card_values, decoding)}")
+def save_final_model(model, tokenizer, settings: TrainingSettings, summary: dict) -> None:
+    """results.json and the Hub-ready model folder (weights, config, code, tokenizer, generation config, card)."""
+    card_values = write_results(settings, summary)
+    decoding = settings.evaluation.final_decoding  # as the scores are measured
+    folder = model_folder.save_model_folder(model, tokenizer, settings.output.output_dir, card_values, decoding)
+    print(f"[save] model folder: {folder}")
+
+
+def write_scores(model, settings: TrainingSettings, summary: dict) -> None:
+    """results.json and the model card again, once the scores are known."""
+    card = model_card.render_model_card(model, write_results(settings, summary))
+    (Path(settings.output.output_dir) / "README.md").write_text(card, encoding="utf-8")
+
+
+def write_results(settings: TrainingSettings, summary: dict) -> dict:
+    """results.json; returns the card's values for the run."""
+    (Path(settings.output.output_dir) / RESULTS).write_text(json.dumps(summary, indent=2))
+    return model_card.training_card_values(settings.data, summary, settings.card_recipe)
 
 
 def main(argv=None) -> int:
@@ -383,14 +386,7 @@ def main(argv=None) -> int:
     damaged checkpoint ends it with one message, not a traceback."""
     try:
         train(argv)
-    except (
-        DataError,
-        FileNotFoundError,
-        CheckpointError,
-        CoordinationError,
-        OutputDirError,
-        UnsupportedSetup,
-    ) as error:
+    except REFUSALS as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

@@ -37,8 +37,8 @@ from vanilla_transformer.checkpoints import (  # noqa: E402
     trainer_state,
 )
 from vanilla_transformer.data import read_parallel_text  # noqa: E402
-from vanilla_transformer.hub import save_model_folder  # noqa: E402
-from vanilla_transformer.metrics import load_bleu_metric  # noqa: E402
+from vanilla_transformer.metrics import load_bleu_and_chrf  # noqa: E402
+from vanilla_transformer.model_folder import save_model_folder  # noqa: E402
 from vanilla_transformer.translate import load_model_and_tokenizer, translate_sentences  # noqa: E402
 
 
@@ -110,7 +110,7 @@ def main() -> None:
     sources, references = [source for source, _ in pairs], [target for _, target in pairs]
     checkpoints = kept_checkpoints(args.output_dir, args.until_minutes)
     model, tokenizer = load_model_and_tokenizer(args.output_dir, device="cpu")
-    metric = load_bleu_metric()
+    metric = load_bleu_and_chrf()
     print(f"{len(checkpoints)} checkpoints: steps {[checkpoint_step(path) for path in checkpoints]}", flush=True)
     length_penalties = args.length_penalty or [model.generation_config.length_penalty]
     print("| averaged steps | length penalty | BLEU | chrF | length ratio | NLL |", flush=True)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from timing import timed  # noqa: E402
 
 from vanilla_transformer.data import read_parallel_text  # noqa: E402
-from vanilla_transformer.metrics import load_bleu_metric  # noqa: E402
+from vanilla_transformer.metrics import load_bleu_and_chrf  # noqa: E402
 from vanilla_transformer.translate import load_model_and_tokenizer, translate_sentences  # noqa: E402
 
 VARIANTS = {  # name: (dtype, attention)
@@ -61,7 +61,7 @@ def main() -> None:
         data / f"{args.split}.{args.source_language}.gz", data / f"{args.split}.{args.target_language}.gz"
     )
     sources, references = [source for source, _ in pairs], [target for _, target in pairs]
-    metric = load_bleu_metric()
+    metric = load_bleu_and_chrf()
     print(
         f"{args.model_dir}, {args.split} ({len(sources)} sentences), batch {args.batch_size}, {args.threads} threads"
     )

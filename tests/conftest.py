@@ -1,13 +1,9 @@
-"""Shared fixtures and helpers: a tiny config and model (as transformers' own model testers use), the training script
-run in a subprocess, a saved model folder, a small line-aligned corpus. Test files import helpers from here
-(`from .conftest import ...`); fixtures need no import."""
+"""Shared fixtures: a tiny config and model (as transformers' own model testers use), a model that memorised four
+pairs and its saved folder, a finished tiny training run, a small line-aligned corpus. Fixtures need no import; the
+plain helpers and constants are in helpers.py (`from .helpers import ...`)."""
 
 import gzip
-import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,20 +11,8 @@ import torch
 
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer import hub
-from vanilla_transformer.tokenization import train_shared_tokenizer
 
-TINY = dict(
-    vocab_size=61,
-    d_model=32,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=4,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=64,
-    decoder_ffn_dim=64,
-    max_position_embeddings=32,
-)
+from .helpers import SOURCES, TARGETS, TINY, train
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -106,7 +90,7 @@ def memorising_folder(memorising_model, tmp_path_factory):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from vanilla_transformer.hub import save_model_folder
+    from vanilla_transformer.model_folder import save_model_folder
     from vanilla_transformer.tokenization import SPECIAL_TOKENS
 
     model, sources, targets = memorising_model
@@ -124,135 +108,12 @@ def memorising_folder(memorising_model, tmp_path_factory):
     return folder, [spell(row.tolist()) for row in sources], [spell(row.tolist()) for row in targets]
 
 
-# --- the training script in a subprocess ----------------------------------------------------------------------
-
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY_RUN = (
-    "--synthetic_pairs 400 --d_model 32 --ffn_dim 64 --layers 1 --heads 2 --vocab_size 300 --max_tokens 600 "
-    "--warmup_steps 10 --eval_steps 1000 --logging_steps 1 --eval_batch_size 16 --num_beams 2"
-).split()
-
-
-def train(output_dir, *arguments, processes: int = 1, timeout: int = 300, check: bool = True):
-    """Run the training script in a subprocess (through `accelerate launch` for several processes)."""
-    if processes > 1:
-        # `--cpu` would run ONE process whatever --num_processes says (accelerate 1.x); without GPUs,
-        # `--multi_gpu` starts torchrun and Accelerate falls back to CPU processes with the gloo backend.
-        port = str(29500 + os.getpid() % 1000)
-        one_machine = "--num_machines 1 --mixed_precision no --dynamo_backend no".split()
-        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
-        launcher += ["--num_processes", str(processes), *one_machine, "--main_process_port", port]
-    else:
-        launcher = [sys.executable]
-    command = [*launcher, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN, *arguments]
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=environment)
-    if check:
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return result
-
-
-def logged_losses(output_dir) -> dict[int, float]:
-    lines = (Path(output_dir) / "train_log.jsonl").read_text().splitlines()
-    return {record["step"]: record["loss"] for record in map(json.loads, lines)}
-
-
-# Makes the project's own modules unimportable, as on a machine that only has the saved folder.
-BLOCK_PROJECT_IMPORTS = textwrap.dedent(
-    """
-    import sys
-    BLOCKED = {"configuration_vanilla_transformer", "modeling_vanilla_transformer",
-               "pipeline_vanilla_transformer", "fast_paths_vanilla_transformer", "vanilla_transformer",
-               "train_accelerate"}
-    class BlockProject:
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ImportError(f"{name} is blocked: a Hub user does not have this project installed")
-    sys.meta_path.insert(0, BlockProject)
-    """
-)
-
-
-def run_without_the_project(code: str, cwd) -> str:
-    """Run `code` in a fresh Python process that cannot import this project; return its stdout."""
-    result = subprocess.run(
-        [sys.executable, "-c", BLOCK_PROJECT_IMPORTS + textwrap.dedent(code)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(cwd), "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
-
-
-ENGLISH = [
-    "the house is small",
-    "the cat sleeps on the warm mat",
-    "a dog runs through the green park",
-    "my sister reads a long book",
-    "we eat bread and cheese",
-    "the children play in the garden",
-    "the old man walks to the station",
-    "she drinks coffee every morning",
-    "the train is late again",
-    "two birds sing in the tree",
-    "he opens the window",
-    "the river flows into the sea",
-    "they build a new bridge",
-    "the teacher writes on the board",
-    "a woman sells flowers at the market",
-]
-GERMAN = [
-    "das haus ist klein",
-    "die katze schläft auf der warmen matte",
-    "ein hund läuft durch den grünen park",
-    "meine schwester liest ein langes buch",
-    "wir essen brot und käse",
-    "die kinder spielen im garten",
-    "der alte mann geht zum bahnhof",
-    "sie trinkt jeden morgen kaffee",
-    "der zug hat wieder verspätung",
-    "zwei vögel singen im baum",
-    "er öffnet das fenster",
-    "der fluss fließt ins meer",
-    "sie bauen eine neue brücke",
-    "der lehrer schreibt an die tafel",
-    "eine frau verkauft blumen auf dem markt",
-]
-CARD_VALUES = {"source_lang": "en", "target_lang": "de", "dataset": "wmt14", "test_bleu": 27.3, "test_chrf": 55.1}
-
-
-def train_tiny_tokenizer():
-    return train_shared_tokenizer(ENGLISH + GERMAN, vocab_size=300)
-
-
-def random_tiny_model(vocab_size: int, **overrides) -> VanillaTransformerForConditionalGeneration:
-    torch.manual_seed(0)
-    sizes = {**TINY, "max_position_embeddings": 64}
-    del sizes["vocab_size"]
-    return VanillaTransformerForConditionalGeneration(
-        VanillaTransformerConfig(vocab_size=vocab_size, **{**sizes, **overrides})
-    ).eval()
-
-
-def save_tiny_model_folder(folder: Path, card_values: dict | None = None, **model_overrides) -> Path:
-    """A complete saved folder (save_model_folder) of a random tiny model with a tokenizer trained on 30 sentences."""
-    tokenizer = train_tiny_tokenizer()
-    return hub.save_model_folder(random_tiny_model(len(tokenizer), **model_overrides), tokenizer, folder, card_values)
-
-
-def random_ids(config, shape, seed=0):
-    return torch.randint(4, config.vocab_size, shape, generator=torch.Generator().manual_seed(seed))
-
-
-SOURCES = [f"the {adjective} dog number {i} sees a cat" for i, adjective in enumerate(["red", "small", "old"] * 20)]
-TARGETS = [
-    f"ter {adjective} hunt nummer {i} sihet aine katse" for i, adjective in enumerate(["rod", "klin", "alt"] * 20)
-]
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished tiny run of the training script (4 steps, checkpoints at 2 and 4); copy it before changing it."""
+    output_dir = tmp_path_factory.mktemp("finished") / "run"
+    train(output_dir, "--max_steps", "4", "--save_steps", "2")
+    return output_dir
 
 
 @pytest.fixture

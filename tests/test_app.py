@@ -177,7 +177,7 @@ def test_the_page_offers_the_cards_languages_and_the_folders_decoding(
 ):
     from transformers import PreTrainedTokenizerFast
 
-    from vanilla_transformer.hub import save_model_folder
+    from vanilla_transformer.model_folder import save_model_folder
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(memorising_folder[0])
     card_values = {"source_lang": "fr", "target_lang": "en"}
@@ -196,7 +196,7 @@ def test_the_models_decoding_defaults_are_clamped_to_the_limits_and_the_page_say
 ):
     from transformers import PreTrainedTokenizerFast
 
-    from vanilla_transformer.hub import save_model_folder
+    from vanilla_transformer.model_folder import save_model_folder
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(memorising_folder[0])
     folder = save_model_folder(memorising_model[0], tokenizer, tmp_path / "model", None, {"num_beams": 32})

@@ -1,5 +1,8 @@
 """Attention maps: valid PNG files with one heat map per layer (rows) and head (columns), tokens on the axes."""
 
+import json
+import shutil
+
 import matplotlib.image
 import pytest
 import torch
@@ -8,7 +11,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from vanilla_transformer import attention_maps
 from vanilla_transformer.commands import attention_maps as attention_maps_command
 
-from .conftest import ENGLISH, GERMAN, save_tiny_model_folder
+from .helpers import ENGLISH, GERMAN, save_tiny_model_folder
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 LAYERS, HEADS = 3, 2  # different numbers, so a transposed grid would show
@@ -135,3 +138,30 @@ def test_an_output_dir_that_is_a_file_is_refused_when_parsed(tmp_path, capsys):
         assert refused.value.code == 2
         assert f"{tmp_path / 'maps.png'} is a file, not a folder" in capsys.readouterr().err
     assert (tmp_path / "maps.png").read_bytes() == b"a user's file"
+
+
+def test_weights_that_do_not_fit_config_json_are_named_in_the_message_itself(folder, tmp_path, capsys):
+    edited = tmp_path / "edited"
+    shutil.copytree(folder, edited)
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 7}))
+    argv = [str(edited), "--source", ENGLISH[0], "--output_dir", str(tmp_path / "maps")]
+    assert attention_maps_command.main(argv) == 1
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(f"error: cannot load a model and tokenizer from {edited}: its model.safetensors does not")
+    saved, made = [config["vocab_size"], config["d_model"]], [config["vocab_size"] + 7, config["d_model"]]
+    assert f"model.shared.weight is {saved} in model.safetensors, {made} by config.json" in error
+    assert "above report" not in error
+
+
+def test_a_folder_whose_code_differs_from_the_installed_code_gets_a_note(folder, tmp_path, capsys):
+    edited = tmp_path / "edited"
+    shutil.copytree(folder, edited)
+    with (edited / "fast_paths_vanilla_transformer.py").open("a") as code:
+        code.write("# edited by hand\n")
+    argv = [str(edited), "--source", ENGLISH[0], "--target", GERMAN[0], "--output_dir", str(tmp_path / "maps")]
+    assert attention_maps_command.main(argv) == 0
+    assert (
+        f"note: {edited} holds model code that differs from the installed vanilla-transformer's "
+        "(fast_paths_vanilla_transformer.py)" in capsys.readouterr().err
+    )

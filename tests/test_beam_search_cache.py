@@ -7,7 +7,7 @@ import torch
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
-from .conftest import random_ids
+from .helpers import random_ids
 
 
 def filled_cache(model, input_ids, attention_mask, num_beams: int):

@@ -11,7 +11,7 @@ from torch import nn
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
-from .conftest import TINY
+from .helpers import TINY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 

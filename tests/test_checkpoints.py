@@ -1,9 +1,19 @@
+"""Checkpoints (vanilla_transformer/checkpoints.py): saved whole or not at all, found in step order, pruned, averaged
+(section 6.1); in a run, resumed only into the same model, checked before anything is loaded, never unpickled."""
+
+import errno
+import json
+import os
+import pickle
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+from vanilla_transformer import checkpoints
 from vanilla_transformer.checkpoints import (
     WEIGHTS_NAME,
     average_checkpoints,
@@ -14,6 +24,8 @@ from vanilla_transformer.checkpoints import (
     prune_checkpoints,
     staging_dir,
 )
+
+from .helpers import fake_checkpoint, logged_losses, snapshot, train
 
 
 def write_checkpoint(root: Path, step: int, tensors: dict[str, torch.Tensor] | None = None) -> Path:
@@ -55,7 +67,7 @@ def test_incomplete_checkpoints_are_ignored(tmp_path: Path) -> None:
 
 def test_finalize_refuses_incomplete_and_replaces_existing(tmp_path: Path) -> None:
     staging_dir(tmp_path, 1).mkdir()
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="has no model.safetensors; refusing to finalize an incomplete save"):
         finalize_checkpoint(staging_dir(tmp_path, 1), checkpoint_dir(tmp_path, 1))
     save_file({"weight": torch.zeros(2)}, str(staging_dir(tmp_path, 1) / WEIGHTS_NAME))
     finalize_checkpoint(staging_dir(tmp_path, 1), checkpoint_dir(tmp_path, 1))
@@ -122,5 +134,203 @@ def test_average_rejects_mismatches(tmp_path: Path) -> None:
         average_checkpoints([write_checkpoint(tmp_path, 5, {"i": torch.tensor([1])}), other_ints])
     with pytest.raises(ValueError, match="at least one"):
         average_checkpoints([])
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="No model.safetensors in .*step_000099"):
         average_checkpoints([tmp_path / "step_000099"])
+
+
+# --- in a run: resuming only the same model, saying when the continuation is not exact, pruning only the run's
+# own checkpoints, a damaged file named, no pickle executed (end to end through the script) -----------------------
+
+
+def test_resuming_with_another_model_or_tokenizer_is_refused_before_anything_is_touched(tmp_path):
+    output_dir = tmp_path / "run"
+    train(output_dir, "--max_steps", "4", "--save_steps", "2")
+    before = snapshot(output_dir)
+    for flags, named in (
+        (["--d_model", "64"], "d_model: 32 there, 64 here"),
+        (["--vocab_size", "320"], "vocab_size: 300 there, 320 here"),
+    ):
+        result = train(output_dir, "--max_steps", "6", "--resume_from_checkpoint", "latest", *flags, check=False)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert f"step_000004 is a checkpoint of another model ({named}" in result.stderr, result.stderr
+    assert snapshot(output_dir) == before
+
+
+def test_a_crafted_trainer_state_is_named_with_its_field_before_anything_is_loaded(tmp_path, finished_run):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    checkpoint = run / "checkpoints" / "step_000004"
+    state = json.loads((checkpoint / checkpoints.TRAINER_STATE).read_text())
+    for field, value, says in (
+        ("step", "../../evil", "field 'step' holds '../../evil', not a whole number"),
+        ("elapsed_seconds", -1.0, "field 'elapsed_seconds' holds -1.0, not a finite number >= 0"),
+        ("run_id", 7, "field 'run_id' holds 7, not a string or null"),
+        ("epoch", None, "field 'epoch' holds None, not a whole number"),
+    ):
+        (checkpoint / checkpoints.TRAINER_STATE).write_text(json.dumps({**state, field: value}))
+        checkpoints.write_checksums(checkpoint)  # crafted consistently: the checksums alone cannot tell
+        assert says in checkpoints.checkpoint_problem(checkpoint)
+    result = train(
+        run, "--max_steps", "6", "--save_steps", "2", "--resume_from_checkpoint", str(checkpoint), check=False
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "trainer_state.json: field 'epoch' holds None" in result.stderr
+
+
+def test_resuming_with_other_batches_or_schedule_says_the_continuation_is_not_exact_and_logs_each_step_once(
+    tmp_path, finished_run
+):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    checkpoint = run / "checkpoints" / "step_000002"
+    exact = train(run, "--max_steps", "5", "--save_steps", "2", "--resume_from_checkpoint", str(checkpoint))
+    assert "not exactly" not in exact.stdout
+    assert sorted(logged_losses(run)) == [1, 2, 3, 4, 5]
+    assert len((run / "train_log.jsonl").read_text().splitlines()) == 5  # steps 3-4 of the first run dropped
+    changed = train(
+        run,
+        "--max_steps",
+        "7",
+        "--save_steps",
+        "2",
+        "--resume_from_checkpoint",
+        "latest",
+        "--max_tokens",
+        "500",
+        "--seed",
+        "9",
+    )
+    assert "[resume] warning: max_tokens 600 -> 500, seed 42 -> 9 since the checkpoint" in changed.stdout
+    assert len((run / "train_log.jsonl").read_text().splitlines()) == 7
+
+
+def test_pruning_and_listing_touch_only_the_runs_own_checkpoints(tmp_path):
+    for step in (1, 2, 3):
+        fake_checkpoint(tmp_path, step, "other")
+    for step in (4, 5, 6):
+        fake_checkpoint(tmp_path, step, "mine")
+    assert [p.name for p in checkpoints.list_checkpoints(tmp_path, "mine")] == [
+        "step_000004",
+        "step_000005",
+        "step_000006",
+    ]
+    deleted = checkpoints.prune_checkpoints(tmp_path, 1, run_id="mine")
+    assert [p.name for p in deleted] == ["step_000004", "step_000005"]
+    assert len(checkpoints.list_checkpoints(tmp_path, "other")) == 3
+
+
+def test_a_damaged_file_is_named_and_latest_falls_back_to_the_newest_intact_checkpoint(tmp_path):
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    common = ["--save_steps", "2", "--average_last", "1", "--preset", "tiny"]
+    train(straight, "--max_steps", "6", *common)
+    train(interrupted, "--max_steps", "4", *common)
+    rng_file = interrupted / "checkpoints" / "step_000004" / "random_states_0.pkl"
+    rng_file.write_bytes(rng_file.read_bytes()[:100])  # truncated, as by a full disk
+
+    explicit = train(
+        interrupted, "--max_steps", "6", *common, "--resume_from_checkpoint", str(rng_file.parent), check=False
+    )
+    assert explicit.returncode != 0 and "random_states_0.pkl has 100 bytes" in explicit.stderr, explicit.stderr
+
+    resumed = train(interrupted, "--max_steps", "6", *common, "--resume_from_checkpoint", "latest")
+    assert "skipping step_000004" in resumed.stdout and "random_states_0.pkl" in resumed.stdout
+    assert "from " + str(interrupted / "checkpoints" / "step_000002") in resumed.stdout
+    expected, losses = logged_losses(straight), logged_losses(interrupted)  # steps 3..6 were trained again
+    for step in range(1, 7):
+        assert losses[step] == pytest.approx(expected[step], rel=1e-5), step
+
+
+def test_checkpoints_hold_no_pickle_of_ours_and_a_crafted_pickle_is_never_executed(tmp_path):
+    output_dir = tmp_path / "run"
+    train(output_dir, "--max_steps", "2", "--save_steps", "2")
+    checkpoint = output_dir / "checkpoints" / "step_000002"
+    assert not list(checkpoint.glob("custom_checkpoint_*"))  # the schedule is in trainer_state.json
+    assert checkpoints.trainer_state(checkpoint)["schedule"]["last_epoch"] == 2
+    assert checkpoints.checkpoint_problem(checkpoint) is None
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    weights = bytearray((checkpoint / checkpoints.WEIGHTS_NAME).read_bytes())
+    weights[-1] ^= 1  # one flipped bit: same size
+    (checkpoint / checkpoints.WEIGHTS_NAME).write_bytes(weights)
+    assert "model.safetensors does not match the sha256" in checkpoints.checkpoint_problem(checkpoint)
+    weights[-1] ^= 1
+    (checkpoint / checkpoints.WEIGHTS_NAME).write_bytes(weights)
+    (checkpoint / "random_states_0.pkl").write_bytes(pickle.dumps(Exploit()))
+    assert "random_states_0.pkl has" in checkpoints.checkpoint_problem(checkpoint)
+    (checkpoint / checkpoints.CHECKSUMS_NAME).unlink()  # as a checkpoint saved before checksums existed
+    assert "random_states_0.pkl cannot be read" in checkpoints.checkpoint_problem(checkpoint)
+    assert not (tmp_path / "pwned").exists()
+
+
+# --- a full disk ------------------------------------------------------------------------------------------------
+
+
+def saving_accelerator(write) -> SimpleNamespace:
+    """A one-process accelerator whose save_state runs `write(folder)`: the writer that meets the full disk."""
+
+    def save_state(folder: str) -> None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "optimizer.bin").write_bytes(b"the first bytes of the optimizer's state")
+        write(Path(folder))
+
+    configuration = SimpleNamespace(save_on_each_node=False)
+    return SimpleNamespace(
+        save_state=save_state,
+        project_configuration=configuration,
+        is_main_process=True,
+        is_local_main_process=True,
+        wait_for_everyone=lambda: None,
+    )
+
+
+def save_step(accelerator, settings: checkpoints.CheckpointSettings, step: int) -> None:
+    state = checkpoints.RunState("this-run", step)
+    checkpoints.save_checkpoint(accelerator, settings, state, SimpleNamespace(state_dict=dict), {}, {})
+
+
+FULL_DISK = {
+    "errno": OSError(errno.ENOSPC, "No space left on device"),
+    "torch": RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 14848 vs 14740"),
+    "safetensors": Exception("Error while serializing: I/O error: No space left on device (os error 28)"),
+}
+
+
+@pytest.mark.parametrize("error", FULL_DISK.values(), ids=FULL_DISK.keys())
+def test_a_full_disk_while_saving_a_checkpoint_is_one_error_that_removes_the_incomplete_folder_and_says_how_to_resume(
+    tmp_path, error
+):
+    settings = checkpoints.CheckpointSettings(str(tmp_path / "run"), save_steps=2)
+    fake_checkpoint(settings.root, 2, "this-run")
+
+    def fill_the_disk(folder: Path) -> None:
+        raise error
+
+    with pytest.raises(checkpoints.CheckpointError) as refused:
+        save_step(saving_accelerator(fill_the_disk), settings, 4)
+    message = str(refused.value)
+    assert message.startswith(f"no space left on device while writing the checkpoint of step 4 into {tmp_path}/run")
+    assert f"the incomplete {staging_dir(settings.root, 4)} was removed" in message
+    assert f"last complete checkpoint, {checkpoint_dir(settings.root, 2)}, with --resume_from_checkpoint latest" in (
+        message
+    )
+    assert sorted(path.name for path in settings.root.iterdir()) == ["step_000002"]
+
+
+def test_another_error_while_saving_a_checkpoint_goes_through_as_it_is(tmp_path):
+    settings = checkpoints.CheckpointSettings(str(tmp_path / "run"))
+
+    def fail(folder: Path) -> None:
+        raise RuntimeError("a bug in the writer")
+
+    with pytest.raises(RuntimeError, match="a bug in the writer"):
+        save_step(saving_accelerator(fail), settings, 4)
+
+
+def test_a_run_that_took_no_optimizer_step_is_refused_naming_max_minutes_instead_of_averaging_nothing(tmp_path):
+    settings = checkpoints.CheckpointSettings(str(tmp_path / "run"))
+    fake_checkpoint(settings.root, 2, "an-earlier-run")  # of another run: never averaged into this one
+    with pytest.raises(checkpoints.CheckpointError, match="the run took no optimizer step.*--max_minutes"):
+        checkpoints.load_averaged_weights(torch.nn.Linear(2, 2), SimpleNamespace(print=print), settings, "this-run")

@@ -312,7 +312,7 @@ def test_split_pairs_is_deterministic_and_complete():
     assert sorted(train + valid + test) == sorted(pairs)
     assert split_pairs(pairs, valid_size=3, test_size=2, seed=1) == (train, valid, test)
     assert split_pairs(pairs, valid_size=3, test_size=2, seed=2) != (train, valid, test)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="Cannot take 15 validation and 5 test pairs from 20 pairs and keep training"):
         split_pairs(pairs, valid_size=15, test_size=5)
 
 

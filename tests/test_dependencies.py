@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import ROOT
+from .helpers import ROOT
 
 
 def test_every_imported_package_is_declared_directly():

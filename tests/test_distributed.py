@@ -19,10 +19,10 @@ import torch.distributed as dist
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from vanilla_transformer import checkpoints
-from vanilla_transformer.evaluation import final_model, sharded_generation_kwargs
+from vanilla_transformer.evaluation import bare_model, sharded_generation_kwargs
 from vanilla_transformer.training import UnsupportedSetup, check_distributed_setup, make_accelerator
 
-from .conftest import ROOT, TINY_RUN, train
+from .helpers import ROOT, TINY_RUN, train
 
 ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -165,7 +165,7 @@ def test_fsdp_full_state_checkpoints_are_averaged_into_a_plain_final_model(tmp_p
         states.append(state)
     accelerator = fsdp_accelerator("FULL_STATE_DICT")
     accelerator.print = print
-    final = final_model(accelerator, tiny_model, "sdpa")
+    final = bare_model(accelerator, tiny_model, "sdpa")
     assert final is not tiny_model and final.config.to_dict() == tiny_model.config.to_dict()
     settings = checkpoints.CheckpointSettings(output_dir=str(tmp_path / "run"), average_last=2)
     assert checkpoints.load_averaged_weights(final, accelerator, settings, "run") == 2

@@ -1,6 +1,7 @@
 """CTranslate2 export: the converted model decodes exactly the tokens of our `generate()` (float32)."""
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -16,8 +17,8 @@ from modeling_vanilla_transformer import VanillaTransformerForConditionalGenerat
 from vanilla_transformer.commands.export_ctranslate2 import main
 from vanilla_transformer.export_ctranslate2 import convert_to_ctranslate2, vocabulary
 
-from .conftest import TINY
 from .fixtures.old_checkpoints import make_old_folder
+from .helpers import TINY
 
 try:
     import ctranslate2
@@ -314,7 +315,9 @@ def test_exporting_a_model_over_itself_leaves_it_whole(tmp_path):
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 1
-    assert result.stderr.startswith("error: the output folder model is the model folder model")
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]  # not the libraries' notes
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith("error: the output folder model is the model folder model"), result.stderr
     assert "Traceback" not in result.stderr
     assert {path.name: path.read_bytes() for path in (tmp_path / "model").iterdir()} == files
 
@@ -327,3 +330,28 @@ def test_unknown_quantizations_are_refused_when_the_flags_are_parsed(tmp_path, c
     assert exit_info.value.code == 2
     assert f"argument --quantization: invalid choice: '{value}'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@needs_ctranslate2
+def test_a_full_disk_during_an_export_leaves_the_previous_export_whole_and_no_half_written_folder(
+    tmp_path, monkeypatch
+):
+    from ctranslate2.specs import model_spec
+
+    saved_model(tmp_path / "model")
+    fake_export(tmp_path / "out")
+    before = {path.name: path.read_bytes() for path in (tmp_path / "out").iterdir()}
+
+    def fill_the_disk(spec, path: str) -> None:  # model.bin: the first file the converter writes
+        Path(path).write_bytes(b"the first bytes of the weights")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    printed = io.StringIO()
+    with monkeypatch.context() as full_disk, contextlib.redirect_stderr(printed):
+        full_disk.setattr(model_spec.ModelSpec, "_serialize", fill_the_disk)
+        assert main([str(tmp_path / "model"), str(tmp_path / "out"), "--force"]) == 1
+    assert f"\nerror: no space left on device while exporting into {tmp_path / 'out'} (" in printed.getvalue()
+    assert {path.name: path.read_bytes() for path in (tmp_path / "out").iterdir()} == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model", "out"]
+    assert main([str(tmp_path / "model"), str(tmp_path / "out"), "--force"]) == 0  # space again: --force replaces it
+    assert (tmp_path / "out" / "model.bin").stat().st_size > len(before["model.bin"])

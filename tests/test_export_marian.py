@@ -11,7 +11,7 @@ from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.export_marian import check_same_function, to_marian, trainable_parameters
 
-from .conftest import TINY
+from .helpers import TINY
 
 
 def randomised(model: VanillaTransformerForConditionalGeneration) -> VanillaTransformerForConditionalGeneration:

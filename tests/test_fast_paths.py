@@ -15,7 +15,7 @@ import fast_paths_vanilla_transformer as fast_paths
 import modeling_vanilla_transformer as modeling
 from fast_paths_vanilla_transformer import label_smoothed_cross_entropy, linear
 
-from .conftest import TINY
+from .helpers import TINY
 
 
 def random_labels(shape, vocab_size: int, generator: torch.Generator) -> torch.Tensor:

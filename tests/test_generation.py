@@ -10,7 +10,7 @@ from transformers.testing_utils import CaptureLogger
 
 import modeling_vanilla_transformer
 
-from .conftest import random_ids
+from .helpers import random_ids
 
 DECODING = {
     "greedy": dict(do_sample=False, num_beams=1),

@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, VanillaTransformerModel
 
-from .conftest import run_without_the_project
+from .helpers import run_without_the_project
 
 
 def test_save_load_round_trip_keeps_logits_and_the_tie(tmp_path, tiny_model, source_batch):

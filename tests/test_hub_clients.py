@@ -19,9 +19,9 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
-from vanilla_transformer import hub
+from vanilla_transformer.model_folder import save_model_folder
 
-from .conftest import (
+from .helpers import (
     BLOCK_PROJECT_IMPORTS,
     CARD_VALUES,
     ENGLISH,
@@ -157,7 +157,7 @@ def test_the_documented_tokenizer_loading_asks_nothing_and_saves_no_machine_sett
     first = save_tiny_model_folder(tmp_path / "first", CARD_VALUES)
     model = AutoModelForSeq2SeqLM.from_pretrained(first, trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(first, trust_remote_code=True)  # as --tokenizer_name_or_path loads it
-    folder = hub.save_model_folder(model, tokenizer, tmp_path / "model", CARD_VALUES)
+    folder = save_model_folder(model, tokenizer, tmp_path / "model", CARD_VALUES)
     assert not {"is_local", "local_files_only"} & set(json.loads((folder / "tokenizer_config.json").read_text()))
     code = f"from transformers import AutoTokenizer\nAutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True)"
     result = subprocess.run(

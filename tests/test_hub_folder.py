@@ -18,9 +18,11 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer import hub
 from vanilla_transformer.commands import push_to_hub
+from vanilla_transformer.model_card import MODEL_ID_PLACEHOLDER
+from vanilla_transformer.model_folder import check_model_folder, files_to_upload, save_model_folder
 from vanilla_transformer.names import CODE_FILES
 
-from .conftest import CARD_VALUES, ENGLISH, random_tiny_model, save_tiny_model_folder, train_tiny_tokenizer
+from .helpers import CARD_VALUES, ENGLISH, random_tiny_model, save_tiny_model_folder, train_tiny_tokenizer
 
 
 @pytest.fixture
@@ -62,13 +64,13 @@ def test_saved_folder_has_every_file_and_config_entry(model_folder):
     }
     special_ids = ("decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id")
     assert [generation[key] for key in special_ids] == [1, 1, 2, 0]
-    assert hub.check_model_folder(model_folder) == []
+    assert check_model_folder(model_folder) == []
 
 
 def test_loading_from_the_saved_folder_gives_the_same_model(tmp_path):
     tokenizer = train_tiny_tokenizer()
     model = random_tiny_model(len(tokenizer))
-    folder = hub.save_model_folder(model, tokenizer, tmp_path / "model")
+    folder = save_model_folder(model, tokenizer, tmp_path / "model")
     reloaded_tokenizer = AutoTokenizer.from_pretrained(folder)
     reloaded = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
     inputs = reloaded_tokenizer(ENGLISH[:2], padding=True, return_tensors="pt")
@@ -84,7 +86,7 @@ def test_loading_from_the_saved_folder_gives_the_same_model(tmp_path):
 def test_the_folder_decodes_as_its_scores_were_measured(tmp_path):
     tokenizer = train_tiny_tokenizer()
     decoding = {"num_beams": 5, "length_penalty": 1.2}
-    folder = hub.save_model_folder(random_tiny_model(len(tokenizer)), tokenizer, tmp_path / "model", decoding=decoding)
+    folder = save_model_folder(random_tiny_model(len(tokenizer)), tokenizer, tmp_path / "model", decoding=decoding)
     generation = AutoModelForSeq2SeqLM.from_pretrained(folder).generation_config
     assert (generation.num_beams, generation.length_penalty, generation.early_stopping) == (5, 1.2, True)
     assert "beam size 5 and length penalty 1.2" in (folder / "README.md").read_text()
@@ -96,12 +98,12 @@ def test_check_model_folder_names_missing_files_and_entries(model_folder, tmp_pa
     config = json.loads((model_folder / "config.json").read_text())
     del config["auto_map"]["AutoModelForSeq2SeqLM"]
     (model_folder / "config.json").write_text(json.dumps(config))
-    problems = hub.check_model_folder(model_folder)
+    problems = check_model_folder(model_folder)
     assert "missing pipeline_vanilla_transformer.py" in problems
     assert "missing tokenizer.json" in problems
     assert "config.json: auto_map has no AutoModelForSeq2SeqLM" in problems
     assert any("refers to pipeline_vanilla_transformer" in problem for problem in problems)
-    assert hub.check_model_folder(tmp_path / "nowhere") == [f"{tmp_path / 'nowhere'} is not a folder"]
+    assert check_model_folder(tmp_path / "nowhere") == [f"{tmp_path / 'nowhere'} is not a folder"]
 
 
 def test_check_model_folder_finds_a_missing_pipeline_entry_and_weights(model_folder):
@@ -109,7 +111,7 @@ def test_check_model_folder_finds_a_missing_pipeline_entry_and_weights(model_fol
     del config["custom_pipelines"]
     (model_folder / "config.json").write_text(json.dumps(config))
     (model_folder / "model.safetensors").unlink()
-    assert hub.check_model_folder(model_folder) == [
+    assert check_model_folder(model_folder) == [
         "missing the weights: no .safetensors file",
         "config.json: custom_pipelines has no translation pipeline",
     ]
@@ -157,7 +159,7 @@ def test_push_folder_to_hub_creates_the_repo_and_uploads_the_model_files(model_f
     assert Path(files["model.safetensors"]) == model_folder / "model.safetensors"
     readme = (model_folder / "README.md").read_text()
     assert files["README.md"] == readme.encode("utf-8")
-    assert hub.MODEL_ID_PLACEHOLDER not in readme and 'model="someone/vanilla-en-de"' in readme
+    assert MODEL_ID_PLACEHOLDER not in readme and 'model="someone/vanilla-en-de"' in readme
 
 
 def test_push_uploads_only_the_model_repository_files_never_secrets_logs_or_results(
@@ -189,7 +191,7 @@ def test_a_sharded_model_uploads_its_shards_and_index(model_folder, recording_ap
     (model_folder / "model.safetensors").rename(model_folder / "model-00001-of-00002.safetensors")
     save_file({"shard": torch.zeros(2)}, model_folder / "model-00002-of-00002.safetensors")
     (model_folder / "model.safetensors.index.json").write_text("{}")
-    assert hub.check_model_folder(model_folder) == []
+    assert check_model_folder(model_folder) == []
     hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
     files = uploaded(recording_api)
     assert {
@@ -205,7 +207,7 @@ def test_a_linked_file_is_never_uploaded_and_is_named_in_the_error(model_folder,
     token.write_text("hf_secret_token\n")
     (model_folder / name).unlink(missing_ok=True)
     (model_folder / name).symlink_to(token)
-    assert name not in hub.files_to_upload(model_folder)
+    assert name not in files_to_upload(model_folder)
     with pytest.raises(hub.FolderNotReadyError, match=f"{name} is a symbolic link \\(to {token}\\)"):
         hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
     assert recording_api.calls == [] and token.read_text() == "hf_secret_token\n"
@@ -215,7 +217,7 @@ def test_a_file_that_is_not_what_its_name_says_is_refused_before_the_upload(mode
     (model_folder / "tokenizer.json").write_text("HF_TOKEN=hf_secret")
     (model_folder / "model-00002-of-00002.safetensors").write_bytes(b"not weights")
     (model_folder / "pipeline_vanilla_transformer.py").write_text("def broken(:\n")
-    problems = hub.check_model_folder(model_folder)
+    problems = check_model_folder(model_folder)
     assert any(problem.startswith("tokenizer.json is not valid JSON") for problem in problems), problems
     assert any(problem.startswith("model-00002-of-00002.safetensors is not valid safetensors") for problem in problems)
     assert any(problem.startswith("pipeline_vanilla_transformer.py is not valid Python") for problem in problems)
@@ -244,7 +246,7 @@ def test_the_card_is_rewritten_after_the_upload_by_replacing_it_never_through_a_
 
 def test_weights_under_another_name_are_not_taken_for_the_model(model_folder):
     (model_folder / "model.safetensors").rename(model_folder / "backup.safetensors")
-    assert "missing the weights: no .safetensors file" in hub.check_model_folder(model_folder)
+    assert "missing the weights: no .safetensors file" in check_model_folder(model_folder)
 
 
 class UnreachableHfApi(RecordingHfApi):

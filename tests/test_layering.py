@@ -3,16 +3,13 @@ pyproject.toml), the Hub-facing files that stand alone, the library that takes t
 Namespace), and scripts, benchmarks and tests that stand on the library, not on each other."""
 
 import ast
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from vanilla_transformer.commands.arguments import parse_training_arguments
-
-from .conftest import ROOT
+from .helpers import ROOT
 
 LIBRARY = ROOT / "vanilla_transformer"
 HUB_FACING = sorted(ROOT.glob("*_vanilla_transformer.py"))  # copied into model folders: they stand alone
@@ -86,7 +83,8 @@ def test_the_check_finds_a_function_that_takes_args():
 
 
 def test_benchmarks_import_no_script_or_benchmark_and_tests_no_other_test():
-    """Shared benchmark helpers live in benchmarks/common.py (and timing.py), shared test helpers in conftest.py."""
+    """Shared benchmark helpers live in benchmarks/common.py (and timing.py), shared test helpers in helpers.py (and
+    the fixtures in conftest.py)."""
     offenders = []
     for path in [*sorted((ROOT / "benchmarks").glob("*.py")), *sorted((ROOT / "tests").glob("*.py"))]:
         for node in ast.walk(parsed(path)):
@@ -101,12 +99,3 @@ def test_benchmarks_import_no_script_or_benchmark_and_tests_no_other_test():
                 if (not in_tests and last in ("train_accelerate", "speed")) or (in_tests and last.startswith("test_")):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module}")
     assert not offenders, offenders
-
-
-def test_the_parsed_settings_cannot_be_changed_afterwards():
-    settings = parse_training_arguments(["--max_steps", "3"])
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        settings.max_steps = 4
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        settings.data.corpus.source_lang = "fr"
-    assert (settings.max_steps, settings.preset, settings.warmup_steps) == (3, "tiny", 200)  # the embedded task's

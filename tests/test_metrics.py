@@ -5,7 +5,7 @@ import evaluate
 import pytest
 import sacrebleu
 
-from vanilla_transformer.metrics import SACREBLEU_CHRF_PATH, load_bleu_metric
+from vanilla_transformer.metrics import SACREBLEU_CHRF_PATH, load_bleu_and_chrf
 
 HYPOTHESES = ["the cat sat on the mat", "a quick brown fox jumps over the dog", "hello world !"]
 REFERENCES = ["the cat sat on a mat", "the quick brown fox jumped over the lazy dog", "hello , world !"]
@@ -90,7 +90,7 @@ def test_loads_offline_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
         assert metric.compute(predictions=REFERENCES, references=REFERENCES)["bleu"] == pytest.approx(100)
 
     # What the training script reads from the metric it loads.
-    result = load_bleu_metric(keep_in_memory=True).compute(predictions=HYPOTHESES, references=REFERENCES)
+    result = load_bleu_and_chrf(keep_in_memory=True).compute(predictions=HYPOTHESES, references=REFERENCES)
     assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score)
     assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score)
     assert "tok:13a" in result["bleu_signature"]

@@ -10,10 +10,10 @@ from huggingface_hub import ModelCard
 
 import train_accelerate
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
-from vanilla_transformer import hub
 from vanilla_transformer.commands.arguments import parse_training_arguments
+from vanilla_transformer.model_card import MODEL_ID_PLACEHOLDER
 
-from .conftest import CARD_VALUES, run_without_the_project, save_tiny_model_folder
+from .helpers import CARD_VALUES, run_without_the_project, save_tiny_model_folder
 
 
 def python_blocks(markdown: str) -> list[str]:
@@ -49,8 +49,8 @@ def test_card_without_measurements_says_so_and_has_no_model_index(tmp_path):
 def test_card_python_code_runs_against_a_saved_model_without_the_project(tmp_path):
     folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
     blocks = python_blocks((folder / "README.md").read_text())
-    assert len(blocks) >= 2 and all(hub.MODEL_ID_PLACEHOLDER in block for block in blocks)
-    code = "\n".join(block.replace(hub.MODEL_ID_PLACEHOLDER, str(folder)) for block in blocks)
+    assert len(blocks) >= 2 and all(MODEL_ID_PLACEHOLDER in block for block in blocks)
+    code = "\n".join(block.replace(MODEL_ID_PLACEHOLDER, str(folder)) for block in blocks)
     stdout = run_without_the_project("import torch\ntorch.set_num_threads(1)\n" + code, cwd=tmp_path)
     assert stdout.count("translation_text") == 3  # one sentence, then a list of two
 
@@ -107,7 +107,7 @@ def test_local_data_is_named_in_the_text_and_never_as_a_hub_dataset(tmp_path):
 
 
 def training_card(tmp_path, tiny_model, *flags: str, prepared_sources: dict | None = None) -> ModelCard:
-    """The card train_accelerate's save_final_model writes for a run with `flags` (scores of both splits)."""
+    """The card train_accelerate writes once a run with `flags` is scored (both splits)."""
     settings = parse_training_arguments(["--output_dir", str(tmp_path), *flags])
     if prepared_sources is not None:
         (tmp_path / "prepared").mkdir()
@@ -116,7 +116,7 @@ def training_card(tmp_path, tiny_model, *flags: str, prepared_sources: dict | No
     score = {"bleu": 20.123, "chrf": 50.0, "signature": "nrefs:1|tok:13a"}
     summary = {"steps": 10, "training_minutes": 1.0, "checkpoints_averaged": 1, "mixed_precision": "no"}
     summary["results"] = {"validation": score, "test": score}
-    train_accelerate.save_final_model(tiny_model, None, settings, summary, card_only=True)
+    train_accelerate.write_scores(tiny_model, settings, summary)
     return ModelCard.load(tmp_path / "README.md")
 
 
@@ -172,5 +172,5 @@ def test_card_shows_the_pipeline_the_model_with_generate_and_the_demo(tmp_path):
     pipeline_block, generate_block = python_blocks(text)
     assert 'pipeline("translation", model="your-username/vanilla-transformer"' in pipeline_block
     assert "AutoModelForSeq2SeqLM.from_pretrained" in generate_block and "model.generate(" in generate_block
-    assert f"vanilla-transformer demo {hub.MODEL_ID_PLACEHOLDER}\n" in text and '"vanilla-transformer[demo]"' in text
+    assert f"vanilla-transformer demo {MODEL_ID_PLACEHOLDER}\n" in text and '"vanilla-transformer[demo]"' in text
     assert f"supports transformers\n{SUPPORTED_TRANSFORMERS}." in text

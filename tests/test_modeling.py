@@ -23,8 +23,8 @@ from modeling_vanilla_transformer import (
 )
 from vanilla_transformer import checkpoints
 
-from .conftest import TINY, random_ids
 from .fixtures.old_checkpoints import fused, make_old_folder
+from .helpers import TINY, random_ids
 
 
 def model_with_attention(attn_implementation: str, **overrides) -> VanillaTransformerForConditionalGeneration:

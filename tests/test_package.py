@@ -19,7 +19,7 @@ import pytest
 
 from vanilla_transformer.names import REQUIRED_FILES, WEIGHTS_NAME
 
-from .conftest import ENGLISH, ROOT, TINY_RUN, run_without_the_project
+from .helpers import ENGLISH, ROOT, TINY_RUN, run_without_the_project
 
 NOT_SOURCE = (
     ".git",

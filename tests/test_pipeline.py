@@ -13,7 +13,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, VanillaTransformerTranslationPipeline
 
-from .conftest import CARD_VALUES, ENGLISH, run_without_the_project, save_tiny_model_folder
+from .helpers import CARD_VALUES, ENGLISH, run_without_the_project, save_tiny_model_folder
 
 ONE = ENGLISH[0]
 THREE = [ENGLISH[1], ENGLISH[3], ENGLISH[10]]  # different lengths: the first batch of two is padded

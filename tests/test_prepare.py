@@ -1,11 +1,10 @@
-"""The prepared-corpus data path: Arrow files, the shared tokenizer's sample, the cache key, token views, prefetching."""
+"""The prepared-corpus data path: Arrow files, the shared tokenizer's sample, the cache key, token views."""
 
 import argparse
 import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import datasets
@@ -16,12 +15,12 @@ from transformers import AutoTokenizer
 from vanilla_transformer import prepare
 from vanilla_transformer.batching import DataPosition, TokenBatchSampler, TokenizedPairs, TranslationCollator
 from vanilla_transformer.commands import prepare as prepare_command
-from vanilla_transformer.commands.arguments import add_data_arguments, data_settings, parse_training_arguments
+from vanilla_transformer.commands.arguments import add_data_arguments, data_settings
 from vanilla_transformer.data import DataError
 from vanilla_transformer.tokenization import train_shared_tokenizer
-from vanilla_transformer.training import optimizer_step_batches, prefetch
+from vanilla_transformer.training import optimizer_step_batches
 
-from .conftest import SOURCES, TARGETS
+from .helpers import SOURCES, TARGETS, prepared_folder
 
 
 def parse(*argv: str) -> prepare.DataSettings:
@@ -67,14 +66,6 @@ def test_length_ratio_filter_counts_what_it_drops():
     keep = settings.filters.keep(np.array([3, 11, 2, 4, 1]), np.array([3, 2, 5, 8, 2]), report)
     assert keep.tolist() == [True, False, False, True, True]
     assert (report.kept, report.too_long_dropped, report.ratio_dropped) == (3, 1, 1)
-
-
-def test_the_old_filter_flag_still_filters_and_says_it_is_deprecated(capsys):
-    assert parse("--max_source_tokens", "10").filters == parse("--max_sentence_tokens", "10").filters
-    assert parse("--max_source_tokens", "10").filters.max_tokens == 10
-    assert (
-        "--max_source_tokens is deprecated and will be removed; use --max_sentence_tokens" in capsys.readouterr().err
-    )
 
 
 def test_cache_is_reused_and_any_change_of_data_tokenizer_or_filters_prepares_anew(corpus_dir, tmp_path, monkeypatch):
@@ -144,12 +135,14 @@ def test_prepare_command_writes_a_folder_once_and_never_over_an_existing_one(cor
     prepare_command.main(argv)
     corpus = prepare.load_prepared(output)
     assert set(corpus.splits) == {"train", "validation"} and len(corpus.splits["train"]) == 61
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as refused:
         prepare_command.main(argv)
-    assert "exists" in capsys.readouterr().err
+    assert refused.value.code == 2
+    assert f"--output_dir {output} exists; choose a new folder" in capsys.readouterr().err
     (tmp_path / "file.txt").write_text("x")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as refused:
         prepare_command.main([*argv, "--output_dir", str(tmp_path / "file.txt" / "sub")])
+    assert refused.value.code == 2
     assert f"{tmp_path / 'file.txt'} is a file, not a folder" in capsys.readouterr().err
     assert prepare.load_prepared(output).splits["train"]["labels"] == corpus.splits["train"]["labels"]
 
@@ -170,23 +163,6 @@ def damage(folder: Path, how: str) -> str:
     content[-200] ^= 0xFF
     shard.write_bytes(bytes(content))
     return f"{shard} does not match the sha256"
-
-
-def prepared_folder(corpus_dir: Path, output: Path) -> Path:
-    """A folder written by the prepare command from the test corpus."""
-    prepare_command.main(
-        [
-            "--data_dir",
-            str(corpus_dir),
-            "--validation_split",
-            "val",
-            "--vocab_size",
-            "300",
-            "--output_dir",
-            str(output),
-        ]
-    )
-    return output
 
 
 DAMAGES = ["manifest lost", "manifest invalid", "shard truncated", "shard edited"]
@@ -293,22 +269,6 @@ def test_training_batches_from_a_prepared_split_equal_those_from_python_lists(co
             assert all(batch_a[name].equal(batch_b[name]) for name in batch_a)
 
 
-def test_prefetch_yields_the_same_items_passes_errors_and_stops_its_thread():
-    assert list(prefetch(iter(range(50)), depth=3)) == list(range(50))
-    assert list(prefetch(iter(range(5)), depth=0)) == list(range(5))
-
-    def failing():
-        yield 1
-        raise DataError("bad line")
-
-    with pytest.raises(DataError, match="bad line"):
-        list(prefetch(failing(), depth=2))
-    stream = prefetch(iter(range(10**9)), depth=2)
-    assert next(stream) == 0
-    stream.close()
-    assert not [thread for thread in threading.enumerate() if thread.name == "prefetch"]
-
-
 def test_the_readers_repairs_are_counted_in_the_prepared_manifest(tmp_path):
     folder = tmp_path / "crlf"
     folder.mkdir()
@@ -334,17 +294,13 @@ def test_the_tokenizer_fingerprint_ignores_padding_settings_but_not_the_vocabula
     assert prepare.tokenizer_fingerprint(train_shared_tokenizer(lines, vocab_size=270)) != fingerprint
 
 
-def test_language_flags_may_repeat_a_prepared_corpus_languages_but_never_contradict_them(corpus_dir, tmp_path, capsys):
-    output = prepared_folder(corpus_dir, tmp_path / "prepared")
-    corpus = parse_training_arguments(["--prepared_data", str(output)]).data.corpus
-    assert (corpus.source_lang, corpus.target_lang) == ("en", "de")
-    repeated = parse_training_arguments(["--prepared_data", str(output), "--source_lang", "en"])
-    assert repeated.data.corpus.target_lang == "de"
-    with pytest.raises(SystemExit) as refused:
-        parse_training_arguments(["--prepared_data", str(output), "--source_lang", "fr", "--target_lang", "es"])
-    assert refused.value.code == 2
-    assert f"--source_lang fr, but --prepared_data {output} holds en-de pairs" in capsys.readouterr().err
-    (output / prepare.MANIFEST).write_text("[]")
-    with pytest.raises(SystemExit):
-        parse_training_arguments(["--prepared_data", str(output)])
-    assert "manifest.json is not a prepared corpus's manifest" in capsys.readouterr().err
+def test_a_length_filter_that_drops_every_training_pair_is_refused_when_preparing_naming_the_flag(
+    corpus_dir, tmp_path
+):
+    settings = corpus_settings(corpus_dir, tmp_path / "cache", "--max_sentence_tokens", "2")
+    expected = (
+        r"dropped all 61 training pairs \(61 longer than --max_sentence_tokens 2; .*\): raise --max_sentence_tokens"
+    )
+    with pytest.raises(DataError, match=expected):
+        prepare.load_or_prepare(settings)
+    assert list((tmp_path / "cache").iterdir()) == []  # nothing prepared, nothing half-prepared

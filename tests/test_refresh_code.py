@@ -13,8 +13,8 @@ from vanilla_transformer.commands import refresh_code as refresh_code_command
 from vanilla_transformer.names import CODE_FILES
 from vanilla_transformer.tokenization import load_tokenizer
 
-from .conftest import CARD_VALUES, save_tiny_model_folder
 from .fixtures.old_checkpoints import make_old_folder
+from .helpers import CARD_VALUES, save_tiny_model_folder
 
 OLD_CODE = "# saved by an older version of this project\n"
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, pipeline
 
-from .conftest import (
+from .helpers import (
     BLOCK_PROJECT_IMPORTS,
     CARD_VALUES,
     ENGLISH,

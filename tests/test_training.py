@@ -1,28 +1,41 @@
-"""train_accelerate.py end to end: multi-process runs, gradient equivalence, exact resume, signals, bad data."""
+"""The training loop's pieces (vanilla_transformer/training.py) and train_accelerate.py end to end: multi-process runs,
+gradient equivalence, exact resume, signals, the final evaluation after the model is saved, bad data."""
 
+import errno
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import transformers.modeling_utils
+from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from vanilla_transformer import checkpoints
+import train_accelerate
+from vanilla_transformer import checkpoints, evaluation
 from vanilla_transformer.batching import DataPosition, TokenBatchSampler, TranslationCollator
-from vanilla_transformer.evaluation import final_model
+from vanilla_transformer.data import DataError
+from vanilla_transformer.evaluation import bare_model
+from vanilla_transformer.output_folder import final_model_problem
 from vanilla_transformer.training import (
+    StopSignals,
+    TrainingLog,
     inverse_sqrt_learning_rate,
     make_optimizer_and_schedule,
     optimizer_step_batches,
+    prefetch,
 )
 
-from .conftest import ROOT, TINY_RUN, logged_losses, run_without_the_project, train
+from .helpers import ROOT, TINY_RUN, fake_checkpoint, logged_losses, run_without_the_project, train
 
 # --- the recipe's pieces ---------------------------------------------------------------------------------------
 
@@ -60,11 +73,26 @@ def test_step_stream_resumes_at_the_next_batch_and_ranks_run_equal_steps():
     assert len(steps(DataPosition(), 2, 0)) == len(steps(DataPosition(), 2, 1)) > 0
 
 
+def test_prefetch_yields_the_same_items_passes_errors_and_stops_its_thread():
+    assert list(prefetch(iter(range(50)), depth=3)) == list(range(50))
+    assert list(prefetch(iter(range(5)), depth=0)) == list(range(5))
+
+    def failing():
+        yield 1
+        raise DataError("bad line")
+
+    with pytest.raises(DataError, match="bad line"):
+        list(prefetch(failing(), depth=2))
+    stream = prefetch(iter(range(10**9)), depth=2)
+    assert next(stream) == 0
+    stream.close()
+    assert not [thread for thread in threading.enumerate() if thread.name == "prefetch"]
+
+
 def test_bf16_training_ends_with_a_float32_model_for_evaluation(tiny_model, source_batch):
     """`--mixed_precision bf16` trains under autocast (Accelerate wraps forward); the final averaging, evaluation
     and saving must run the bare float32 model with the default attention, as users will."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
 
     input_ids, attention_mask = source_batch
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": input_ids[:, :5]}
@@ -76,7 +104,7 @@ def test_bf16_training_ends_with_a_float32_model_for_evaluation(tiny_model, sour
         training_model = accelerator.prepare(tiny_model)
         with torch.no_grad():
             assert not torch.allclose(training_model(**inputs).logits, reference, atol=1e-4)  # bf16 matmuls
-            evaluation_model = final_model(accelerator, training_model, "sdpa")
+            evaluation_model = bare_model(accelerator, training_model, "sdpa")
             assert evaluation_model.config._attn_implementation == "sdpa"
             torch.testing.assert_close(evaluation_model(**inputs).logits, reference, rtol=1e-5, atol=1e-5)
     finally:
@@ -227,16 +255,22 @@ def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path):
 @pytest.mark.parametrize(
     "make_data, message",
     [
-        (lambda d: ((d / "train.en").write_text("a\nb\n"), (d / "train.de").write_text("x\n")), "line"),
-        (lambda d: (d / "train.en").write_text("a\n"), "train.de"),
-        (lambda d: ((d / "train.en").write_bytes(b"ok\n\xff\xfe\n"), (d / "train.de").write_text("x\ny\n")), "UTF-8"),
+        (
+            lambda d: ((d / "train.en").write_text("a\nb\n"), (d / "train.de").write_text("x\n")),
+            "{d}/train.en has 2 lines but {d}/train.de has 1",
+        ),
+        (lambda d: (d / "train.en").write_text("a\n"), "No file train.de or train.de.gz in {d}"),
+        (
+            lambda d: ((d / "train.en").write_bytes(b"ok\n\xff\xfe\n"), (d / "train.de").write_text("x\ny\n")),
+            "{d}/train.en:2: invalid UTF-8",
+        ),
     ],
 )
 def test_bad_data_gets_a_clear_error_without_a_traceback(tmp_path, make_data, message):
     make_data(tmp_path)
     result = train(tmp_path / "out", "--data_dir", str(tmp_path), "--max_steps", "1", check=False)
-    assert result.returncode != 0
-    assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"error: {message.format(d=tmp_path)}" in result.stderr, result.stderr[-2000:]
 
 
 def test_bad_data_stops_every_process_instead_of_leaving_them_waiting(tmp_path):
@@ -257,3 +291,166 @@ def test_a_greedy_run_saves_a_valid_generation_config_a_greedy_card_and_checkpoi
     assert "Decoding: greedy search" in (folder / "README.md").read_text()
     assert "Removed shared tensor" not in result.stdout + result.stderr
     assert sorted(path.name for path in (folder / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+
+
+# --- the final evaluation: after the model is saved, stopped by a signal, over-long lines, missing splits -----
+
+
+def test_an_over_long_validation_line_does_not_stop_the_run(tmp_path):
+    (tmp_path / "train.tsv").write_text("".join(f"a{i} b c\tx{i} y z\n" for i in range(200)))
+    (tmp_path / "valid.tsv").write_text("a b c\tx y z\n" + " ".join(["a"] * 10_000) + "\t" + "x y\n")
+    files = ["--train_file", str(tmp_path / "train.tsv"), "--validation_file", str(tmp_path / "valid.tsv")]
+    result = train(tmp_path / "run", *files, "--max_steps", "2", "--max_eval_tokens", "16")
+    assert "[validation] 1 of 2 pairs have a side longer than 16 tokens; truncated" in result.stdout
+    assert len((tmp_path / "run" / "validation.hyp.txt").read_text().splitlines()) == 2
+
+
+def test_the_model_folder_is_saved_before_a_crash_in_the_final_evaluation(tmp_path, monkeypatch):
+    def crash(*args, **kwargs):
+        raise RuntimeError("evaluation crashed")
+
+    monkeypatch.setattr(evaluation, "score_splits", crash)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(RuntimeError, match="evaluation crashed"):
+            train_accelerate.train(["--output_dir", str(tmp_path / "run"), *TINY_RUN, "--max_steps", "2"])
+    finally:  # main ran in this process: leave no accelerator state or signal handler behind
+        AcceleratorState._reset_state(reset_partial_state=True)
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    folder = tmp_path / "run"
+    assert (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
+    assert json.loads((folder / "results.json").read_text())["steps"] == 2
+
+
+def test_signals_are_requests_while_training_and_stop_the_program_once_defaults_are_restored():
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        stop_signals = StopSignals()
+        signal.raise_signal(signal.SIGINT)  # while training, or while the model folder is written: a request
+        assert stop_signals.requested and stop_signals.number == signal.SIGINT
+        stop_signals.restore_defaults()
+        with pytest.raises(KeyboardInterrupt):  # during the final evaluation: stops at once
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+
+def test_ctrl_c_during_the_final_evaluation_stops_the_program_after_the_model_is_saved(tmp_path):
+    output_dir = tmp_path / "run"
+    command = [sys.executable, "-u", str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN]
+    command += "--synthetic_pairs 20000 --max_steps 2 --num_beams 4".split()
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment
+    )
+    output = ""
+    for line in process.stdout:  # the final evaluation starts once the folder is saved
+        output += line
+        if line.startswith("[save] model folder"):
+            break
+    time.sleep(1)
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=60)
+    assert process.returncode != 0, output + rest
+    assert "interrupted during the final evaluation" in rest and "Traceback" not in rest, rest[-3000:]
+    assert (output_dir / "model.safetensors").is_file() and not (output_dir / "test.hyp.txt").exists()
+
+
+def test_training_data_without_validation_or_test_split_trains_and_says_so(tmp_path):
+    (tmp_path / "train.tsv").write_text("".join(f"a{i} b c\tx{i} y z\n" for i in range(200)))
+    result = train(
+        tmp_path / "run", "--train_file", str(tmp_path / "train.tsv"), "--max_steps", "2", "--eval_steps", "1"
+    )
+    assert "no validation split" in result.stdout and "no test split" in result.stdout
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+# --- a step too large for the data, a log line cut by a kill, a full disk at the end ------------------------------
+
+
+def test_gradient_accumulation_over_the_batches_of_an_epoch_is_refused_at_once_naming_the_flags():
+    lengths = [3, 5, 4, 9, 2, 7]
+    examples = [{"input_ids": list(range(n)), "labels": list(range(n))} for n in lengths]
+    sampler = TokenBatchSampler(lengths, lengths, max_tokens=12, seed=3)
+    expected = (
+        f"--gradient_accumulation_steps 1000 needs at least 1000 batches per epoch, and the corpus gives {len(sampler)} "
+        "per process at --max_tokens 12"
+    )
+    with pytest.raises(DataError, match=expected):  # when the stream is made, before any model step
+        optimizer_step_batches(sampler, TranslationCollator(0), examples, 1000, DataPosition(), max_epochs=None)
+
+
+@pytest.mark.parametrize(
+    ("last_line", "steps"),
+    [('{"step": 2, "loss": 1.', [1, 3]), ('{"step": 2, "loss": 1.5}', [1, 2, 3])],
+    ids=["a cut record", "a whole record without its newline"],
+)
+def test_a_log_line_cut_by_a_kill_leaves_every_later_record_a_line_of_its_own(tmp_path, last_line, steps):
+    log_file = tmp_path / "train_log.jsonl"
+    log_file.write_text('{"step": 1, "loss": 2.0}\n' + last_line)  # killed while writing step 2's line
+    accelerator = SimpleNamespace(
+        is_main_process=True, reduce=lambda value, op: value, log=lambda *a, **k: None, print=print
+    )
+    log = TrainingLog(accelerator, log_file, SimpleNamespace(set_postfix=lambda **kwargs: None), start_step=2)
+    log.add(torch.tensor(6.0), 3.0)
+    log.write(3, 1e-3, 0)
+    assert [json.loads(line)["step"] for line in log_file.read_text().splitlines()] == steps
+
+
+class FullDisk(type(Path())):
+    """A path on a full disk: opening it to append fails as a full disk's write does."""
+
+    def open(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+
+def test_a_full_disk_while_logging_is_one_error_naming_the_log_and_the_checkpoint_to_resume_from(tmp_path):
+    run = tmp_path / "run"
+    fake_checkpoint(run / "checkpoints", 2, "the-run")
+    accelerator = SimpleNamespace(is_main_process=True, reduce=lambda value, op: value, log=lambda *a, **k: None)
+    log = TrainingLog(accelerator, FullDisk(run / "train_log.jsonl"), SimpleNamespace(set_postfix=dict), 2)
+    log.add(torch.tensor(6.0), 3.0)
+    with pytest.raises(checkpoints.CheckpointError) as refused:
+        log.write(3, 1e-3, 0)
+    message = str(refused.value)
+    assert message.startswith(f"no space left on device while writing the training log train_log.jsonl into {run}.")
+    assert f"checkpoint, {run / 'checkpoints' / 'step_000002'}, with --resume_from_checkpoint latest" in message
+
+
+def train_in_process(argv: list[str]) -> int:
+    """`vanilla-transformer train` in this process (for a monkeypatch to reach it); its exit status."""
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        return train_accelerate.main(argv)
+    finally:  # leave no accelerator state or signal handler behind
+        AcceleratorState._reset_state(reset_partial_state=True)
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+
+
+def test_a_full_disk_during_the_final_save_is_one_error_and_resume_latest_then_saves_the_model(
+    tmp_path, monkeypatch, capsys
+):
+    folder = tmp_path / "run"
+    argv = ["--output_dir", str(folder), *TINY_RUN, "--max_steps", "2"]
+
+    def fill_the_disk(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"the first bytes of the weights")
+        raise OSError(errno.ENOSPC, "No space left on device", filename)
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with monkeypatch.context() as full_disk:
+        full_disk.setattr(transformers.modeling_utils, "safe_save_file", fill_the_disk)
+        assert train_in_process(argv) == 1
+    stderr = capsys.readouterr().err
+    assert f"error: no space left on device while writing the final model folder into {folder}. " in stderr
+    last_checkpoint = folder / "checkpoints" / "step_000002"
+    assert f"continue from the last complete checkpoint, {last_checkpoint}, with --resume_from_checkpoint latest" in (
+        stderr
+    )
+    assert "Traceback" not in stderr and final_model_problem(folder) is not None
+    assert train_in_process([*argv, "--resume_from_checkpoint", "latest"]) == 0
+    assert final_model_problem(folder) is None

@@ -17,7 +17,7 @@ from vanilla_transformer.commands import translate as translate_command
 from vanilla_transformer.commands.translate import main, parse_args
 from vanilla_transformer.translate import read_lines, translate_sentences
 
-from .conftest import ENGLISH, save_tiny_model_folder
+from .helpers import ENGLISH, save_tiny_model_folder
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ENGLISH[2], ENGLISH[0], ENGLISH[14], ENGLISH[10]]  # lengths differ: sorting must not reorder the output
@@ -312,3 +312,56 @@ def test_a_learned_position_model_translates_input_it_accepts_with_its_output_cu
     assert len(tokenizer(generated["translation_text"])["input_ids"]) <= 40
     attentions = compute_attentions(model, tokenizer, source, num_beams=1)
     assert attentions["cross_attentions"].shape[-2] <= 40
+
+
+class Terminal(io.StringIO):
+    """stderr as a terminal shows it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["a terminal", "a pipe"])
+def test_progress_shows_on_stderr_only_when_it_is_a_terminal(folder, tmp_path, monkeypatch, terminal):
+    source_file = tmp_path / "source.en"
+    source_file.write_text("".join(f"{source}\n" for source in SOURCES), encoding="utf-8")
+    stderr = Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    argv = [str(folder), "--input", str(source_file), "--output", str(tmp_path / "out.de"), "--num_beams", "1"]
+    assert main([*argv, "--max_new_tokens", "3"]) == 0
+    assert ("translating: 4 lines" in stderr.getvalue()) == terminal
+    assert "translated 4 sentence(s)" in stderr.getvalue()
+
+
+def test_num_return_sequences_in_generation_config_still_gives_one_line_per_input_line_and_a_note(
+    folder, tmp_path, capsys
+):
+    several = tmp_path / "several"
+    shutil.copytree(folder, several)
+    generation = json.loads((several / "generation_config.json").read_text())
+    (several / "generation_config.json").write_text(json.dumps({**generation, "num_return_sequences": 2}))
+    source_file, output_file = tmp_path / "source.en", tmp_path / "out.de"
+    source_file.write_text("".join(f"{source}\n" for source in SOURCES), encoding="utf-8")
+    argv = [str(several), "--input", str(source_file), "--output", str(output_file), "--max_new_tokens", "3"]
+    assert main([*argv, "--num_beams", "2"]) == 0
+    assert len(output_file.read_text(encoding="utf-8").splitlines()) == len(SOURCES)
+    assert (
+        f"note: {several / 'generation_config.json'}: num_return_sequences is 2; one translation per line is written"
+        in capsys.readouterr().err
+    )
+
+
+def test_a_folder_whose_code_differs_from_the_installed_code_gets_a_note_naming_the_files(folder, tmp_path, capsys):
+    assert translate.folder_notes(folder) == []  # saved by this installation: the same code
+    edited = tmp_path / "edited"
+    shutil.copytree(folder, edited)
+    with (edited / "modeling_vanilla_transformer.py").open("a") as code:
+        code.write("# edited by hand\n")
+    sources = tmp_path / "sources.txt"
+    sources.write_text("the red dog\n")
+    assert main([str(edited), "--input", str(sources), "--output", str(tmp_path / "out.txt"), "--num_beams", "1"]) == 0
+    note = capsys.readouterr().err.splitlines()[0]
+    assert note.startswith(f"note: {edited} holds model code that differs from the installed")
+    assert "(modeling_vanilla_transformer.py)" in note and "--trust_remote_code" in note
+    assert f"vanilla-transformer refresh-code {edited}" in note
+    assert translate.folder_notes(edited, trust_remote_code=True) == []  # then the folder's own code runs

@@ -7,7 +7,7 @@ import sys
 
 from vanilla_transformer.variants import table3_variants
 
-from .conftest import ROOT
+from .helpers import ROOT
 
 SWEEP = ["--rows", "base,B1,E1", "--scale", "tiny", "--steps", "3", "--synthetic_pairs", "400", "--vocab_size", "300"]
 SWEEP += ["--max_tokens", "600", "--warmup_steps", "10", "--save_steps", "3", "--eval_batch_size", "16"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline_vanilla_transformer import output_length
+from pipeline_vanilla_transformer import PAPER_DECODING, output_length
 
 # model output name -> (file name, title, query side, key side)
 ATTENTION_KINDS = {
@@ -82,7 +82,7 @@ def compute_attentions(
     tokenizer: PreTrainedTokenizerBase,
     source: str,
     target: str | None = None,
-    num_beams: int = 4,
+    num_beams: int = PAPER_DECODING["num_beams"],
     max_new_tokens: int | None = None,
 ) -> dict:
     """The attention weights for `source` (and `target`, or the model's translation of `source`).
@@ -148,7 +148,7 @@ def draw_attention_maps(
     source: str,
     output_dir: str | Path,
     target: str | None = None,
-    num_beams: int = 4,
+    num_beams: int = PAPER_DECODING["num_beams"],
     max_new_tokens: int | None = None,
     dpi: int = 100,
 ) -> dict[str, Path]:

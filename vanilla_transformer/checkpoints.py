@@ -15,9 +15,13 @@ intact checkpoint before any loads it; `check_checkpoint_matches`: it must be of
 
 Integrity: `checkpoint_problem` compares a folder against its `checksums.json`, so a truncated or damaged file is
 named before anything is loaded. Ownership: listing, pruning and averaging take `run_id` and only ever touch that
-run's checkpoints.
+run's checkpoints. A full disk (`stop_if_disk_full`: errno ENOSPC, or torch's and safetensors' wrappings of it) stops
+the run with one DiskFull that names the folder, deletes the checkpoint's staging folder and names the checkpoint to
+continue from with --resume_from_checkpoint latest.
 """
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -34,11 +38,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from modeling_vanilla_transformer import FUSED_PROJECTIONS, split_fused_projections_of
-
-from .batching import DataPosition
-from .coordination import main_process_only
-from .integrity import files_problem, record_files
-from .names import CHECKPOINTS_DIR, WEIGHTS_NAME
+from vanilla_transformer.batching import DataPosition
+from vanilla_transformer.coordination import run_while_others_wait
+from vanilla_transformer.integrity import files_problem, record_files
+from vanilla_transformer.names import CHECKPOINTS_DIR, WEIGHTS_NAME
 
 # FSDP with `fsdp_state_dict_type: FULL_STATE_DICT` saves the whole model as one torch file (read here with
 # `weights_only=True`: tensors only, no code). Sharded FSDP checkpoints are refused at start by the script.
@@ -52,6 +55,11 @@ NO_RUN = object()  # the run of a checkpoint whose trainer_state.json is unusabl
 
 class CheckpointError(Exception):
     """A checkpoint is damaged, or belongs to another model or run; the message names the folder or file."""
+
+
+class DiskFull(CheckpointError):
+    """A checkpoint or the final model could not be written for want of space; the message names the folder, what
+    was removed, and how to continue."""
 
 
 CHECKPOINT_PREFIX = "step_"
@@ -400,7 +408,7 @@ def output_dir_is_shared(accelerator, output_dir: str | Path) -> bool:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
 
-    main_process_only(accelerator, leave_marker, "checking --output_dir", accelerator.is_main_process)
+    run_while_others_wait(accelerator, leave_marker, "checking --output_dir", accelerator.is_main_process)
     seen = gather_object([marker.exists()])
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -431,10 +439,10 @@ def run_identity(config, tokenizer_fingerprint: str) -> dict:
     return {"model_config": model_config, "tokenizer": tokenizer_fingerprint}
 
 
-def continuation_settings(accelerator, recipe: dict) -> dict:
-    """What an exact continuation needs unchanged: the batches (tokens per batch, accumulation, seed: `recipe`; and the
-    processes: the data position counts batches) and the schedule (its scale, in `recipe`)."""
-    return {**recipe, "num_processes": accelerator.num_processes}
+def continuation_settings(accelerator, batches_and_schedule: dict) -> dict:
+    """What an exact continuation needs unchanged: the batches (tokens per batch, accumulation, seed, in
+    `batches_and_schedule`; and the processes: the data position counts batches) and the schedule (its scale)."""
+    return {**batches_and_schedule, "num_processes": accelerator.num_processes}
 
 
 def save_checkpoint(
@@ -443,24 +451,95 @@ def save_checkpoint(
     """accelerator.save_state into a staging folder, renamed into place once complete (with checksums); keeps the
     run's last K. The schedule and the data position go into JSON (nothing of ours is pickled)."""
     staging = staging_dir(settings.root, state.step)
-    accelerator.save_state(str(staging))
-    if writes_checkpoints(accelerator):
-        trainer_state = {
-            "run_id": state.run_id,
-            "step": state.step,
-            "epoch": state.position.epoch,
-            "batches_done_in_epoch": state.position.batches_done_in_epoch,
-            "elapsed_seconds": state.elapsed_seconds,
-            "schedule": schedule.state_dict(),
-            "continuation": continuation,
-            **identity,
-        }
-        (staging / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
+    writes = writes_checkpoints(accelerator)
+    what = f"the checkpoint of step {state.step}"
+    with stop_if_disk_full(settings, what, staging if writes else None):
+        accelerator.save_state(str(staging))
+        if writes:
+            trainer_state = {
+                "run_id": state.run_id,
+                "step": state.step,
+                "epoch": state.position.epoch,
+                "batches_done_in_epoch": state.position.batches_done_in_epoch,
+                "elapsed_seconds": state.elapsed_seconds,
+                "schedule": schedule.state_dict(),
+                "continuation": continuation,
+                **identity,
+            }
+            (staging / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
     accelerator.wait_for_everyone()
-    if writes_checkpoints(accelerator):
-        finalize_checkpoint(staging, checkpoint_dir(settings.root, state.step))
+    if writes:
+        with stop_if_disk_full(settings, what, staging):
+            finalize_checkpoint(staging, checkpoint_dir(settings.root, state.step))  # writes checksums.json
         prune_checkpoints(settings.root, settings.keep_last, run_id=state.run_id)
     accelerator.wait_for_everyone()
+
+
+# how a write that ran out of space reads once torch or safetensors wrapped it: torch's zip writer hides the errno
+# behind a short write ("unexpected pos 14848 vs 14740", "file write failed"); safetensors names it ("os error 28")
+DISK_FULL_SIGNS = (
+    "no space left on device",
+    "os error 28",
+    "disk quota exceeded",
+    "unexpected pos",
+    "file write failed",
+)
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from, is a write that ran out of space: errno ENOSPC (or EDQUOT, a
+    quota), or torch's and safetensors' wrappings of it (DISK_FULL_SIGNS)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(sign in str(error).lower() for sign in DISK_FULL_SIGNS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+@contextlib.contextmanager
+def stop_if_disk_full(settings: CheckpointSettings, what: str, incomplete: Path | None = None):
+    """Turn a write inside the block that runs out of space into one DiskFull: it names what was being written and
+    where, deletes `incomplete` (the staging folder of a checkpoint being saved: ours, and never a checkpoint) so
+    that it stops taking space, and says how to continue: --resume_from_checkpoint latest, from the last complete
+    checkpoint. Any other error goes through as it is."""
+    try:
+        yield
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        removed = ""
+        if incomplete is not None and incomplete.name.startswith(STAGING_PREFIX) and _remove_staging(incomplete):
+            removed = f"; the incomplete {incomplete} was removed"
+        raise DiskFull(
+            f"no space left on device while writing {what} into {settings.output_dir}{removed}. "
+            f"{how_to_continue(settings)} ({type(error).__name__}: {str(error)[:200]})"
+        ) from error
+
+
+def _remove_staging(folder: Path) -> bool:
+    """Delete a checkpoint's staging folder (never through a link); whether it is gone."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return not folder.exists()
+
+
+def how_to_continue(settings: CheckpointSettings) -> str:
+    """After a failed write: free space, then continue from the newest complete checkpoint, if there is one."""
+    latest = latest_checkpoint(settings.root)
+    if latest is None:
+        return (
+            f"There is no complete checkpoint in {settings.root} to continue from: free space on that disk, then "
+            "start the run again with --overwrite_output_dir."
+        )
+    return (
+        f"Free space on that disk, then continue from the last complete checkpoint, {latest}, with "
+        "--resume_from_checkpoint latest."
+    )
 
 
 def _problems_anywhere(path: Path) -> list[str]:
@@ -570,6 +649,11 @@ def resume(accelerator, settings: CheckpointSettings, model, schedule, identity:
 def load_averaged_weights(model, accelerator, settings: CheckpointSettings, run_id) -> int:
     """Section 6.1: average this run's last K checkpoints into the final model; returns how many were averaged."""
     paths = list_checkpoints(settings.root, run_id)[-settings.average_last :]
+    if not paths:
+        raise CheckpointError(
+            f"the run took no optimizer step, so {settings.root} holds no checkpoint of it to average into the final "
+            "model: --max_minutes ran out before step 1. Give the run more --max_minutes."
+        )
     for path in paths:
         if problem := checkpoint_problem(path, only=WEIGHTS_NAMES):
             raise CheckpointError(f"cannot average {path}: {problem}")

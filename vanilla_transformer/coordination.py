@@ -12,7 +12,7 @@ class CoordinationError(Exception):
     do."""
 
 
-def main_process_only(accelerator, work, what: str, selected: bool | None = None, if_too_slow: str = WAIT_LONGER):
+def run_while_others_wait(accelerator, work, what: str, selected: bool | None = None, if_too_slow: str = WAIT_LONGER):
     """Run `work` on each machine's first process (or where `selected`) while the others wait; an error there is
     raised after the wait on every process (the others get a `CoordinationError` that points to it). `what` names
     the work in messages; `if_too_slow` is the advice when a process waited past --ddp_timeout. Without an

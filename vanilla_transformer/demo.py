@@ -35,7 +35,7 @@ from pathlib import Path
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation import MaxTimeCriteria, StoppingCriteriaList
 
-from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS
+from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, PAPER_DECODING
 from vanilla_transformer.attention_maps import ATTENTION_KINDS, compute_attentions, plot_attention_grid
 from vanilla_transformer.translate import CommandLineError, load_model_and_tokenizer, split_lines, translate_sentences
 
@@ -129,8 +129,8 @@ class Translator:
     source_lang: str
     target_lang: str
     limits: Limits = field(default_factory=Limits)
-    num_beams: int = 4  # the page's and the API's defaults: the model's generation_config.json, within the limits
-    length_penalty: float = 0.6
+    num_beams: int = PAPER_DECODING["num_beams"]  # the page's and the API's defaults: the model's
+    length_penalty: float = PAPER_DECODING["length_penalty"]  # generation_config.json, within the limits
     notes: list[str] = field(default_factory=list)  # what the page says about its defaults (clamped ones)
 
     @property
@@ -190,7 +190,7 @@ def decoding_defaults(model: PreTrainedModel, limits: Limits) -> tuple[int, floa
     """The beam size and length penalty of the model's generation_config.json, clamped to the limits and the page's
     range, and a note for each that was clamped."""
     config, notes = model.generation_config, []
-    beams, penalty = config.num_beams or 4, config.length_penalty
+    beams, penalty = config.num_beams or PAPER_DECODING["num_beams"], config.length_penalty
     if beams > limits.beams:
         notes.append(
             f"The model's generation_config.json asks for {beams} beams; this demo allows at most {limits.beams}, "
@@ -198,8 +198,9 @@ def decoding_defaults(model: PreTrainedModel, limits: Limits) -> tuple[int, floa
         )
         beams = limits.beams
     if not finite_number(penalty):
-        notes.append(f"The model's length penalty {penalty!r} is not a number: the default here is 0.6.")
-        penalty = 0.6
+        default = PAPER_DECODING["length_penalty"]
+        notes.append(f"The model's length penalty {penalty!r} is not a number: the default here is {default}.")
+        penalty = default
     elif not 0 <= penalty <= MAX_LENGTH_PENALTY:
         clamped = min(max(float(penalty), 0.0), MAX_LENGTH_PENALTY)
         notes.append(

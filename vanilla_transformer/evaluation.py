@@ -14,23 +14,22 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from pipeline_vanilla_transformer import output_length
-
-from .batching import TokenizedPairs, TranslationCollator
-from .coordination import main_process_only
-from .data import DataError
-from .metrics import load_bleu_metric
-from .names import EVALUATION_RESULTS
-from .output_folder import OutputSettings, claim_evaluation_dir
-from .prepare import DataSettings, load_or_prepare, tokenizer_fingerprint
+from pipeline_vanilla_transformer import PAPER_DECODING, output_length
+from vanilla_transformer.batching import TokenizedPairs, TranslationCollator
+from vanilla_transformer.coordination import run_while_others_wait
+from vanilla_transformer.data import DataError
+from vanilla_transformer.metrics import load_bleu_and_chrf
+from vanilla_transformer.names import EVALUATION_RESULTS
+from vanilla_transformer.output_folder import OutputSettings, claim_evaluation_dir
+from vanilla_transformer.prepare import DataSettings, load_or_prepare, tokenizer_fingerprint
 
 
 @dataclass(frozen=True)
 class EvaluationSettings:
     batch_size: int = 64
-    max_tokens: int = 1024  # longer sources and targets are truncated (counted), bounding evaluation's memory
-    num_beams: int = 4  # the final decoding (paper: 4)
-    length_penalty: float = 0.6  # the final decoding (paper: 0.6)
+    max_eval_tokens: int = 1024  # longer sources and targets are truncated (counted), bounding evaluation's memory
+    num_beams: int = PAPER_DECODING["num_beams"]  # the final decoding
+    length_penalty: float = PAPER_DECODING["length_penalty"]
     max_sentences: int = 500  # validation sentences for greedy BLEU during training
     every_steps: int = 1000  # validation loss and greedy BLEU during training
 
@@ -47,7 +46,7 @@ def sharded_generation_kwargs(accelerator) -> dict:
     return {"synced_gpus": accelerator.distributed_type == DistributedType.FSDP}
 
 
-def final_model(accelerator, model, attn_implementation: str):
+def bare_model(accelerator, model, attn_implementation: str):
     """The bare model (no DDP, no mixed-precision wrapper) with `attn_implementation`, for the final averaging,
     evaluation and saving: scores are then measured in float32, as users run the saved model. Under FSDP the shards
     are no model to run or save: a plain model of the same config is built on every process, and the caller loads
@@ -143,18 +142,18 @@ def evaluation_loader(examples: Sequence[dict], collator: TranslationCollator, b
     return loader, too_long
 
 
-def max_eval_tokens(settings: EvaluationSettings, config) -> int:
-    """`max_tokens`, lowered so that input + 50 output tokens fit a learned position table."""
+def truncation_length(settings: EvaluationSettings, config) -> int:
+    """`max_eval_tokens`, lowered so that input + 50 output tokens fit a learned position table."""
     if config.position_embedding_type == "learned":
-        return min(settings.max_tokens, config.max_position_embeddings - 50)
-    return settings.max_tokens
+        return min(settings.max_eval_tokens, config.max_position_embeddings - 50)
+    return settings.max_eval_tokens
 
 
-def prepared_loader(accelerator, tokenizer, dataset, settings: EvaluationSettings, config, split: str):
+def sharded_loader(accelerator, tokenizer, dataset, settings: EvaluationSettings, config, split: str):
     """An evaluation loader over a prepared split, sharded over processes by Accelerate; over-long lines are
     truncated and counted."""
     collator = TranslationCollator(tokenizer.pad_token_id)
-    max_tokens = max_eval_tokens(settings, config)
+    max_tokens = truncation_length(settings, config)
     loader, truncated = evaluation_loader(TokenizedPairs(dataset), collator, settings.batch_size, max_tokens)
     if truncated:
         accelerator.print(
@@ -183,12 +182,12 @@ def score_splits(accelerator, model, tokenizer, splits: dict, settings: Evaluati
     """The paper's decoding (6.1: beam 4, length penalty 0.6, input + 50) of the validation and test splits there are;
     writes `<split>.hyp.txt` into `output_dir`; returns BLEU, chrF, the signature and the per-token perplexity (no
     label smoothing; Table 3's dev PPL) per split."""
-    metric = load_bleu_metric()
+    metric = load_bleu_and_chrf()
     generation_kwargs = {**settings.final_decoding, "do_sample": False}
     results = {}
     for split in ("validation", "test"):
         if split in splits:
-            loader = prepared_loader(accelerator, tokenizer, splits[split], settings, model.config, split)
+            loader = sharded_loader(accelerator, tokenizer, splits[split], settings, model.config, split)
             hypotheses_file = Path(output_dir) / f"{split}.hyp.txt"
             result = evaluate_split(
                 accelerator, model, tokenizer, splits[split], loader, metric, generation_kwargs, hypotheses_file
@@ -206,7 +205,7 @@ def periodic_evaluation(accelerator, model, tokenizer, validation, loader, step:
     """Validation loss and greedy BLEU on the first `max_sentences` validation pairs (`validation`, `loader`)."""
     losses = validation_loss(accelerator, model, loader)
     generation_kwargs = {"num_beams": 1, **sharded_generation_kwargs(accelerator)}
-    bleu = evaluate_split(accelerator, model, tokenizer, validation, loader, load_bleu_metric(), generation_kwargs)
+    bleu = evaluate_split(accelerator, model, tokenizer, validation, loader, load_bleu_and_chrf(), generation_kwargs)
     if accelerator.is_main_process:
         progress.write(f"[eval] step {step}: nll {losses['nll']:.3f}  greedy BLEU {bleu['bleu']:.2f}")
     accelerator.log({"eval/nll": losses["nll"], "eval/bleu_greedy": bleu["bleu"]}, step=step)
@@ -226,7 +225,7 @@ def evaluate_saved_model(
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     claim = partial(claim_evaluation_dir, output.output_dir, output.overwrite)
-    main_process_only(accelerator, claim, "checking --output_dir")
+    run_while_others_wait(accelerator, claim, "checking --output_dir")
     model = AutoModelForSeq2SeqLM.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
     model = accelerator.prepare(model)

@@ -15,7 +15,9 @@ The written table has `max_position_embeddings` rows, which bounds source and ou
 (the PyTorch model grows its table on demand).
 
 The output folder may not be the model folder, nor inside it, nor hold it. If it exists, --force replaces it only
-when it is a previous CTranslate2 export (what the converter writes and nothing else): anything else is refused.
+when it is a previous CTranslate2 export (what the converter writes and nothing else): anything else is refused. The
+export is written into a new hidden folder beside it and moved into place only once complete, so a failed export (a
+full disk, an interruption) leaves the output folder as it was, never half written.
 
 Usage:
     vanilla-transformer export-ctranslate2 MODEL_DIR OUTPUT_DIR [--quantization int8] [--force]
@@ -29,6 +31,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import uuid
 import warnings
 from pathlib import Path
 
@@ -48,6 +53,7 @@ from modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerLearnedPositionalEmbedding,
 )
+from vanilla_transformer.checkpoints import is_disk_full
 from vanilla_transformer.tokenization import UNK_TOKEN_ID, load_tokenizer
 
 # config.activation_function -> the name of CTranslate2's common_spec.Activation
@@ -258,9 +264,35 @@ def convert_to_ctranslate2(
     check_exportable(model_dir)
     if transformer_spec is None:
         raise ImportError("The export needs CTranslate2: pip install 'vanilla-transformer[export]'.")
-    converter = VanillaTransformerConverter(model_dir)
-    converter.convert(str(Path(output_dir).resolve()), quantization=quantization, force=force)
+    output = Path(output_dir).resolve()
+    staging = output.with_name(f".{output.name}.incomplete-{uuid.uuid4().hex[:12]}")  # a new name: ours alone
+    try:
+        VanillaTransformerConverter(model_dir).convert(str(staging), quantization=quantization)
+        move_into_place(staging, output)
+    except Exception as error:
+        if is_disk_full(error):
+            raise ExportError(
+                f"no space left on device while exporting into {output_dir} ({type(error).__name__}: "
+                f"{str(error)[:200]}): the incomplete export was removed, and {output_dir} is as it was. Free space "
+                "and export again."
+            ) from error
+        raise
+    finally:
+        if staging.is_dir() and not staging.is_symlink():
+            shutil.rmtree(staging, ignore_errors=True)  # a failed export's files; gone once moved into place
     return str(output_dir)
+
+
+def move_into_place(staging: Path, output: Path) -> None:
+    """Put the complete export `staging` at `output`, replacing a previous export there (checked by `check_folders`):
+    the old one is renamed aside, the new one renamed in, then the old one deleted."""
+    if not output.exists():
+        os.replace(staging, output)
+        return
+    aside = output.with_name(f".{output.name}.replaced-{uuid.uuid4().hex[:12]}")
+    os.replace(output, aside)
+    os.replace(staging, output)
+    shutil.rmtree(aside)
 
 
 if (

@@ -27,6 +27,7 @@ Each checkpoint records its run's id (`trainer_state.json`), and the script prun
 checkpoints of its own run.
 """
 
+import contextlib
 import fnmatch
 import json
 import os
@@ -34,19 +35,21 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import checkpoints
-from .folder_files import describe_link, replace_file
-from .folder_lock import LOCK_NAME, FolderLock, FolderLockError
-from .names import (
+from vanilla_transformer import checkpoints
+from vanilla_transformer.folder_files import describe_link, replace_file
+from vanilla_transformer.folder_lock import LOCK_NAME, FolderLock, FolderLockError
+from vanilla_transformer.names import (
     CHECKPOINTS_DIR,
     CODE_FILES,
     EVALUATION_FILES,
     HYPOTHESES_FILES,
+    REQUIRED_FILES,
     RESULTS,
     TRACKER_LOGS,
     TRAIN_LOG,
     UPLOADED_FILES,
     UPLOADED_PATTERNS,
+    WEIGHTS_NAME,
 )
 
 RUN_RECORD = ".vanilla_transformer_run.json"  # what the runs in a folder wrote (never uploaded: not on the allow-list)
@@ -85,17 +88,57 @@ def contents(folder: Path) -> list[str]:
 
 
 def describe(folder: Path) -> str:
-    """What an earlier run left in `folder`, in a few words."""
+    """What an earlier run left in `folder`, in a few words: a finished run has its results.json and a whole model
+    folder; a run stopped during its final save (killed, or out of space) has results.json, written first, and only
+    part of the model."""
     results = folder / RESULTS
+    latest = checkpoints.latest_checkpoint(folder / CHECKPOINTS_DIR)
     if results.is_file() and not results.is_symlink():
+        if problem := final_model_problem(folder):
+            saved = f"checkpoints up to {latest.name}" if latest is not None else "no checkpoint"
+            return f"an interrupted run (its final save did not finish: {problem}; {saved})"
         try:
             return f"a finished run ({json.loads(results.read_text())['steps']} steps, results.json)"
         except (ValueError, KeyError, TypeError):
             return "a finished run (results.json)"
-    latest = checkpoints.latest_checkpoint(folder / CHECKPOINTS_DIR)
     if latest is not None:
         return f"an unfinished run (checkpoints up to {latest.name})"
     return f"{len(contents(folder))} entries ({listed(contents(folder))})"
+
+
+def final_model_problem(folder: Path) -> str | None:
+    """Why `folder` does not hold the whole model folder a run's final save writes (every REQUIRED_FILES file, the
+    weights complete), or None when it does."""
+    if missing := [name for name in REQUIRED_FILES if not (folder / name).is_file()]:
+        return f"missing {listed(missing, at_most=3)}"
+    index = folder / f"{WEIGHTS_NAME}.index.json"
+    if (folder / WEIGHTS_NAME).is_file() or not index.is_file():
+        return safetensors_problem(folder / WEIGHTS_NAME)
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        if not all(isinstance(shard, str) and shard == Path(shard).name for shard in shards):
+            raise ValueError("a shard outside the folder")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"{index.name} is damaged"
+    return next((problem for shard in shards if (problem := safetensors_problem(folder / shard))), None)
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why `path` is not a whole safetensors file ("missing", cut short by a kill or a full disk), from its header and
+    size alone; None when it is whole."""
+    if path.is_symlink() or not path.is_file():
+        return f"missing {path.name}"
+    try:
+        with path.open("rb") as file:
+            header_size = int.from_bytes(file.read(8), "little")
+            header = json.loads(file.read(min(header_size, 100 * 2**20)))
+        tensors = [entry for name, entry in header.items() if name != "__metadata__"]
+        data_size = max((int(entry["data_offsets"][1]) for entry in tensors), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return f"{path.name} is not a whole safetensors file"
+    if (size := path.stat().st_size) < 8 + header_size + data_size:
+        return f"{path.name} is cut short ({size:,} of {8 + header_size + data_size:,} bytes)"
+    return None
 
 
 def listed(names: list[str], at_most: int = 8) -> str:
@@ -371,10 +414,16 @@ class RunFolder:
             self.record(sorted({path.name for pattern in UPLOADED_PATTERNS for path in self.folder.glob(pattern)}))
 
     def close(self) -> None:
+        """Also at the end of a run stopped by a full disk: the record, which could not be rewritten then, keeps
+        listing the entries never written, and the next claim of the folder drops them (never raising over the
+        error that stopped the run)."""
         if self.lock is None:
             return
         try:
             forget_unwritten(self.folder)
+        except OSError as error:
+            if not checkpoints.is_disk_full(error):
+                raise
         finally:
             self.lock.release()
             self.lock = None
@@ -392,20 +441,37 @@ def claim_run_folder(settings: OutputSettings) -> RunFolder:
     created = not folder.exists()
     lock = FolderLock(folder, "training run")
     try:
-        note = lock.take()
+        with refused_if_disk_full(folder):
+            note = lock.take()
     except FolderLockError as error:
         raise OutputDirError(f"--output_dir: {error}") from error
     if note:
         print(f"[output] {note}")
     run_folder = RunFolder(folder, lock, created)
     try:
-        forget_unwritten(folder)
-        claim_output_dir(settings)
-        record_run_files(folder)
+        with refused_if_disk_full(folder):
+            forget_unwritten(folder)
+            claim_output_dir(settings)
+            record_run_files(folder)
     except BaseException:
         run_folder.close()
         raise
     return run_folder
+
+
+@contextlib.contextmanager
+def refused_if_disk_full(folder: Path):
+    """A full disk while claiming the folder (its lock, its record) is an OutputDirError that says so, not a
+    traceback: nothing of the run has started."""
+    try:
+        yield
+    except OSError as error:
+        if not checkpoints.is_disk_full(error):
+            raise
+        raise OutputDirError(
+            f"--output_dir {folder}: no space left on device ({error}); free space on that disk, then run the "
+            "command again"
+        ) from error
 
 
 def claim_evaluation_dir(output_dir: str | Path, overwrite: bool) -> None:

@@ -36,12 +36,12 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from . import data
-from .batching import TokenizedPairs
-from .coordination import PREPARE_BEFOREHAND, main_process_only
-from .data import DataError, DataReport, Pair
-from .integrity import files_problem, record_files
-from .tokenization import load_tokenizer
+from vanilla_transformer import data
+from vanilla_transformer.batching import TokenizedPairs
+from vanilla_transformer.coordination import PREPARE_BEFOREHAND, run_while_others_wait
+from vanilla_transformer.data import DataError, DataReport, Pair
+from vanilla_transformer.integrity import files_problem, record_files
+from vanilla_transformer.tokenization import load_tokenizer
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -98,16 +98,16 @@ class TokenizerSettings:
 
 @dataclass(frozen=True)
 class LengthFilter:
-    """Which training pairs are kept, in tokens (`</s>` included): no side longer than `max_tokens`, no longer side
-    more than `max_length_ratio` times the shorter one (None: no limit)."""
+    """Which training pairs are kept, in tokens (`</s>` included): no side longer than `max_sentence_tokens`, no
+    longer side more than `max_length_ratio` times the shorter one (None: no limit)."""
 
-    max_tokens: int | None = 256
+    max_sentence_tokens: int | None = 256
     max_length_ratio: float | None = None
 
     def keep(self, source_lengths: np.ndarray, target_lengths: np.ndarray, report: DataReport) -> np.ndarray:
         """Mask of the pairs to keep; counts the dropped pairs in `report`."""
         longer, shorter = np.maximum(source_lengths, target_lengths), np.minimum(source_lengths, target_lengths)
-        too_long = longer > self.max_tokens if self.max_tokens else np.zeros(len(longer), dtype=bool)
+        too_long = longer > self.max_sentence_tokens if self.max_sentence_tokens else np.zeros(len(longer), dtype=bool)
         bad_ratio = ~too_long & (
             longer > self.max_length_ratio * np.maximum(shorter, 1) if self.max_length_ratio else False
         )
@@ -115,6 +115,24 @@ class LengthFilter:
         keep = ~(too_long | bad_ratio)
         report.kept = int(keep.sum())
         return keep
+
+    def refuse_if_none_kept(self, pairs: int, report: DataReport) -> None:
+        """DataError when the filter dropped every one of `pairs` training pairs (`report`: what `keep` counted),
+        naming its flags and the counts: nothing would be left to train on."""
+        if pairs == 0 or report.kept > 0:
+            return
+        limits = {
+            "--max_sentence_tokens": (self.max_sentence_tokens, report.too_long_dropped, "longer than"),
+            "--max_length_ratio": (self.max_length_ratio, report.ratio_dropped, "over"),
+        }
+        limits = {flag: limit for flag, limit in limits.items() if limit[0]}
+        dropped = ", ".join(
+            f"{count} {relation} {flag} {value:g}" for flag, (value, count, relation) in limits.items()
+        )
+        raise DataError(
+            f"{', '.join(report.sources) or 'the training pairs'}: the length filter dropped all {pairs} training "
+            f"pairs ({dropped}; lengths in tokens, </s> included): raise {' or '.join(limits)}, or check the data"
+        )
 
 
 @dataclass(frozen=True)
@@ -241,7 +259,7 @@ def corpus_key(settings: DataSettings, sources: dict[str, dict], tokenizer=None)
         "sources": sources,
         "tokenizer": tokenizer_spec,
         "filters": {
-            "max_source_tokens": settings.filters.max_tokens,
+            "max_source_tokens": settings.filters.max_sentence_tokens,  # the key of corpora prepared before
             "max_length_ratio": settings.filters.max_length_ratio,
         },
     }
@@ -324,6 +342,7 @@ def _tokenize_split(raw, tokenizer, split: str, filters: LengthFilter, report: D
     if split == "train":
         pairs = TokenizedPairs(tokenized)  # lengths from the Arrow offsets: no row is read
         keep = filters.keep(pairs.source_lengths, pairs.target_lengths, report)
+        filters.refuse_if_none_kept(len(keep), report)
         if not keep.all():
             tokenized = tokenized.select(np.flatnonzero(keep))
     return tokenized
@@ -351,7 +370,7 @@ def prepare_corpus(
     """
     import datasets
 
-    from .tokenization import train_shared_tokenizer
+    from vanilla_transformer.tokenization import train_shared_tokenizer
 
     start = time.time()
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -534,7 +553,7 @@ def load_or_prepare(
     disk) while the others wait, then every process memory-maps the same files."""
     if settings.prepared_data:
         check = functools.partial(verify_prepared, settings.prepared_data)
-        main_process_only(accelerator, check, "checking --prepared_data")
+        run_while_others_wait(accelerator, check, "checking --prepared_data")
         return load_prepared(settings.prepared_data)
     if tokenizer is None:
         tokenizer = settings.tokenizer.load_given()
@@ -551,7 +570,7 @@ def load_or_prepare(
             discard_damaged(folder, problem)
         prepare_corpus(settings, sources, folder, key, tokenizer)
 
-    main_process_only(accelerator, prepare_if_missing, "preparing the data", if_too_slow=PREPARE_BEFOREHAND)
+    run_while_others_wait(accelerator, prepare_if_missing, "preparing the data", if_too_slow=PREPARE_BEFOREHAND)
     corpus = load_prepared(folder)
     if accelerator is not None and accelerator.is_main_process:
         print(f"[data] prepared corpus: {folder}")

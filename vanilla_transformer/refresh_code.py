@@ -27,7 +27,7 @@ import torch
 
 import modeling_vanilla_transformer
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.hub import EXAMPLE_SOURCES
+from vanilla_transformer.model_card import EXAMPLE_SOURCES
 from vanilla_transformer.names import CODE_FILES
 from vanilla_transformer.tokenization import load_tokenizer
 

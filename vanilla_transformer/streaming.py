@@ -25,6 +25,9 @@ shuffled stream, cached like a prepared corpus. The validation and test splits a
 
 import itertools
 import json
+import os
+import shutil
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -32,19 +35,19 @@ from pathlib import Path
 
 import numpy as np
 
-from . import data, prepare
-from .batching import DataPosition, TokenBatchSampler
-from .coordination import main_process_only
-from .data import DataError
-from .prepare import Corpus, DataSettings, LengthFilter
+from vanilla_transformer import data, prepare
+from vanilla_transformer.batching import DataPosition, TokenBatchSampler, TranslationCollator
+from vanilla_transformer.coordination import run_while_others_wait
+from vanilla_transformer.data import DataError
+from vanilla_transformer.prepare import Corpus, DataSettings, LengthFilter
 
 
 @dataclass(frozen=True)
 class StreamSettings:
     """How the stream is shuffled and cut into batches (per process)."""
 
-    max_tokens: int = 4096  # source and target tokens per batch
-    seed: int = 42
+    max_tokens: int  # source and target tokens per batch (the training's --max_tokens)
+    seed: int  # the training's --seed
     shuffle_buffer_size: int = 100_000  # pairs
     pool_batches: int = 100  # batches' worth of tokens sorted and cut together
 
@@ -92,7 +95,7 @@ def shuffled_shard(stream, seed: int, buffer_size: int, rank: int, world_size: i
 def load_or_train_tokenizer(settings: DataSettings, shuffle_buffer_size: int, accelerator=None):
     """The given tokenizer, or a BPE trained on the first `sample_pairs` pairs of the shuffled stream, cached under
     the data cache folder by the stream and tokenizer settings (the local main process trains)."""
-    from .tokenization import load_tokenizer, train_shared_tokenizer
+    from vanilla_transformer.tokenization import load_tokenizer, train_shared_tokenizer
 
     if (given := settings.tokenizer.load_given()) is not None:
         return given
@@ -107,22 +110,48 @@ def load_or_train_tokenizer(settings: DataSettings, shuffle_buffer_size: int, ac
             return
         stream = raw_stream(settings.corpus).shuffle(seed=trained.seed, buffer_size=shuffle_buffer_size)
         texts = (text for pair in islice(iter(stream), trained.sample_pairs) for text in pair.values())
-        train_shared_tokenizer(texts, vocab_size=trained.vocab_size).save_pretrained(folder)
+        save_into_place(train_shared_tokenizer(texts, vocab_size=trained.vocab_size), folder)
 
-    main_process_only(accelerator, train_if_missing, "training the stream's tokenizer")
+    run_while_others_wait(accelerator, train_if_missing, "training the stream's tokenizer")
     return load_tokenizer(folder)
 
 
+def save_into_place(tokenizer, folder: Path) -> None:
+    """Save `tokenizer` into a new folder beside `folder`, renamed to `folder` once complete: an interrupted save (a
+    kill, a full disk) never leaves a cached tokenizer that is half written."""
+    staging = folder.with_name(f".incomplete-{folder.name}-{uuid.uuid4().hex[:12]}")  # a new name: ours alone
+    try:
+        tokenizer.save_pretrained(staging)
+        try:
+            os.replace(staging, folder)
+        except OSError:
+            if not (folder / "tokenizer.json").is_file():  # else another process saved the same tokenizer first
+                raise DataError(
+                    f"{folder} holds an incomplete tokenizer (no tokenizer.json), left by an earlier interrupted "
+                    "run: delete it, and it is trained again"
+                ) from None
+    finally:
+        if staging.is_dir() and not staging.is_symlink():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
 def tokenized_examples(pairs: Iterable[dict], tokenizer, filters: LengthFilter, batch_size: int = 1000):
-    """`{"input_ids", "labels"}` of each pair, filtered by the prepared path's rules (`LengthFilter`)."""
+    """`{"input_ids", "labels"}` of each pair, filtered by the prepared path's rules (`LengthFilter`); DataError, as
+    when preparing, once the pairs are read if the filter dropped every one."""
+    read, totals = 0, prepare.DataReport(["this process's share of the stream"], too_long_dropped=0, ratio_dropped=0)
     while chunk := list(islice(pairs, batch_size)):
         texts = {"source": [pair["source"] for pair in chunk], "target": [pair["target"] for pair in chunk]}
         encoded = prepare.encode_pairs_batch(texts, tokenizer)
         source_lengths = np.array([len(ids) for ids in encoded["input_ids"]])
         target_lengths = np.array([len(ids) for ids in encoded["labels"]])
-        keep = filters.keep(source_lengths, target_lengths, prepare.DataReport())
+        report = prepare.DataReport()
+        keep = filters.keep(source_lengths, target_lengths, report)
+        read, totals.kept = read + len(chunk), totals.kept + report.kept
+        totals.too_long_dropped += report.too_long_dropped
+        totals.ratio_dropped += report.ratio_dropped
         for index in np.flatnonzero(keep):
             yield {"input_ids": encoded["input_ids"][index], "labels": encoded["labels"][index]}
+    filters.refuse_if_none_kept(read, totals)
 
 
 def pooled_token_batches(examples: Iterable[dict], max_tokens: int, pool_batches: int, seed: int) -> Iterator[list]:
@@ -162,6 +191,18 @@ def epoch_batches_factory(
     return epoch_batches
 
 
+@dataclass
+class StreamedSteps:
+    """The optimizer steps of a stream: from any data position, without end; `streaming_step_batches`."""
+
+    epoch_batches: Callable[[int], Iterable[list]]  # `epoch_batches_factory`'s
+    collator: TranslationCollator
+    accumulation_steps: int
+
+    def from_position(self, position: DataPosition) -> Iterator[tuple[list[dict], DataPosition]]:
+        return streaming_step_batches(self.epoch_batches, self.collator, self.accumulation_steps, position)
+
+
 def streaming_step_batches(
     epoch_batches: Callable[[int], Iterable[list]], collator, accumulation_steps: int, start: DataPosition
 ) -> Iterator[tuple[list[dict], DataPosition]]:
@@ -177,5 +218,9 @@ def streaming_step_batches(
             if done > skip:
                 yield [collator(batch) for batch in group], DataPosition(epoch, done)
         if done == 0:
-            raise DataError(f"this process's share of the stream has fewer than {accumulation_steps} batches")
+            raise DataError(
+                f"--gradient_accumulation_steps {accumulation_steps} needs at least {accumulation_steps} batches per "
+                f"epoch, and this process's share of the stream gives {len(group)}: lower --gradient_accumulation_steps "
+                "or --max_tokens, use fewer processes, or add data."
+            )
         epoch, skip = epoch + 1, 0

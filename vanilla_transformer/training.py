@@ -10,12 +10,14 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from . import checkpoints
-from .batching import DataPosition, TokenBatchSampler, TranslationCollator
+from vanilla_transformer import checkpoints
+from vanilla_transformer.batching import DataPosition, TokenBatchSampler, TranslationCollator
+from vanilla_transformer.data import DataError
 
 
 class UnsupportedSetup(Exception):
@@ -116,24 +118,26 @@ def forward_backward(accelerator, model, step_batches: list[dict], global_tokens
     every target token of the step, on all processes, divided by their global count. Returns this process's summed
     loss (detached). The model computes the loss without the logits (`return_logits=False`, the fast paths).
 
-    DDP averages gradients over processes, hence the factor num_processes; gradients are only synchronised on
-    the last micro-batch (accumulation without needless all-reduces).
+    The model divides each micro-batch's summed loss by `num_items_in_batch`; DDP averages gradients over processes,
+    so each process divides by its share, global_tokens / num_processes. Gradients are only synchronised on the last
+    micro-batch (accumulation without needless all-reduces).
     """
+    share = global_tokens / accelerator.num_processes
     step_loss = torch.zeros((), device=accelerator.device)
     for index, batch in enumerate(step_batches):
         batch = {name: tensor.to(accelerator.device, non_blocking=True) for name, tensor in batch.items()}
         is_last = index == len(step_batches) - 1
         with contextlib.nullcontext() if is_last else accelerator.no_sync(model):
-            mean_loss = model(  # the decoder's inputs: the labels shifted right
+            loss = model(  # the decoder's inputs: the labels shifted right
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
                 labels=batch["labels"],
                 epsilon_ls=label_smoothing,
                 return_logits=False,
+                num_items_in_batch=share,
             ).loss
-            loss = mean_loss * (batch["labels"] != -100).sum()  # a tensor: no host sync per micro-batch
-            accelerator.backward(loss * accelerator.num_processes / global_tokens)
-            step_loss += loss.detach()
+            accelerator.backward(loss)
+            step_loss += loss.detach() * share  # a tensor: no host sync per micro-batch
     return step_loss
 
 
@@ -152,18 +156,31 @@ def optimizer_step_batches(
 
     Epoch after epoch from `start`; every rank runs the same number of steps (the sampler gives each rank the
     same number of batches; a step never spans two epochs). Saving the position of the last trained step and
-    passing it back as `start` continues with the very next batch.
+    passing it back as `start` continues with the very next batch. DataError at once (not at the first step) when an
+    epoch has fewer batches than one step takes.
     """
+    check_accumulation(len(sampler), accumulation_steps, sampler.max_tokens)
+    return _step_batches(sampler, collator, examples, accumulation_steps, start, max_epochs)
+
+
+def check_accumulation(batches_per_epoch: int, accumulation_steps: int, max_tokens: int) -> None:
+    """An optimizer step takes `accumulation_steps` batches of one epoch: refuse an epoch (of this process) that has
+    fewer, naming the flags."""
+    if batches_per_epoch < accumulation_steps:
+        raise DataError(
+            f"--gradient_accumulation_steps {accumulation_steps} needs at least {accumulation_steps} batches per "
+            f"epoch, and the corpus gives {batches_per_epoch} per process at --max_tokens {max_tokens}: lower "
+            "--gradient_accumulation_steps or --max_tokens, use fewer processes, or add data."
+        )
+
+
+def _step_batches(sampler, collator, examples, accumulation_steps, start, max_epochs):
+    """`optimizer_step_batches`' steps, once the accumulation is checked."""
     epoch, first_batch = start.epoch, start.batches_done_in_epoch
     while max_epochs is None or epoch < max_epochs:
         sampler.set_epoch(epoch)
         batches = sampler.rank_batches()
         usable = len(batches) - len(batches) % accumulation_steps
-        if usable == 0:
-            raise ValueError(
-                f"An epoch has {len(batches)} batches per process, fewer than --gradient_accumulation_steps "
-                f"({accumulation_steps}): lower --max_tokens or the accumulation, or add data."
-            )
         for begin in range(first_batch, usable, accumulation_steps):
             step_batches = [
                 collator([examples[i] for i in batch]) for batch in batches[begin : begin + accumulation_steps]
@@ -171,6 +188,22 @@ def optimizer_step_batches(
             done = begin + accumulation_steps
             yield step_batches, DataPosition(epoch + 1, 0) if done == usable else DataPosition(epoch, done)
         epoch, first_batch = epoch + 1, 0
+
+
+@dataclass
+class PreparedSteps:
+    """The optimizer steps of a prepared (memory-mapped) corpus: from any data position, without end (the training
+    loop decides when to stop); `optimizer_step_batches`."""
+
+    sampler: TokenBatchSampler
+    collator: TranslationCollator
+    examples: Sequence[dict]
+    accumulation_steps: int
+
+    def from_position(self, position: DataPosition) -> Iterator[tuple[list[dict], DataPosition]]:
+        return optimizer_step_batches(
+            self.sampler, self.collator, self.examples, self.accumulation_steps, position, max_epochs=None
+        )
 
 
 def prefetch(iterable: Iterable, depth: int, pin_memory: bool = False) -> Iterator:
@@ -231,7 +264,25 @@ class TrainingLog:
         self.accelerator, self.progress, self.file = accelerator, progress, file
         self.loss, self.tokens, self.start = 0.0, 0.0, time.time()
         if accelerator.is_main_process and self.file.is_file():
+            self.end_the_last_line()
             self.drop_lines_after(start_step)
+
+    def end_the_last_line(self) -> None:
+        """A run killed while writing a line leaves it cut, without its newline: the next line would be glued to it
+        and both lost. A cut line is dropped (it is not a whole record); a whole record that only lacks its newline
+        gets one."""
+        text = self.file.read_text()
+        if not text or text.endswith("\n"):
+            return
+        complete, _, last = text.rpartition("\n")
+        complete += "\n" if complete else ""
+        if _logged_step(last) >= 0:
+            complete += last + "\n"
+        else:
+            self.accelerator.print(f"[log] {self.file}: dropped its last line, cut by an interruption: {last[:80]!r}")
+        staging = self.file.with_name(self.file.name + ".tmp")
+        staging.write_text(complete)
+        staging.replace(self.file)
 
     def drop_lines_after(self, step: int) -> None:
         """Resumed from `step`: the lines of later steps belong to steps trained again now, so each step keeps one."""
@@ -258,7 +309,11 @@ class TrainingLog:
         self.progress.set_postfix(loss=f"{loss_per_token:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}")
         self.accelerator.log({"train/" + k: v for k, v in record.items() if k != "step"}, step=step)
         if self.accelerator.is_main_process:
-            with self.file.open("a") as log:
+            settings = checkpoints.CheckpointSettings(str(self.file.parent))  # the log lies in the run's folder
+            with (
+                checkpoints.stop_if_disk_full(settings, f"the training log {self.file.name}"),
+                self.file.open("a") as log,
+            ):
                 log.write(json.dumps(record) + "\n")
         self.loss, self.tokens, self.start = 0.0, 0.0, time.time()
 

@@ -7,7 +7,9 @@ file, and an interruption keeps every translation written so far. Decoding follo
 with section 6.1's maximum output length, input length + 50, unless a length is given. A model folder may come from
 anyone: its config.json and generation_config.json are read as plain JSON first, and sizes that would allocate
 without bound are refused, naming the file, the field and the limit (a position table or embedding matrix over
-1 GiB, a beam over 64, an output length over 4096).
+1 GiB, a beam over 64, an output length over 4096); weights that do not fit its config.json are named with their
+shapes. `folder_notes` says what a command should know before using a folder: its model code differs from the
+installed code that runs, or its generation_config.json asks for more than one translation per line.
 """
 
 import codecs
@@ -19,11 +21,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from safetensors import safe_open
+from tqdm import tqdm
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-import modeling_vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
+import modeling_vanilla_transformer  # registers the model with the Auto classes; its folder holds the installed code
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from pipeline_vanilla_transformer import MAX_OUTPUT_TOKENS, output_length
+from vanilla_transformer.names import CODE_FILES, WEIGHTS_NAME
 
 MAX_LINES_NAMED = 10
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -53,10 +58,16 @@ def translate_sentences(
 
     Sentences are batched by length (longest first) to waste little padding. Empty or whitespace-only sentences
     give "" without running the model. Without `max_new_tokens`, a batch may generate its longest source (in tokens)
-    + 50 new tokens; `num_beams` and other generation arguments default to the model's generation config.
+    + 50 new tokens; `num_beams` and other generation arguments default to the model's generation config, but for
+    `num_return_sequences`, always 1 (the best translation; a folder's generation_config.json may say otherwise).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    if generate_kwargs.setdefault("num_return_sequences", 1) != 1:
+        raise ValueError(
+            f"translate_sentences gives one translation per sentence: num_return_sequences must be 1, got "
+            f"{generate_kwargs['num_return_sequences']!r}."
+        )
     if num_beams is not None:
         generate_kwargs["num_beams"] = num_beams
     translations = [""] * len(sentences)
@@ -97,8 +108,75 @@ def load_model_and_tokenizer(
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=model_kwargs.get("trust_remote_code"))
         model = AutoModelForSeq2SeqLM.from_pretrained(folder, **model_kwargs).to(device).eval()
     except Exception as error:  # a command-line user gets one line, not the loader's traceback
-        raise CommandLineError(f"cannot load a model and tokenizer from {model_dir}: {error}") from error
+        why = str(error)
+        if "above report" in why:  # transformers logged the details, which a message must not rely on
+            why = (
+                weights_mismatch(folder, model_kwargs.get("trust_remote_code")) or "its weights do not fit config.json"
+            )
+        raise CommandLineError(f"cannot load a model and tokenizer from {model_dir}: {why}") from error
     return model, tokenizer
+
+
+def weights_mismatch(folder: Path, trust_remote_code: bool | None) -> str | None:
+    """Which of the folder's saved tensors have another shape than its config.json makes (from the safetensors
+    header and a model built on the meta device: nothing is allocated), in words; None if none is found."""
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            model = AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=trust_remote_code)
+        expected = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+        with safe_open(folder / WEIGHTS_NAME, "pt") as weights:
+            saved = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    except Exception:  # noqa: BLE001 - the loader's own error is reported then
+        return None
+    differing = [name for name in saved if name in expected and saved[name] != expected[name]]
+    if not differing:
+        return None
+    shapes = "; ".join(
+        f"{name} is {list(saved[name])} in {WEIGHTS_NAME}, {list(expected[name])} by config.json"
+        for name in differing[:3]
+    )
+    more = f" and {len(differing) - 3} more" if len(differing) > 3 else ""
+    return (
+        f"its {WEIGHTS_NAME} does not fit its config.json ({shapes}{more}): the config's sizes (vocab_size, d_model, "
+        "layers, heads, ffn dims) must be those the weights were saved with"
+    )
+
+
+def folder_notes(folder: str | Path, trust_remote_code: bool = False) -> list[str]:
+    """What a command says on stderr before it uses a model folder: its own model code, when it differs from the
+    installed code that runs (`code_note`), and a num_return_sequences in its generation_config.json, which the
+    translator does not follow (one translation per line)."""
+    folder = Path(folder)
+    notes = [] if trust_remote_code else [note for note in [code_note(folder)] if note]
+    path = folder / "generation_config.json"
+    if (count := whole_number(path, read_json_file(path), "num_return_sequences", MAX_BEAMS)) not in (None, 1):
+        notes.append(
+            f"note: {path}: num_return_sequences is {count}; one translation per line is written, the best "
+            "(num_return_sequences 1)"
+        )
+    return notes
+
+
+def code_note(folder: Path) -> str | None:
+    """One line naming the folder's model code files (CODE_FILES) that differ from the installed ones, which are what
+    runs without --trust_remote_code, and the two ways to run the same code; None when they match."""
+    installed = Path(modeling_vanilla_transformer.__file__).resolve().parent
+    differing = [name for name in CODE_FILES if _differs(folder / name, installed / name)]
+    if not differing:
+        return None
+    return (
+        f"note: {folder} holds model code that differs from the installed vanilla-transformer's ({', '.join(differing)})"
+        ", and the installed code runs: run the folder's own code with --trust_remote_code, or give the folder the "
+        f"installed code with `vanilla-transformer refresh-code {folder}`"
+    )
+
+
+def _differs(theirs: Path, ours: Path) -> bool:
+    """Whether the folder's file `theirs` (when it has one) is not the installed file `ours`, byte for byte."""
+    if not theirs.is_file() or not ours.is_file():
+        return False
+    return theirs.stat().st_size != ours.stat().st_size or theirs.read_bytes() != ours.read_bytes()
 
 
 def split_lines(text: str) -> list[str]:
@@ -162,6 +240,7 @@ def check_folder_sizes(folder: Path) -> None:
             )
     for path, content in ((config_path, config), (generation_path, read_json_file(generation_path))):
         whole_number(path, content, "num_beams", MAX_BEAMS)
+        whole_number(path, content, "num_return_sequences", MAX_BEAMS)
         for field in ("max_new_tokens", "max_length"):
             whole_number(path, content, field, MAX_OUTPUT_TOKENS)
 
@@ -271,12 +350,15 @@ def translate_stream(
     num_beams: int | None = None,
     max_new_tokens: int | None = None,
     max_source_tokens: int | None = None,
+    show_progress: bool = False,
 ) -> None:
     """Read, check, translate and write the input (`source`, a file, or stdin) `buffer_size` lines at a time, in input
     order, into `destination` (or stdout), flushing each buffer; `progress` counts what was translated and written
-    (and the empty lines), for the messages."""
+    (and the empty lines), for the messages. `show_progress`: a progress bar of the lines written, on stderr (for a
+    terminal: a pipeline's stderr stays clean)."""
     max_source_tokens = max_source_tokens or model.config.max_position_embeddings
     output = sys.stdout
+    bar = tqdm(desc="translating", unit=" lines", file=sys.stderr, disable=not show_progress, dynamic_ncols=True)
     try:
         for first_line, lines in read_chunks(source, max(buffer_size, batch_size)):
             empty = check_lines(lines, tokenizer, max_source_tokens, first_line)
@@ -292,7 +374,9 @@ def translate_stream(
             progress["translated"] += len(lines) - len(empty)
             progress["written"] += len(lines)
             progress["empty"] += empty
+            bar.update(len(lines))
     finally:
+        bar.close()
         if output is not sys.stdout:
             output.close()
 

@@ -34,8 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from configuration_vanilla_transformer import PRESETS
-
-from .names import CHECKPOINTS_DIR, RESULTS
+from vanilla_transformer.names import CHECKPOINTS_DIR, RESULTS
 
 GROUPS = ("base", "A", "B", "C", "D", "E")
 SETTINGS_FILE = "variant.json"  # in each row's run folder: what it was trained with (`row_settings`)

@@ -16,6 +16,7 @@ from vanilla_transformer.commands.flags import (
     add_deprecated_alias,
     at_least,
     command_parser,
+    field_default,
     non_negative_float,
     non_negative_int,
     number_in,
@@ -28,17 +29,6 @@ from vanilla_transformer.evaluation import EvaluationSettings
 from vanilla_transformer.output_folder import OutputSettings
 from vanilla_transformer.prepare import Corpus, DataSettings, LengthFilter, TokenizerSettings, read_manifest
 from vanilla_transformer.streaming import StreamSettings
-
-# Flags left unset take these values: the embedded task trains in a few minutes on a laptop CPU, real data follows
-# the paper (warm-up 4000) with the CPU-sized model unless --preset says otherwise.
-EMBEDDED_TASK_DEFAULTS = {"preset": "tiny", "max_steps": 400, "warmup_steps": 200, "save_steps": 80, "eval_steps": 200}
-REAL_DATA_DEFAULTS = {
-    "preset": "small",
-    "max_steps": 100_000,
-    "warmup_steps": 4000,
-    "save_steps": 1000,
-    "eval_steps": 1000,
-}
 
 
 @dataclass(frozen=True)
@@ -71,21 +61,34 @@ class TrainingSettings:
     push_to_hub: bool = False
     hub_model_id: str | None = None
     hub_private: bool = False
-    evaluate_only: str | None = None  # the saved model folder to score, instead of training
+    model_to_evaluate: str | None = None  # --evaluate_only: the saved model folder to score, instead of training
     trust_remote_code: bool = False
     hyperparameters: dict = field(default_factory=dict)  # the flags as given, for accelerate's trackers
 
     @property
-    def continuation(self) -> dict:
-        """What decides the batches and the learning rate of each step (checkpoints.continuation_settings)."""
+    def batches_and_schedule(self) -> dict:
+        """What decides the batches and the learning rate of each step (part of checkpoints.continuation_settings)."""
         names = ("max_tokens", "gradient_accumulation_steps", "seed", "learning_rate_scale")
         return {name: getattr(self, name) for name in names}
 
     @property
-    def recipe(self) -> dict:
+    def card_recipe(self) -> dict:
         """The recipe as the model card shows it."""
         names = ("preset", "max_tokens", "warmup_steps", "learning_rate_scale", "label_smoothing")
         return {name: getattr(self, name) for name in names} | self.evaluation.final_decoding
+
+
+# Flags left unset take these values, which depend on the data: the embedded task trains in a few minutes on a laptop
+# CPU; real data follows the paper (warm-up 4000: the settings' defaults) with the CPU-sized model unless --preset says
+# otherwise. Every other flag's default is its settings field's (`field_default`).
+EMBEDDED_TASK_DEFAULTS = {"preset": "tiny", "max_steps": 400, "warmup_steps": 200, "save_steps": 80, "eval_steps": 200}
+REAL_DATA_DEFAULTS = {
+    "preset": "small",
+    "max_steps": 100_000,
+    "warmup_steps": field_default(TrainingSettings, "warmup_steps"),
+    "save_steps": field_default(CheckpointSettings, "save_steps"),
+    "eval_steps": field_default(EvaluationSettings, "every_steps"),
+}
 
 
 def parse_training_arguments(argv=None) -> TrainingSettings:
@@ -128,16 +131,21 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--train_file", help="a .tsv or .jsonl file of pairs (with --validation_file/--test_file)")
     group.add_argument("--validation_file")
     group.add_argument("--test_file")
-    group.add_argument("--train_split", default="train")
-    group.add_argument("--validation_split", default="validation")
-    group.add_argument("--test_split", default="test")
-    group.add_argument("--source_lang", help="default: en (with --prepared_data: the corpus's)")
-    group.add_argument("--target_lang", help="default: de (with --prepared_data: the corpus's)")
-    group.add_argument("--synthetic_pairs", type=at_least(10), default=30000, help="size of the embedded task")
+    for split in ("train", "validation", "test"):
+        group.add_argument(f"--{split}_split", default=field_default(Corpus, f"{split}_split"))
+    for side in ("source", "target"):
+        language = field_default(Corpus, f"{side}_lang")
+        group.add_argument(f"--{side}_lang", help=f"default: {language} (with --prepared_data: the corpus's)")
+    group.add_argument(
+        "--synthetic_pairs",
+        type=at_least(10),
+        default=field_default(Corpus, "synthetic_pairs"),
+        help="size of the embedded task",
+    )
     group.add_argument(
         "--max_sentence_tokens",
         type=at_least(2),
-        default=256,
+        default=field_default(LengthFilter, "max_sentence_tokens"),
         help="drop training pairs with a sentence (source or target) longer than this",
     )
     add_deprecated_alias(group, "--max_source_tokens", "--max_sentence_tokens")
@@ -148,17 +156,22 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         "(corpus cleaning; e.g. 3 for WMT; default: off)",
     )
     group.add_argument("--tokenizer_name_or_path", help="an existing tokenizer; default: train one")
-    group.add_argument("--vocab_size", type=at_least(260), default=8000, help="shared BPE vocabulary (paper: 37000)")
+    group.add_argument(
+        "--vocab_size",
+        type=at_least(260),
+        default=field_default(TokenizerSettings, "vocab_size"),
+        help="shared BPE vocabulary (paper: 37000)",
+    )
     group.add_argument(
         "--tokenizer_train_pairs",
         type=positive_int,
-        default=1_000_000,
+        default=field_default(TokenizerSettings, "sample_pairs"),
         help="train the BPE on a seeded random sample of this many training pairs (all of them if fewer)",
     )
     group.add_argument(
         "--data_seed",
         type=non_negative_int,
-        default=42,
+        default=field_default(TokenizerSettings, "seed"),  # and Corpus.synthetic_seed (a test holds them equal)
         help="the tokenizer's sample and the embedded task (not training's seed)",
     )
     group.add_argument("--preprocessing_num_workers", type=positive_int, help="processes that tokenize (default: 1)")
@@ -171,8 +184,18 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 def add_streaming_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("streaming (corpora larger than the disk or memory)")
     group.add_argument("--streaming", action="store_true", help="read the training pairs as they are needed")
-    group.add_argument("--shuffle_buffer_size", type=positive_int, default=100_000, help="pairs in the shuffle buffer")
-    group.add_argument("--stream_pool_batches", type=positive_int, default=100, help="batches sorted and cut together")
+    group.add_argument(
+        "--shuffle_buffer_size",
+        type=positive_int,
+        default=field_default(StreamSettings, "shuffle_buffer_size"),
+        help="pairs in the shuffle buffer",
+    )
+    group.add_argument(
+        "--stream_pool_batches",
+        type=positive_int,
+        default=field_default(StreamSettings, "pool_batches"),
+        help="batches sorted and cut together",
+    )
 
 
 def add_process_arguments(parser: argparse.ArgumentParser) -> None:
@@ -184,14 +207,14 @@ def add_process_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--ddp_timeout",
         type=positive_int,
-        default=1800,
+        default=field_default(TrainingSettings, "ddp_timeout"),
         help="seconds a process waits at a collective, e.g. while the main process prepares the corpus (torch's "
         "NCCL default is 600; prepare large corpora beforehand with vanilla-transformer prepare)",
     )
     group.add_argument(
         "--prefetch_batches",
         type=non_negative_int,
-        default=2,
+        default=field_default(TrainingSettings, "prefetch_batches"),
         help="optimizer steps collated ahead in a thread; 0 = inline",
     )
 
@@ -214,23 +237,47 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dropout", type=probability, help="P_drop; default: the preset's")
     group.add_argument("--attention_dropout", type=probability, help="on attention weights (paper: 0)")
     group.add_argument("--activation_dropout", type=probability, help="inside the FFN, after ReLU (paper: 0)")
-    group.add_argument("--position_embedding_type", choices=["sinusoidal", "learned"], default="sinusoidal")
+    group.add_argument(
+        "--position_embedding_type",
+        choices=["sinusoidal", "learned"],
+        help="default: sinusoidal (the paper); learned is Table 3's row E",
+    )
 
 
 def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
     """Section 5: batches, the schedule of equation (3), regularisation, limits."""
     group = parser.add_argument_group("optimisation (paper section 5)")
     group.add_argument(
-        "--max_tokens", type=at_least(2), default=4096, help="source and target tokens per batch per process"
+        "--max_tokens",
+        type=at_least(2),
+        default=field_default(TrainingSettings, "max_tokens"),
+        help="source and target tokens per batch per process",
     )
-    group.add_argument("--gradient_accumulation_steps", type=positive_int, default=1)
     group.add_argument(
-        "--warmup_steps", type=positive_int, help="default: 4000 (the paper); 200 for the embedded task"
+        "--gradient_accumulation_steps",
+        type=positive_int,
+        default=field_default(TrainingSettings, "gradient_accumulation_steps"),
     )
-    group.add_argument("--learning_rate_scale", type=positive_float, default=1.0, help="factor on equation (3)")
-    group.add_argument("--label_smoothing", type=probability, default=0.1)
     group.add_argument(
-        "--max_grad_norm", type=non_negative_float, default=0.0, help="clip gradients; 0 = off (the paper)"
+        "--warmup_steps",
+        type=positive_int,
+        help=f"default: {REAL_DATA_DEFAULTS['warmup_steps']} (the paper); "
+        f"{EMBEDDED_TASK_DEFAULTS['warmup_steps']} for the embedded task",
+    )
+    group.add_argument(
+        "--learning_rate_scale",
+        type=positive_float,
+        default=field_default(TrainingSettings, "learning_rate_scale"),
+        help="factor on equation (3)",
+    )
+    group.add_argument(
+        "--label_smoothing", type=probability, default=field_default(TrainingSettings, "label_smoothing")
+    )
+    group.add_argument(
+        "--max_grad_norm",
+        type=non_negative_float,
+        default=field_default(TrainingSettings, "max_grad_norm"),
+        help="clip gradients; 0 = off (the paper)",
     )
     group.add_argument(
         "--mixed_precision",
@@ -240,40 +287,51 @@ def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--attn_implementation",
         choices=["sdpa", "eager"],
-        default="sdpa",
+        default=field_default(TrainingSettings, "attn_implementation"),
         help="attention kernel while training; on CPUs with bf16, eager is faster (docs/BENCHMARKS.md)",
     )
     group.add_argument(
         "--max_steps",
         type=positive_int,
-        help="default: 100000 (400 for the embedded task) unless another limit is given",
+        help=f"default: {REAL_DATA_DEFAULTS['max_steps']} ({EMBEDDED_TASK_DEFAULTS['max_steps']} for the embedded "
+        "task) unless another limit is given",
     )
-    group.add_argument("--max_epochs", type=positive_int, default=None)
+    group.add_argument("--max_epochs", type=positive_int)
+    group.add_argument("--max_minutes", type=positive_float, help="wall-clock budget of the training loop")
     group.add_argument(
-        "--max_minutes", type=positive_float, default=None, help="wall-clock budget of the training loop"
+        "--seed",
+        type=non_negative_int,
+        default=field_default(TrainingSettings, "seed"),
+        help="initialisation, dropout, batch order",
     )
-    group.add_argument("--seed", type=non_negative_int, default=42, help="initialisation, dropout, batch order")
 
 
 def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
     """BLEU during and after training, and --evaluate_only."""
     group = parser.add_argument_group("evaluation")
     group.add_argument(
-        "--eval_steps", type=positive_int, help="validation loss and greedy BLEU every N steps (default 1000; 200)"
+        "--eval_steps",
+        type=positive_int,
+        help=f"validation loss and greedy BLEU every N steps (default {REAL_DATA_DEFAULTS['eval_steps']}; "
+        f"{EMBEDDED_TASK_DEFAULTS['eval_steps']} for the embedded task)",
     )
     group.add_argument(
-        "--eval_max_sentences", type=positive_int, default=500, help="validation sentences for BLEU in training"
+        "--eval_max_sentences",
+        type=positive_int,
+        default=field_default(EvaluationSettings, "max_sentences"),
+        help="validation sentences for BLEU in training",
     )
-    group.add_argument("--eval_batch_size", type=positive_int, default=64)
+    group.add_argument("--eval_batch_size", type=positive_int, default=field_default(EvaluationSettings, "batch_size"))
     group.add_argument(
         "--max_eval_tokens",
         type=at_least(2),
-        default=1024,
+        default=field_default(EvaluationSettings, "max_eval_tokens"),
         help="evaluation truncates longer sources and targets (counted), bounding its memory",
     )
     add_deprecated_alias(group, "--max_eval_source_tokens", "--max_eval_tokens")
-    group.add_argument("--num_beams", type=positive_int, default=4, help="final decoding (paper: 4)")
-    group.add_argument("--length_penalty", type=number_in(-math.inf), default=0.6, help="final decoding (paper: 0.6)")
+    for name, kind in (("num_beams", positive_int), ("length_penalty", number_in(-math.inf))):
+        default = field_default(EvaluationSettings, name)
+        group.add_argument(f"--{name}", type=kind, default=default, help=f"final decoding (paper: {default})")
     group.add_argument("--evaluate_only", action="store_true", help="translate and score with a saved model")
     group.add_argument("--model_name_or_path", help="saved model folder for --evaluate_only")
     group.add_argument(
@@ -294,17 +352,30 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
         "refused, unless resumed)",
     )
     group.add_argument(
-        "--save_steps", type=positive_int, help="checkpoint every N steps (default 1000; 80 for the embedded task)"
+        "--save_steps",
+        type=positive_int,
+        help=f"checkpoint every N steps (default {REAL_DATA_DEFAULTS['save_steps']}; "
+        f"{EMBEDDED_TASK_DEFAULTS['save_steps']} for the embedded task)",
     )
     group.add_argument(
-        "--save_total_limit", type=non_negative_int, default=5, help="keep the last K checkpoints (0: all)"
+        "--save_total_limit",
+        type=non_negative_int,
+        default=field_default(CheckpointSettings, "keep_last"),
+        help="keep the last K checkpoints (0: all)",
     )
     group.add_argument(
-        "--average_last", type=positive_int, default=5, help="average the last K checkpoints (paper: 5/20)"
+        "--average_last",
+        type=positive_int,
+        default=field_default(CheckpointSettings, "average_last"),
+        help="average the last K checkpoints (paper: 5/20)",
     )
     group.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or `latest`")
-    group.add_argument("--logging_steps", type=positive_int, default=50)
-    group.add_argument("--report_to", default="none", help="an accelerate tracker, e.g. tensorboard")
+    group.add_argument("--logging_steps", type=positive_int, default=field_default(TrainingSettings, "logging_steps"))
+    group.add_argument(
+        "--report_to",
+        default=field_default(TrainingSettings, "report_to"),
+        help="an accelerate tracker, e.g. tensorboard",
+    )
     group.add_argument("--push_to_hub", action="store_true")
     group.add_argument("--hub_model_id")
     group.add_argument("--hub_private", action="store_true")
@@ -318,7 +389,8 @@ def data_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     The languages default to en-de, except for a prepared corpus, which holds its own: language flags may repeat
     them, never contradict them."""
     prepared_data = vars(args).get("prepared_data")
-    source_lang, target_lang = args.source_lang or "en", args.target_lang or "de"
+    source_lang = args.source_lang or field_default(Corpus, "source_lang")
+    target_lang = args.target_lang or field_default(Corpus, "target_lang")
     if prepared_data:
         try:
             key = read_manifest(Path(prepared_data))["key"]
@@ -392,9 +464,9 @@ def training_settings(parser: argparse.ArgumentParser, args: argparse.Namespace)
     filled = {name: value if getattr(args, name) is None else getattr(args, name) for name, value in defaults.items()}
     if args.max_steps is None and other_limit:
         filled["max_steps"] = None
-    if data.filters.max_tokens and data.filters.max_tokens > args.max_tokens:
+    if data.filters.max_sentence_tokens and data.filters.max_sentence_tokens > args.max_tokens:
         parser.error(
-            f"--max_sentence_tokens {data.filters.max_tokens} exceeds --max_tokens {args.max_tokens}: a kept "
+            f"--max_sentence_tokens {data.filters.max_sentence_tokens} exceeds --max_tokens {args.max_tokens}: a kept "
             "pair would not fit in a batch; lower the first or raise the second"
         )
     overrides = model_overrides(args)
@@ -407,7 +479,7 @@ def training_settings(parser: argparse.ArgumentParser, args: argparse.Namespace)
         stream = StreamSettings(args.max_tokens, args.seed, args.shuffle_buffer_size, args.stream_pool_batches)
     evaluation = EvaluationSettings(
         batch_size=args.eval_batch_size,
-        max_tokens=args.max_eval_tokens,
+        max_eval_tokens=args.max_eval_tokens,
         num_beams=args.num_beams,
         length_penalty=args.length_penalty,
         max_sentences=args.eval_max_sentences,
@@ -430,7 +502,7 @@ def training_settings(parser: argparse.ArgumentParser, args: argparse.Namespace)
         attn_implementation=args.attn_implementation,
         warmup_steps=filled["warmup_steps"],
         max_steps=filled["max_steps"],
-        evaluate_only=args.model_name_or_path if args.evaluate_only else None,
+        model_to_evaluate=args.model_name_or_path if args.evaluate_only else None,
         hyperparameters={k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))},
         **{name: getattr(args, name) for name in copied},
     )

@@ -11,10 +11,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline_vanilla_transformer import PAPER_DECODING
 from vanilla_transformer.attention_maps import PictureTooLarge, draw_attention_maps
 from vanilla_transformer.commands.flags import command_parser, positive_int
 from vanilla_transformer.commands.translate import beam_size, output_tokens
-from vanilla_transformer.translate import CommandLineError, load_model_and_tokenizer
+from vanilla_transformer.translate import CommandLineError, code_note, load_model_and_tokenizer
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,7 +24,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--source", required=True, help="the sentence to encode")
     parser.add_argument("--target", help="its translation (default: the model's own, by beam search)")
     parser.add_argument("--output_dir", required=True, help="where to write the PNG files")
-    parser.add_argument("--num_beams", type=beam_size, default=4, help="beam size when translating (paper: 4)")
+    parser.add_argument(
+        "--num_beams",
+        type=beam_size,
+        default=PAPER_DECODING["num_beams"],
+        help="beam size when translating (paper: 4)",
+    )
     parser.add_argument(
         "--max_new_tokens", type=output_tokens, help="longest translation (default: source length + 50)"
     )
@@ -48,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandLineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    if not args.trust_remote_code and (note := code_note(Path(args.model_dir))):
+        print(note, file=sys.stderr)
     try:
         paths = draw_attention_maps(
             model, tokenizer, args.source, args.output_dir, args.target, args.num_beams, args.max_new_tokens, args.dpi

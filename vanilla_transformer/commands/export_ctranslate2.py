@@ -4,7 +4,8 @@
     vanilla-transformer export-ctranslate2 MODEL_DIR OUTPUT_DIR [--quantization int8] [--force]
 
 The output folder may not be the model folder, nor inside it, nor hold it. If it exists, --force replaces it only
-when it is a previous CTranslate2 export. How the model maps onto CTranslate2: vanilla_transformer/export_ctranslate2.py.
+when it is a previous CTranslate2 export. The export is moved into place only once complete: a failed one (a full disk)
+leaves the output folder as it was. How the model maps onto CTranslate2: vanilla_transformer/export_ctranslate2.py.
 """
 
 import sys

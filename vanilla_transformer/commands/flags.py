@@ -7,6 +7,7 @@ error: argument --warmup_steps: must be an integer >= 1, got -5
 """
 
 import argparse
+import dataclasses
 import math
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -28,6 +29,15 @@ def command_parser(prog: str, description: str | None, **kwargs) -> argparse.Arg
     )
     parser.add_argument("--version", action="version", version=version_text())
     return parser
+
+
+def field_default(settings_class, name: str):
+    """The default of the field `name` of a settings dataclass: the one statement of a default that a flag also
+    offers (`default=field_default(EvaluationSettings, "batch_size")`), so the two cannot drift apart."""
+    field = next((f for f in dataclasses.fields(settings_class) if f.name == name), None)
+    if field is None or field.default is dataclasses.MISSING:
+        raise TypeError(f"{settings_class.__name__}.{name} is not a field with a default")
+    return field.default
 
 
 def at_least(minimum: int):

@@ -12,7 +12,8 @@ import sys
 from collections.abc import Sequence
 
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.hub import HubUploadError, check_model_folder, push_folder_to_hub
+from vanilla_transformer.hub import COMMIT_MESSAGE, HubUploadError, push_folder_to_hub
+from vanilla_transformer.model_folder import check_model_folder
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hub_model_id", required=True, help="the model repo, as user/name or organisation/name")
     parser.add_argument("--private", action="store_true", help="create the repo as private")
     parser.add_argument("--token", help="a Hub token with write access (default: the logged-in one)")
-    parser.add_argument("--commit_message", default="Upload vanilla-transformer model")
+    parser.add_argument("--commit_message", default=COMMIT_MESSAGE)
     args = parser.parse_args(argv)
 
     problems = check_model_folder(args.folder)

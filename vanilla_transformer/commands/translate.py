@@ -20,7 +20,12 @@ byte-order mark at its start is dropped); undecodable bytes stop the run, naming
 A model folder may come from anyone: its config.json and generation_config.json are read as plain JSON before any model
 is built, and sizes that would allocate without bound are refused, naming the file, the field and the limit (a
 position table or embedding matrix over 1 GiB, a beam over 64, an output length over 4096). --num_beams and
---max_new_tokens have the same limits. Started with stdin closed and no --input, the command says so.
+--max_new_tokens have the same limits. Started with stdin closed and no --input, the command says so. One translation
+per line is written whatever num_return_sequences generation_config.json sets (a note says so).
+
+On a terminal, a progress bar of the lines translated shows on stderr (nothing when stderr is not a terminal, so
+pipelines stay clean). Without --trust_remote_code the installed vanilla-transformer code runs: a note names the
+folder's code files that differ from it (`vanilla-transformer refresh-code MODEL_DIR` gives the folder that code).
 """
 
 import argparse
@@ -39,6 +44,7 @@ from vanilla_transformer.translate import (
     NO_STDIN,
     CommandLineError,
     check_output,
+    folder_notes,
     load_model_and_tokenizer,
     name_lines,
     resolve_device,
@@ -117,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.attn_implementation:
             model_kwargs["attn_implementation"] = args.attn_implementation
         model, tokenizer = load_model_and_tokenizer(args.model_dir, device, **model_kwargs)
+        for note in folder_notes(args.model_dir, args.trust_remote_code):
+            print(note, file=sys.stderr)
         started = time.perf_counter()
         translate_stream(
             model,
@@ -129,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             num_beams=args.num_beams,
             max_new_tokens=args.max_new_tokens,
             max_source_tokens=args.max_source_tokens,
+            show_progress=sys.stderr is not None and sys.stderr.isatty(),
         )
     except CommandLineError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -15,16 +15,20 @@ resumes: vanilla_transformer/variants.py.
 import sys
 
 from configuration_vanilla_transformer import PRESETS
-from vanilla_transformer.commands.flags import command_parser, positive_float, positive_int
+from vanilla_transformer.commands.flags import command_parser, field_default, positive_float, positive_int
 from vanilla_transformer.variants import GROUPS, Sweep, run_sweep, table3_variants
 
 
 def parse_args(argv=None) -> Sweep:
     parser = command_parser("vanilla-transformer sweep", __doc__)
     parser.add_argument(
-        "--rows", default=",".join(GROUPS), help=f"row groups among {','.join(GROUPS)}, or single rows (D2, E1, ...)"
+        "--rows",
+        default=",".join(field_default(Sweep, "rows")),
+        help=f"row groups among {','.join(GROUPS)}, or single rows (D2, E1, ...)",
     )
-    parser.add_argument("--scale", choices=sorted(PRESETS), default="small", help="the base row's preset")
+    parser.add_argument(
+        "--scale", choices=sorted(PRESETS), default=field_default(Sweep, "scale"), help="the base row's preset"
+    )
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--minutes", type=positive_float, help="training budget of each row, wall clock")
     budget.add_argument("--steps", type=positive_int, help="training budget of each row, optimizer steps")
@@ -67,7 +71,14 @@ def parse_args(argv=None) -> Sweep:
     if clashes := sorted(flag for flag in training_flags if flag.split("=")[0] in owned):
         parser.error(f"{', '.join(clashes)}: set by each row of the table; remove them")
     return Sweep(
-        args.output_dir, args.scale, args.minutes, args.steps, args.launcher, rows, restart_rows, tuple(training_flags)
+        output_dir=args.output_dir,
+        scale=args.scale,
+        minutes=args.minutes,
+        steps=args.steps,
+        launcher=args.launcher,
+        rows=rows,
+        restart_rows=restart_rows,
+        training_flags=tuple(training_flags),
     )
 
 

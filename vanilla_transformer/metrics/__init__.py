@@ -9,7 +9,7 @@ import evaluate
 SACREBLEU_CHRF_PATH = str(Path(__file__).resolve().parent / "sacrebleu_chrf")
 
 
-def load_bleu_metric(**load_kwargs: Any) -> evaluate.EvaluationModule:
+def load_bleu_and_chrf(**load_kwargs: Any) -> evaluate.EvaluationModule:
     """Load the sacreBLEU + chrF metric shipped with the package (see `sacrebleu_chrf.py` for its outputs: "bleu",
     "chrf", "bleu_signature", ...). `load_kwargs` go to `evaluate.load` (e.g. `keep_in_memory=True`)."""
     return evaluate.load(SACREBLEU_CHRF_PATH, **load_kwargs)

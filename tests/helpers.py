@@ -1,0 +1,201 @@
+"""Shared test helpers: plain functions and constants that test modules import (`from .helpers import ...`); the
+fixtures are in conftest.py. A tiny config and model (as transformers' own model testers use), the training script run
+in a subprocess, code run without the project, a saved model folder, checkpoints and prepared folders as our code
+writes them, a small corpus."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from configuration_vanilla_transformer import VanillaTransformerConfig
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer import checkpoints
+from vanilla_transformer.model_folder import save_model_folder
+from vanilla_transformer.tokenization import train_shared_tokenizer
+
+TINY = dict(
+    vocab_size=61,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=32,
+)
+
+
+# --- the training script in a subprocess ----------------------------------------------------------------------
+
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_RUN = (
+    "--synthetic_pairs 400 --d_model 32 --ffn_dim 64 --layers 1 --heads 2 --vocab_size 300 --max_tokens 600 "
+    "--warmup_steps 10 --eval_steps 1000 --logging_steps 1 --eval_batch_size 16 --num_beams 2"
+).split()
+
+
+def train(output_dir, *arguments, processes: int = 1, timeout: int = 300, check: bool = True):
+    """Run the training script in a subprocess (through `accelerate launch` for several processes)."""
+    if processes > 1:
+        # `--cpu` would run ONE process whatever --num_processes says (accelerate 1.x); without GPUs,
+        # `--multi_gpu` starts torchrun and Accelerate falls back to CPU processes with the gloo backend.
+        port = str(29500 + os.getpid() % 1000)
+        one_machine = "--num_machines 1 --mixed_precision no --dynamo_backend no".split()
+        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
+        launcher += ["--num_processes", str(processes), *one_machine, "--main_process_port", port]
+    else:
+        launcher = [sys.executable]
+    command = [*launcher, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN, *arguments]
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=environment)
+    if check:
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result
+
+
+def logged_losses(output_dir) -> dict[int, float]:
+    lines = (Path(output_dir) / "train_log.jsonl").read_text().splitlines()
+    return {record["step"]: record["loss"] for record in map(json.loads, lines)}
+
+
+# Makes the project's own modules unimportable, as on a machine that only has the saved folder.
+BLOCK_PROJECT_IMPORTS = textwrap.dedent(
+    """
+    import sys
+    BLOCKED = {"configuration_vanilla_transformer", "modeling_vanilla_transformer",
+               "pipeline_vanilla_transformer", "fast_paths_vanilla_transformer", "vanilla_transformer",
+               "train_accelerate"}
+    class BlockProject:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"{name} is blocked: a Hub user does not have this project installed")
+    sys.meta_path.insert(0, BlockProject)
+    """
+)
+
+
+def run_without_the_project(code: str, cwd) -> str:
+    """Run `code` in a fresh Python process that cannot import this project; return its stdout."""
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCK_PROJECT_IMPORTS + textwrap.dedent(code)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(cwd), "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+ENGLISH = [
+    "the house is small",
+    "the cat sleeps on the warm mat",
+    "a dog runs through the green park",
+    "my sister reads a long book",
+    "we eat bread and cheese",
+    "the children play in the garden",
+    "the old man walks to the station",
+    "she drinks coffee every morning",
+    "the train is late again",
+    "two birds sing in the tree",
+    "he opens the window",
+    "the river flows into the sea",
+    "they build a new bridge",
+    "the teacher writes on the board",
+    "a woman sells flowers at the market",
+]
+GERMAN = [
+    "das haus ist klein",
+    "die katze schläft auf der warmen matte",
+    "ein hund läuft durch den grünen park",
+    "meine schwester liest ein langes buch",
+    "wir essen brot und käse",
+    "die kinder spielen im garten",
+    "der alte mann geht zum bahnhof",
+    "sie trinkt jeden morgen kaffee",
+    "der zug hat wieder verspätung",
+    "zwei vögel singen im baum",
+    "er öffnet das fenster",
+    "der fluss fließt ins meer",
+    "sie bauen eine neue brücke",
+    "der lehrer schreibt an die tafel",
+    "eine frau verkauft blumen auf dem markt",
+]
+CARD_VALUES = {"source_lang": "en", "target_lang": "de", "dataset": "wmt14", "test_bleu": 27.3, "test_chrf": 55.1}
+
+
+def train_tiny_tokenizer():
+    return train_shared_tokenizer(ENGLISH + GERMAN, vocab_size=300)
+
+
+def random_tiny_model(vocab_size: int, **overrides) -> VanillaTransformerForConditionalGeneration:
+    torch.manual_seed(0)
+    sizes = {**TINY, "max_position_embeddings": 64}
+    del sizes["vocab_size"]
+    return VanillaTransformerForConditionalGeneration(
+        VanillaTransformerConfig(vocab_size=vocab_size, **{**sizes, **overrides})
+    ).eval()
+
+
+def save_tiny_model_folder(folder: Path, card_values: dict | None = None, **model_overrides) -> Path:
+    """A complete saved folder (save_model_folder) of a random tiny model with a tokenizer trained on 30 sentences."""
+    tokenizer = train_tiny_tokenizer()
+    return save_model_folder(random_tiny_model(len(tokenizer), **model_overrides), tokenizer, folder, card_values)
+
+
+def random_ids(config, shape, seed=0):
+    return torch.randint(4, config.vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+
+
+SOURCES = [f"the {adjective} dog number {i} sees a cat" for i, adjective in enumerate(["red", "small", "old"] * 20)]
+TARGETS = [
+    f"ter {adjective} hunt nummer {i} sihet aine katse" for i, adjective in enumerate(["rod", "klin", "alt"] * 20)
+]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` with its sha256."""
+    return {str(path.relative_to(folder)): digest(path) for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def fake_checkpoint(root: Path, step: int, run_id: str | None) -> Path:
+    """A finalized checkpoint folder of run `run_id` at `step`: weights and a trainer state, no optimizer."""
+    staging = checkpoints.staging_dir(root, step)
+    staging.mkdir(parents=True)
+    save_file({"weight": torch.full((2,), float(step))}, str(staging / checkpoints.WEIGHTS_NAME))
+    (staging / checkpoints.TRAINER_STATE).write_text(json.dumps({"run_id": run_id, "step": step}))
+    return checkpoints.finalize_checkpoint(staging, checkpoints.checkpoint_dir(root, step))
+
+
+def prepared_folder(corpus_dir: Path, output: Path) -> Path:
+    """A folder written by the prepare command from the test corpus (the corpus_dir fixture)."""
+    from vanilla_transformer.commands import prepare as prepare_command  # the commands: only where a test needs them
+
+    prepare_command.main(
+        [
+            "--data_dir",
+            str(corpus_dir),
+            "--validation_split",
+            "val",
+            "--vocab_size",
+            "300",
+            "--output_dir",
+            str(output),
+        ]
+    )
+    return output
