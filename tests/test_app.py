@@ -425,9 +425,28 @@ def test_the_space_holds_the_app_its_code_requirements_and_a_spaces_card(tmp_pat
     assert f"transformers{SUPPORTED_TRANSFORMERS}" in requirements and "torch" in requirements
 
 
+# In a Space, the project is what the Space holds: its modules come from the Space's folder or not at all (an installed
+# copy, editable ones included, would hide a module the Space lacks).
+ONLY_THE_SPACES_COPIES = """
+import importlib.machinery, os, sys
+PROJECT = {"vanilla_transformer", "configuration_vanilla_transformer", "modeling_vanilla_transformer",
+           "pipeline_vanilla_transformer", "fast_paths_vanilla_transformer", "train_accelerate", "app"}
+class OnlyTheSpace:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.split(".")[0] in PROJECT:
+            spec = importlib.machinery.PathFinder.find_spec(name, [os.getcwd()] if path is None else path)
+            if spec is None:
+                raise ImportError(f"{name} is not in the Space")
+            return spec
+sys.meta_path.insert(0, OnlyTheSpace)
+"""
+
+
 def test_the_spaces_app_runs_its_own_copies_and_reads_the_model_from_its_card(tmp_path):
     space.write_space("someone/vanilla-en-de", tmp_path)
-    code = "import app, vanilla_transformer.demo as d, vanilla_transformer.translate as t, modeling_vanilla_transformer as m\n"
+    code = ONLY_THE_SPACES_COPIES
+    code += "import app, vanilla_transformer.demo as d, vanilla_transformer.translate as t, modeling_vanilla_transformer as m\n"
     code += "from pathlib import Path\n"
     code += "print(d.space_model(Path(app.__file__).with_name('README.md')), app.__file__, d.__file__, t.__file__, "
     code += "m.__file__, sep='\\n')"

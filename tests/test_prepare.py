@@ -1,6 +1,7 @@
 """The prepared-corpus data path: Arrow files, the shared tokenizer's sample, the cache key, token views."""
 
 import argparse
+import errno
 import os
 import socket
 import subprocess
@@ -292,6 +293,21 @@ def test_the_tokenizer_fingerprint_ignores_padding_settings_but_not_the_vocabula
     assert '"padding": {' in (tmp_path / "tokenizer.json").read_text()
     assert prepare.tokenizer_fingerprint(AutoTokenizer.from_pretrained(tmp_path)) == fingerprint
     assert prepare.tokenizer_fingerprint(train_shared_tokenizer(lines, vocab_size=270)) != fingerprint
+
+
+def test_a_full_disk_while_preparing_is_one_data_error_and_leaves_nothing_half_prepared(
+    corpus_dir, tmp_path, monkeypatch
+):
+    def fill_the_disk(self, path, **kwargs):
+        Path(path).mkdir(parents=True)
+        (Path(path) / "data-00000-of-00001.arrow").write_bytes(b"cut")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", fill_the_disk)
+    settings = corpus_settings(corpus_dir, tmp_path / "cache")
+    with pytest.raises(DataError, match=r"no space left on device while writing .*free space on that disk"):
+        prepare.load_or_prepare(settings)
+    assert list((tmp_path / "cache").iterdir()) == []
 
 
 def test_a_length_filter_that_drops_every_training_pair_is_refused_when_preparing_naming_the_flag(

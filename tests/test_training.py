@@ -454,3 +454,38 @@ def test_a_full_disk_during_the_final_save_is_one_error_and_resume_latest_then_s
     assert "Traceback" not in stderr and final_model_problem(folder) is not None
     assert train_in_process([*argv, "--resume_from_checkpoint", "latest"]) == 0
     assert final_model_problem(folder) is None
+
+
+# --- when the loop stops: one place, train_accelerate.stop_reason, before each step -------------------------------
+
+
+def stop_reason_of(*flags: str, step: int = 0, epoch: int = 0, signal: bool = False, minutes_spent: float = 0.0):
+    """train_accelerate.stop_reason for a run of `flags` standing at `step` of `epoch` (one process)."""
+    settings = train_accelerate.parse_training_arguments(["--data_dir", "corpus", *flags])
+    state = checkpoints.RunState("run", step=step, position=DataPosition(epoch, 0))
+    one_process = SimpleNamespace(device="cpu", reduce=lambda tensor: tensor)
+    signals = SimpleNamespace(requested=signal)
+    return train_accelerate.stop_reason(one_process, settings, state, signals, time.time() - 60 * minutes_spent)
+
+
+@pytest.mark.parametrize(
+    "flags, where, reason",
+    [
+        (["--max_steps", "5"], {"step": 5}, "max_steps"),
+        (["--max_steps", "5"], {"step": 4}, None),
+        (["--max_epochs", "2"], {"step": 9, "epoch": 2}, "max_epochs"),
+        (["--max_epochs", "2"], {"step": 9, "epoch": 1}, None),
+        (["--max_minutes", "1"], {"minutes_spent": 1.5}, "max_minutes"),
+        (["--max_minutes", "1"], {"minutes_spent": 0.5}, None),
+        (["--max_steps", "5"], {"step": 1, "signal": True}, "signal"),
+    ],
+)
+def test_the_run_stops_before_the_step_that_would_pass_a_limit_or_at_a_signal(flags, where, reason):
+    assert stop_reason_of(*flags, **where) == reason
+
+
+def test_max_epochs_trains_every_step_of_the_epochs_and_no_more(tmp_path):
+    result = train(tmp_path / "run", "--max_epochs", "1", "--save_steps", "1000", "--average_last", "1")
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    batches = int(result.stdout.split(" batches per process per epoch")[0].rsplit(", ", 1)[1])
+    assert (results["stop_reason"], results["steps"]) == ("max_epochs", batches)

@@ -21,7 +21,6 @@ continue from with --resume_from_checkpoint latest.
 """
 
 import contextlib
-import errno
 import json
 import math
 import os
@@ -40,6 +39,7 @@ from safetensors.torch import load_file
 from modeling_vanilla_transformer import FUSED_PROJECTIONS, split_fused_projections_of
 from vanilla_transformer.batching import DataPosition
 from vanilla_transformer.coordination import run_while_others_wait
+from vanilla_transformer.folder_files import is_disk_full
 from vanilla_transformer.integrity import files_problem, record_files
 from vanilla_transformer.names import CHECKPOINTS_DIR, WEIGHTS_NAME
 
@@ -473,31 +473,6 @@ def save_checkpoint(
             finalize_checkpoint(staging, checkpoint_dir(settings.root, state.step))  # writes checksums.json
         prune_checkpoints(settings.root, settings.keep_last, run_id=state.run_id)
     accelerator.wait_for_everyone()
-
-
-# how a write that ran out of space reads once torch or safetensors wrapped it: torch's zip writer hides the errno
-# behind a short write ("unexpected pos 14848 vs 14740", "file write failed"); safetensors names it ("os error 28")
-DISK_FULL_SIGNS = (
-    "no space left on device",
-    "os error 28",
-    "disk quota exceeded",
-    "unexpected pos",
-    "file write failed",
-)
-
-
-def is_disk_full(error: BaseException | None) -> bool:
-    """Whether `error`, or an error it was raised from, is a write that ran out of space: errno ENOSPC (or EDQUOT, a
-    quota), or torch's and safetensors' wrappings of it (DISK_FULL_SIGNS)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(sign in str(error).lower() for sign in DISK_FULL_SIGNS):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
 
 
 @contextlib.contextmanager

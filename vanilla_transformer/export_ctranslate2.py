@@ -53,7 +53,7 @@ from modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerLearnedPositionalEmbedding,
 )
-from vanilla_transformer.checkpoints import is_disk_full
+from vanilla_transformer.folder_files import is_disk_full
 from vanilla_transformer.tokenization import UNK_TOKEN_ID, load_tokenizer
 
 # config.activation_function -> the name of CTranslate2's common_spec.Activation

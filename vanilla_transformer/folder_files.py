@@ -7,9 +7,11 @@
   `.safetensors` opens as safetensors (its header), `.py` parses as Python, `.md`/`.txt` are UTF-8 text.
 - `replace_file(path, data)`: write by replacing: a new file renamed over `path` (a link there is replaced, its
   target is never written).
+- `is_disk_full(error)`: whether a failed write ran out of space, however a library wrapped the error.
 """
 
 import ast
+import errno
 import json
 import os
 import uuid
@@ -89,3 +91,28 @@ def replace_file(path: str | Path, data: bytes | str) -> Path:
         staging.unlink(missing_ok=True)
         raise
     return path
+
+
+# how a write that ran out of space reads once torch or safetensors wrapped it: torch's zip writer hides the errno
+# behind a short write ("unexpected pos 14848 vs 14740", "file write failed"); safetensors names it ("os error 28")
+DISK_FULL_SIGNS = (
+    "no space left on device",
+    "os error 28",
+    "disk quota exceeded",
+    "unexpected pos",
+    "file write failed",
+)
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from, is a write that ran out of space: errno ENOSPC (or EDQUOT, a
+    quota), or torch's and safetensors' wrappings of it (DISK_FULL_SIGNS)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(sign in str(error).lower() for sign in DISK_FULL_SIGNS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vanilla_transformer import checkpoints
-from vanilla_transformer.folder_files import describe_link, replace_file
+from vanilla_transformer.folder_files import describe_link, is_disk_full, replace_file
 from vanilla_transformer.folder_lock import LOCK_NAME, FolderLock, FolderLockError
 from vanilla_transformer.names import (
     CHECKPOINTS_DIR,
@@ -422,7 +422,7 @@ class RunFolder:
         try:
             forget_unwritten(self.folder)
         except OSError as error:
-            if not checkpoints.is_disk_full(error):
+            if not is_disk_full(error):
                 raise
         finally:
             self.lock.release()
@@ -466,7 +466,7 @@ def refused_if_disk_full(folder: Path):
     try:
         yield
     except OSError as error:
-        if not checkpoints.is_disk_full(error):
+        if not is_disk_full(error):
             raise
         raise OutputDirError(
             f"--output_dir {folder}: no space left on device ({error}); free space on that disk, then run the "

@@ -40,6 +40,7 @@ from vanilla_transformer import data
 from vanilla_transformer.batching import TokenizedPairs
 from vanilla_transformer.coordination import PREPARE_BEFOREHAND, run_while_others_wait
 from vanilla_transformer.data import DataError, DataReport, Pair
+from vanilla_transformer.folder_files import is_disk_full
 from vanilla_transformer.integrity import files_problem, record_files
 from vanilla_transformer.tokenization import load_tokenizer
 
@@ -416,10 +417,22 @@ def prepare_corpus(
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         _move_into_place(staging, folder, key, log)
+    except Exception as error:
+        if is_disk_full(error):
+            raise DataError(out_of_space(folder, error)) from error
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log(f"[prepare] prepared {folder} in {time.time() - start:.0f} s{_progress(start, seconds=False)}")
     return folder
+
+
+def out_of_space(folder: Path, error: BaseException) -> str:
+    """The message of a preparation (or a cached tokenizer) that ran out of space: what is left, what to do."""
+    return (
+        f"no space left on device while writing {folder} ({error}); nothing half-written is left: free space on "
+        "that disk, or prepare elsewhere (--data_cache_dir, or vanilla-transformer prepare --output_dir)"
+    )
 
 
 def remove_stale_staging(folder: Path, log=print) -> None:

@@ -38,6 +38,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 MAX_TABLE_BYTES = 2**30  # a float32 table the loader builds: positions x d_model, or vocab_size x d_model
 MAX_BEAMS = 64  # 16 times the paper's beam of 4; the memory and time of a step grow with it
 MAX_CONFIG_BYTES = 2**20  # config.json and generation_config.json are a few KB
+BATCH_SIZE = 32  # sentences translated together, by default
 NO_STDIN = "there is no input: stdin is closed. Pipe the sentences in (< source.txt) or give --input FILE."
 
 
@@ -49,7 +50,7 @@ def translate_sentences(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     sentences: Sequence[str],
-    batch_size: int = 32,
+    batch_size: int = BATCH_SIZE,
     num_beams: int | None = None,
     max_new_tokens: int | None = None,
     **generate_kwargs,

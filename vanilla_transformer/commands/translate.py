@@ -38,6 +38,7 @@ from transformers.utils import logging
 
 from vanilla_transformer.commands.flags import command_parser, positive_int
 from vanilla_transformer.translate import (
+    BATCH_SIZE,
     DTYPES,
     MAX_BEAMS,
     MAX_OUTPUT_TOKENS,
@@ -74,7 +75,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("model_dir", help="a saved model folder (config.json, weights, tokenizer)")
     parser.add_argument("--input", help="source sentences, one per line (default: stdin)")
     parser.add_argument("--output", help="where to write the translations (default: stdout)")
-    parser.add_argument("--batch_size", type=positive_int, default=32, help="sentences per batch")
+    parser.add_argument("--batch_size", type=positive_int, default=BATCH_SIZE, help="sentences per batch")
     parser.add_argument(
         "--buffer_size",
         type=positive_int,
