@@ -131,11 +131,23 @@ def test_which_checkpoints_may_resume_into_which_folder(tmp_path):
 
 
 def test_evaluation_never_writes_over_earlier_hypotheses(tmp_path):
-    claim_evaluation_dir(tmp_path, overwrite=False)
+    claim_evaluation_dir(tmp_path, overwrite=False).release()
     (tmp_path / "test.hyp.txt").write_text("earlier\n")
-    with pytest.raises(OutputDirError, match="test.hyp.txt"):
+    with pytest.raises(OutputDirError, match="already holds test.hyp.txt; choose another --output_dir"):
         claim_evaluation_dir(tmp_path, overwrite=False)
-    claim_evaluation_dir(tmp_path, overwrite=True)
+    claim_evaluation_dir(tmp_path, overwrite=True).release()
+
+
+def test_an_evaluation_is_refused_in_a_folder_a_training_run_holds_and_gives_its_lock_back(tmp_path):
+    training = claim_run_folder(OutputSettings(str(tmp_path / "run")))
+    with pytest.raises(OutputDirError, match=f"is in use by another run \\(pid {os.getpid()} "):
+        claim_evaluation_dir(tmp_path / "run", overwrite=True)
+    training.close()
+    evaluation = claim_evaluation_dir(tmp_path / "run", overwrite=True)
+    with pytest.raises(OutputDirError, match="is in use by another training run"):
+        claim_run_folder(OutputSettings(str(tmp_path / "run"), overwrite=True))
+    evaluation.release()
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
 
 
 def test_evaluation_never_writes_through_a_link(tmp_path):

@@ -7,7 +7,6 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -222,10 +221,22 @@ def evaluate_saved_model(
     """Translate and score the validation and test splits of `data` with a saved model (its own tokenizer), into
     `output.output_dir` (hypotheses and eval_results.json, never over earlier ones unless `output.overwrite`). By
     default the installed model code runs, whatever code the folder holds (`trust_remote_code` runs the folder's)."""
+    locks = []  # the folder's, on the main process (the one that writes there) while the evaluation runs
+
+    def claim():
+        locks.append(claim_evaluation_dir(output.output_dir, output.overwrite))
+
+    run_while_others_wait(accelerator, claim, "checking --output_dir", accelerator.is_main_process)
+    try:
+        return _score_saved_model(accelerator, model_name_or_path, data, settings, output, trust_remote_code)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _score_saved_model(accelerator, model_name_or_path, data, settings, output, trust_remote_code) -> dict:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    claim = partial(claim_evaluation_dir, output.output_dir, output.overwrite)
-    run_while_others_wait(accelerator, claim, "checking --output_dir")
     model = AutoModelForSeq2SeqLM.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
     model = accelerator.prepare(model)

@@ -474,10 +474,25 @@ def refused_if_disk_full(folder: Path):
         ) from error
 
 
-def claim_evaluation_dir(output_dir: str | Path, overwrite: bool) -> None:
-    """--evaluate_only writes hypotheses and scores into `output_dir`: never over an earlier run's, and never through
-    a symbolic link."""
-    folder = Path(output_dir)
+def claim_evaluation_dir(output_dir: str | Path, overwrite: bool) -> FolderLock:
+    """--evaluate_only writes hypotheses and scores into `output_dir`: never while another run (a training run, an
+    evaluation) holds the folder's lock, never over an earlier run's files, and never through a symbolic link. Returns
+    the folder's lock, taken: release it when the evaluation ends."""
+    lock = FolderLock(output_dir, "run")
+    try:
+        with refused_if_disk_full(Path(output_dir)):
+            if note := lock.take():
+                print(f"[output] {note}")
+        _check_evaluation_files(Path(output_dir), overwrite)
+    except FolderLockError as error:
+        raise OutputDirError(f"--output_dir: {error}") from error
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _check_evaluation_files(folder: Path, overwrite: bool) -> None:
     if links := [name for name in EVALUATION_FILES if (folder / name).is_symlink()]:
         raise OutputDirError(
             f"--output_dir {folder}: {'; '.join(describe_link(folder / name) for name in links)}: the evaluation "
