@@ -1,10 +1,8 @@
 """Train the Transformer of "Attention Is All You Need" with Accelerate, following the paper's section 5: the main job
-(`python train_accelerate.py`, `vanilla-transformer train`, `accelerate launch ... -m train_accelerate`; its flags and
-examples: `--help`, from `vanilla_transformer.commands.arguments`).
-
-Reads top to bottom: settings, the output folder, data (prepared once and cached, `vanilla_transformer.prepare`),
-model, optimizer, the loop, then the final model: averaged, saved, evaluated. Checkpoint mechanics are
-`vanilla_transformer.checkpoints`, evaluation `vanilla_transformer.evaluation`.
+(`python train_accelerate.py`, `vanilla-transformer train`, `accelerate launch ... -m train_accelerate`; `--help`
+lists the flags). Reads top to bottom: settings (`vanilla_transformer.commands.arguments`), the output folder, data
+(prepared once and cached), model, optimizer, the loop, then the final model: averaged, saved, evaluated. Checkpoint
+mechanics are `vanilla_transformer.checkpoints`, evaluation `vanilla_transformer.evaluation`.
 """
 
 import datetime
@@ -301,10 +299,9 @@ def finish(
     stop_signals: StopSignals,
     folder: RunFolder | None = None,
 ) -> None:
-    """The final model: averaged checkpoints (6.1), saved as a Hub-ready folder, then the paper's decoding of the
-    validation and test sets (beam 4, length penalty 0.6, input + 50) in float32 with the default attention, as users
-    run the saved model. The folder and results.json are written before evaluating, so a crash or a Ctrl-C there
-    loses nothing; a signal while saving is acted on once the folder is complete."""
+    """The final model: averaged checkpoints (6.1), saved as a Hub-ready folder, then scored as users run it (the
+    paper's decoding, float32, the default attention). The folder is written before evaluating, so a crash or a
+    Ctrl-C there loses nothing; a signal while saving is acted on once the folder is complete."""
     output_dir = settings.output.output_dir
     model = evaluation.bare_model(accelerator, run.model, run.default_attention)
     averaged = checkpoints.load_averaged_weights(model, accelerator, settings.checkpoints, run.state.run_id)
@@ -344,21 +341,26 @@ def finish(
             f"score it with --evaluate_only --model_name_or_path {output_dir}"
         )
     accelerator.log({f"final/{split}_bleu": r["bleu"] for split, r in summary["results"].items()}, step=run.state.step)
-    upload_failure = None
     if accelerator.is_main_process:
         with checkpoints.stop_if_disk_full(settings.checkpoints, "the model card and results.json"):
             write_scores(model, settings, summary)
-        if settings.push_to_hub:
-            try:
-                hub.push_folder_to_hub(output_dir, settings.hub_model_id, private=settings.hub_private)
-            except hub.HubUploadError as error:
-                upload_failure = (
-                    f"error: {error} The model folder {output_dir} is complete; upload it later with "
-                    f"vanilla-transformer push {output_dir} --hub_model_id {settings.hub_model_id}"
-                )
+    upload_failure = push(settings) if accelerator.is_main_process and settings.push_to_hub else None
     accelerator.wait_for_everyone()
     if upload_failure:
         sys.exit(upload_failure)
+
+
+def push(settings: TrainingSettings) -> str | None:
+    """Upload the finished model folder (--push_to_hub); the message of a failed upload, else None."""
+    output_dir, repo_id = settings.output.output_dir, settings.hub_model_id
+    try:
+        hub.push_folder_to_hub(output_dir, repo_id, private=settings.hub_private)
+    except hub.HubUploadError as error:
+        return (
+            f"error: {error} The model folder {output_dir} is complete; upload it later with "
+            f"vanilla-transformer push {output_dir} --hub_model_id {repo_id}"
+        )
+    return None
 
 
 def save_final_model(model, tokenizer, settings: TrainingSettings, summary: dict) -> None:

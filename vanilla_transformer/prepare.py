@@ -20,6 +20,7 @@ relaunch, or another experiment on the same data, tokenizer settings and filters
 to them (a file's size or modification time, --vocab_size, --max_sentence_tokens, ...) prepares a new folder.
 """
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -369,7 +370,6 @@ def prepare_corpus(
     Works in a staging folder beside `folder` and renames it into place when complete, so an interrupted preparation
     never looks like a prepared corpus, and two nodes preparing into one shared folder cannot mix their files.
     """
-    import datasets
 
     from vanilla_transformer.tokenization import train_shared_tokenizer
 
@@ -383,56 +383,70 @@ def prepare_corpus(
         return staging / "raw" / f"{split}.arrow"
 
     try:
-        reports, raw = {}, {}
-        for split, source in sources.items():
-            report = DataReport(sources=[source_label(source)])
-            pairs = iter_source_pairs(split, source, settings.corpus.source_lang, settings.corpus.target_lang, report)
-            pairs = data.non_empty_pairs(pairs, report)
-            write_pairs_arrow(pairs, raw_path(split))
-            if report.kept == 0:
-                raise DataError(f"{', '.join(report.sources)}: no translation pairs found")
-            reports[split], raw[split] = report, datasets.Dataset.from_file(str(raw_path(split)))
-        log(f"[prepare] read {', '.join(f'{s}: {len(d)} pairs' for s, d in raw.items())}{_progress(start)}")
-        if tokenizer is None:
-            trained = settings.tokenizer
-            tokenizer = train_shared_tokenizer(
-                sample_texts(raw_path("train"), len(raw["train"]), trained.sample_pairs, trained.seed),
-                vocab_size=trained.vocab_size,
-            )
-            log(f"[prepare] trained a {len(tokenizer)}-token BPE vocabulary{_progress(start)}")
-        tokenizer.save_pretrained(staging / TOKENIZER_FOLDER)
-        workers = settings.num_workers if (settings.num_workers or 1) > 1 else None
-        for split in raw:
-            tokenized = _tokenize_split(raw[split], tokenizer, split, settings.filters, reports[split], workers)
-            tokenized.save_to_disk(str(staging / split), num_proc=workers)  # written by the workers, when there are
-            del tokenized
-            log(f"[prepare] tokenized {split}{_progress(start)}")
-        del raw
-        shutil.rmtree(staging / "raw")
-        manifest = {
-            "key": key,
-            "reports": {split: asdict(report) for split, report in reports.items()},
-            "prepared_seconds": round(time.time() - start, 1),
-            "files": record_files(staging),  # sizes and sha256, checked before every use (`prepared_problem`)
-        }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        _move_into_place(staging, folder, key, log)
-    except Exception as error:
-        if is_disk_full(error):
-            raise DataError(out_of_space(folder, error)) from error
-        raise
+        with out_of_space_is_a_data_error(folder):
+            reports, raw = _read_splits(sources, settings.corpus, raw_path)
+            log(f"[prepare] read {', '.join(f'{s}: {len(d)} pairs' for s, d in raw.items())}{_progress(start)}")
+            if tokenizer is None:
+                trained = settings.tokenizer
+                tokenizer = train_shared_tokenizer(
+                    sample_texts(raw_path("train"), len(raw["train"]), trained.sample_pairs, trained.seed),
+                    vocab_size=trained.vocab_size,
+                )
+                log(f"[prepare] trained a {len(tokenizer)}-token BPE vocabulary{_progress(start)}")
+            tokenizer.save_pretrained(staging / TOKENIZER_FOLDER)
+            workers = settings.num_workers if (settings.num_workers or 1) > 1 else None
+            for split in raw:
+                tokenized = _tokenize_split(raw[split], tokenizer, split, settings.filters, reports[split], workers)
+                tokenized.save_to_disk(
+                    str(staging / split), num_proc=workers
+                )  # written by the workers, when there are
+                del tokenized
+                log(f"[prepare] tokenized {split}{_progress(start)}")
+            del raw
+            shutil.rmtree(staging / "raw")
+            manifest = {
+                "key": key,
+                "reports": {split: asdict(report) for split, report in reports.items()},
+                "prepared_seconds": round(time.time() - start, 1),
+                "files": record_files(staging),  # sizes and sha256, checked before every use (`prepared_problem`)
+            }
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+            _move_into_place(staging, folder, key, log)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log(f"[prepare] prepared {folder} in {time.time() - start:.0f} s{_progress(start, seconds=False)}")
     return folder
 
 
-def out_of_space(folder: Path, error: BaseException) -> str:
-    """The message of a preparation (or a cached tokenizer) that ran out of space: what is left, what to do."""
-    return (
-        f"no space left on device while writing {folder} ({error}); nothing half-written is left: free space on "
-        "that disk, or prepare elsewhere (--data_cache_dir, or vanilla-transformer prepare --output_dir)"
-    )
+def _read_splits(sources: dict[str, dict], corpus: Corpus, raw_path) -> tuple[dict, dict]:
+    """Each split's pairs (empty sides dropped) written as Arrow to `raw_path(split)` and memory-mapped: (reports,
+    datasets) by split."""
+    import datasets
+
+    reports, raw = {}, {}
+    for split, source in sources.items():
+        report = DataReport(sources=[source_label(source)])
+        pairs = iter_source_pairs(split, source, corpus.source_lang, corpus.target_lang, report)
+        write_pairs_arrow(data.non_empty_pairs(pairs, report), raw_path(split))
+        if report.kept == 0:
+            raise DataError(f"{', '.join(report.sources)}: no translation pairs found")
+        reports[split], raw[split] = report, datasets.Dataset.from_file(str(raw_path(split)))
+    return reports, raw
+
+
+@contextlib.contextmanager
+def out_of_space_is_a_data_error(folder: Path):
+    """A write inside the block that runs out of space (a preparation, a cached tokenizer, both staged so that
+    nothing half-written is left) is one DataError that says what to do."""
+    try:
+        yield
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        raise DataError(
+            f"no space left on device while writing {folder} ({error}); nothing half-written is left: free space on "
+            "that disk, or prepare elsewhere (--data_cache_dir, or vanilla-transformer prepare --output_dir)"
+        ) from error
 
 
 def remove_stale_staging(folder: Path, log=print) -> None:

@@ -39,7 +39,6 @@ from vanilla_transformer import data, prepare
 from vanilla_transformer.batching import DataPosition, TokenBatchSampler, TranslationCollator
 from vanilla_transformer.coordination import run_while_others_wait
 from vanilla_transformer.data import DataError
-from vanilla_transformer.folder_files import is_disk_full
 from vanilla_transformer.prepare import Corpus, DataSettings, LengthFilter
 
 
@@ -122,12 +121,8 @@ def save_into_place(tokenizer, folder: Path) -> None:
     kill, a full disk) never leaves a cached tokenizer that is half written."""
     staging = folder.with_name(f".incomplete-{folder.name}-{uuid.uuid4().hex[:12]}")  # a new name: ours alone
     try:
-        try:
+        with prepare.out_of_space_is_a_data_error(folder):
             tokenizer.save_pretrained(staging)
-        except Exception as error:
-            if is_disk_full(error):
-                raise DataError(prepare.out_of_space(folder, error)) from error
-            raise
         try:
             os.replace(staging, folder)
         except OSError:

@@ -18,6 +18,24 @@ from configuration_vanilla_transformer import PRESETS
 from vanilla_transformer.commands.flags import command_parser, field_default, positive_float, positive_int
 from vanilla_transformer.variants import GROUPS, Sweep, run_sweep, table3_variants
 
+# the training flags each row of the table sets itself: refused among the flags passed on to every row
+ROW_FLAGS = {
+    "--output_dir",
+    "--preset",
+    "--layers",
+    "--d_model",
+    "--ffn_dim",
+    "--heads",
+    "--qk_head_dim",
+    "--dropout",
+    "--label_smoothing",
+    "--position_embedding_type",
+    "--max_minutes",
+    "--max_steps",
+    "--resume_from_checkpoint",
+    "--overwrite_output_dir",
+}
+
 
 def parse_args(argv=None) -> Sweep:
     parser = command_parser("vanilla-transformer sweep", __doc__)
@@ -52,23 +70,7 @@ def parse_args(argv=None) -> Sweep:
             f"--rows: unknown {unknown}; choose groups among {','.join(GROUPS)} or "
             f"rows among {','.join(sorted(names))}"
         )
-    owned = {
-        "--output_dir",
-        "--preset",
-        "--layers",
-        "--d_model",
-        "--ffn_dim",
-        "--heads",
-        "--qk_head_dim",
-        "--dropout",
-        "--label_smoothing",
-        "--position_embedding_type",
-        "--max_minutes",
-        "--max_steps",
-        "--resume_from_checkpoint",
-        "--overwrite_output_dir",
-    }
-    if clashes := sorted(flag for flag in training_flags if flag.split("=")[0] in owned):
+    if clashes := sorted(flag for flag in training_flags if flag.split("=")[0] in ROW_FLAGS):
         parser.error(f"{', '.join(clashes)}: set by each row of the table; remove them")
     return Sweep(
         output_dir=args.output_dir,
