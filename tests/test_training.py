@@ -17,6 +17,7 @@ import pytest
 import torch
 import transformers.modeling_utils
 from accelerate.state import AcceleratorState
+from huggingface_hub import constants as hub_constants
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -489,3 +490,19 @@ def test_max_epochs_trains_every_step_of_the_epochs_and_no_more(tmp_path):
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     batches = int(result.stdout.split(" batches per process per epoch")[0].rsplit(", ", 1)[1])
     assert (results["stop_reason"], results["steps"]) == ("max_epochs", batches)
+
+
+def test_a_failed_upload_at_the_end_names_the_complete_folder_and_the_command_to_upload_it_later(
+    monkeypatch, tmp_path
+):
+    def refused(*args, **kwargs):
+        raise train_accelerate.hub.HubUploadError("could not upload: the Hub refused it.")
+
+    monkeypatch.setattr(train_accelerate.hub, "push_folder_to_hub", refused)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    flags = ["--output_dir", str(tmp_path / "run"), "--push_to_hub", "--hub_model_id", "someone/x"]
+    message = train_accelerate.push(train_accelerate.parse_training_arguments(flags))
+    assert message == (
+        f"error: could not upload: the Hub refused it. The model folder {tmp_path / 'run'} is complete; upload it "
+        f"later with vanilla-transformer push {tmp_path / 'run'} --hub_model_id someone/x"
+    )
