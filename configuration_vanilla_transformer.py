@@ -23,6 +23,8 @@ PRESETS = {
 
 ACTIVATION_FUNCTIONS = ("relu", "gelu", "gelu_new", "silu", "swish", "tanh")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+POSITION_LAYOUTS = ("interleaved", "sin_cos")
+POSITION_FREQUENCIES = ("paper", "fairseq")
 
 
 @strict
@@ -43,6 +45,14 @@ class VanillaTransformerConfig(PreTrainedConfig):
     max_position_embeddings: rows of the position table. Sinusoidal tables grow past it on demand;
         learned positions (Table 3, row E) cannot.
     position_embedding_type: "sinusoidal" (section 3.5) or "learned".
+    position_layout: where the sinusoids sit in a position vector: "interleaved", the paper's (sine on even
+        dimensions, cosine on odd ones, section 3.5), or "sin_cos" (all sines, then all cosines: Marian, fairseq,
+        tensor2tensor). The two only permute dimensions; converted weights need the layout they were trained with.
+    position_frequencies: "paper", 1 / 10000^(2i / d_model), or "fairseq", 1 / 10000^(i / (d_model / 2 - 1))
+        (fairseq's and FSMT's, i = 0 .. d_model / 2 - 1).
+    position_offset: the position of the first token (0 in the paper and Marian; fairseq and FSMT count from
+        padding_idx + 1).
+    lm_head_bias: add a learned bias to the logits (Marian's `final_logits_bias`); the paper has none.
     scale_embedding: multiply input embeddings by sqrt(d_model) (section 3.4).
     tie_word_embeddings: use the shared embedding matrix as the pre-softmax projection (section 3.4).
     layer_norm_eps: epsilon of every LayerNorm.
@@ -88,6 +98,10 @@ class VanillaTransformerConfig(PreTrainedConfig):
     activation_dropout: float | int = 0.0
     max_position_embeddings: int = 1024
     position_embedding_type: str = "sinusoidal"
+    position_layout: str = "interleaved"
+    position_frequencies: str = "paper"
+    position_offset: int = 0
+    lm_head_bias: bool = False
     scale_embedding: bool = True
     tie_word_embeddings: bool = True
     layer_norm_eps: float = 1e-5
@@ -144,6 +158,11 @@ class VanillaTransformerConfig(PreTrainedConfig):
                 f"`position_embedding_type` must be one of {POSITION_EMBEDDING_TYPES}, "
                 f"got {self.position_embedding_type!r}."
             )
+        for name, allowed in (("position_layout", POSITION_LAYOUTS), ("position_frequencies", POSITION_FREQUENCIES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"`{name}` must be one of {allowed}, got {getattr(self, name)!r}.")
+        if self.position_offset < 0:
+            raise ValueError(f"`position_offset` must be a non-negative integer, got {self.position_offset}.")
         if self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be positive, got {self.layer_norm_eps}.")
         if self.init_std is not None and self.init_std <= 0:

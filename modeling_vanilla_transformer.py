@@ -67,18 +67,34 @@ except ImportError:  # as installed top-level modules
 logger = logging.get_logger(__name__)
 
 
-def sinusoidal_position_table(num_positions: int, dim: int) -> torch.Tensor:
+def sinusoidal_position_table(
+    num_positions: int, dim: int, layout: str = "interleaved", frequencies: str = "paper", offset: int = 0
+) -> torch.Tensor:
     """3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
-    Interleaved: sine on even dimensions, cosine on odd ones. Returns (num_positions, dim) in float32.
+    Interleaved, as the paper: sine on even dimensions, cosine on odd ones. Converted models keep their own choices
+    (`config.position_layout`, `position_frequencies`, `position_offset`): "sin_cos" puts all sines first, then all
+    cosines; "fairseq" frequencies are 1 / 10000^(i / (d/2 - 1)); row p is position p + offset. Returns
+    (num_positions, dim) in float32.
     """
-    position = torch.arange(num_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
-    two_i = torch.arange(0, dim, 2, dtype=torch.float64)  # (ceil(D/2),)
-    angle = position / torch.pow(10000.0, two_i / dim)  # (P, ceil(D/2))
+    half = (dim + 1) // 2  # sines; cosines: dim // 2
+    position = torch.arange(offset, offset + num_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
+    i = torch.arange(half, dtype=torch.float64)
+    exponent = 2 * i / dim if frequencies == "paper" else i / max(dim // 2 - 1, 1)
+    angle = position / torch.pow(10000.0, exponent)  # (P, half)
+    sines, cosines = torch.sin(angle), torch.cos(angle[:, : dim // 2])
+    if layout == "sin_cos":
+        return torch.cat([sines, cosines], dim=1).float()
     table = torch.empty(num_positions, dim, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(angle)
-    table[:, 1::2] = torch.cos(angle[:, : dim // 2])
+    table[:, 0::2], table[:, 1::2] = sines, cosines
     return table.float()
+
+
+def position_table(config: VanillaTransformerConfig, num_positions: int) -> torch.Tensor:
+    """The model's sinusoidal table of `num_positions` rows, with the config's layout, frequencies and offset."""
+    return sinusoidal_position_table(
+        num_positions, config.d_model, config.position_layout, config.position_frequencies, config.position_offset
+    )
 
 
 class VanillaTransformerSinusoidalPositionalEmbedding(nn.Module):
@@ -87,8 +103,8 @@ class VanillaTransformerSinusoidalPositionalEmbedding(nn.Module):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
-        self.dim = config.d_model
-        self.register_buffer("table", sinusoidal_position_table(config.max_position_embeddings, self.dim), False)
+        self.config = config
+        self.register_buffer("table", position_table(config, config.max_position_embeddings), False)
 
     def forward(self, past_length: int | torch.Tensor, length: int) -> torch.Tensor:  # -> (length, D)
         if not isinstance(past_length, int):  # a static cache's length, a tensor: index without reading it
@@ -102,7 +118,7 @@ class VanillaTransformerSinusoidalPositionalEmbedding(nn.Module):
         """Make the table hold at least `positions` rows (a static cache's size is known before decoding)."""
         if positions > self.table.shape[0]:
             new_size = max(positions, 2 * self.table.shape[0])
-            self.table = sinusoidal_position_table(new_size, self.dim).to(self.table.device)
+            self.table = position_table(self.config, new_size).to(self.table.device)
 
 
 class VanillaTransformerLearnedPositionalEmbedding(nn.Embedding):
@@ -349,7 +365,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
         elif isinstance(module, VanillaTransformerSinusoidalPositionalEmbedding):
-            init.copy_(module.table, sinusoidal_position_table(*module.table.shape))
+            init.copy_(module.table, position_table(module.config, module.table.shape[0]))
 
     def post_init(self) -> None:
         super().post_init()
@@ -582,7 +598,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Linear:
