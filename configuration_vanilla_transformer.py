@@ -54,29 +54,21 @@ class VanillaTransformerConfig(PreTrainedConfig):
         padding_idx + 1).
     lm_head_bias: add a learned bias to the logits (Marian's `final_logits_bias`); the paper has none.
     scale_embedding: multiply input embeddings by sqrt(d_model) (section 3.4).
-    tie_word_embeddings: use the shared embedding matrix as the pre-softmax projection (section 3.4).
+    tie_word_embeddings: the shared embedding matrix is also the pre-softmax projection (section 3.4); always True:
+        the one matrix shared three ways is what this model is (transformers reads the field to tie the weights).
     layer_norm_eps: epsilon of every LayerNorm.
     init_std: standard deviation of the embedding initialisation; None means d_model ** -0.5, so that the
         scaled embeddings start with unit variance. Linear layers use Xavier-uniform initialisation.
-    onednn_linear: run float32 inference on CPU through oneDNN's linear kernel (fast_paths_vanilla_transformer.py;
-        the same products, faster on some CPUs); False: plain nn.functional.linear.
-    grouped_beam_cross_attention: in beam search, keep the encoder-decoder keys and values once per sentence
-        rather than once per beam (fast_paths_vanilla_transformer.py); False: one row per beam, as in BART.
-    fused_projections: compute the attention's projections of one input (W^Q, W^K, W^V of self-attention; W^K, W^V
-        of the encoder output) as one product of their stacked weights (fast_paths_vanilla_transformer.py; the same
-        values); False: one product per projection. The parameters are the separate `q_proj`, `k_proj`, `v_proj`
-        either way, and projections that peft wraps or a quantizer replaces always run on their own.
 
-    The training loss's label smoothing is not here: it is how a model is trained, not what it is
-    (`model(..., labels=..., epsilon_ls=0.1)`; configs saved with a `label_smoothing` still load, without it).
+    How the model was trained (label smoothing, the schedule) is not here: a saved config holds what the model is.
 
     Example:
         >>> config = VanillaTransformerConfig.from_preset("big", vocab_size=37000)
     """
 
     model_type = "vanilla_transformer"
-    # the decoder cache, as transformers 5.24 and later name it and as earlier releases did
-    keys_to_ignore_at_inference = ["cache", "past_key_values"]
+    _auto_class = "AutoConfig"  # save_pretrained writes `auto_map` and copies this file (Hub remote code)
+    keys_to_ignore_at_inference = ["cache"]
     attribute_map = {
         "num_attention_heads": "encoder_attention_heads",
         "hidden_size": "d_model",
@@ -106,9 +98,6 @@ class VanillaTransformerConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
     layer_norm_eps: float = 1e-5
     init_std: float | None = None
-    onednn_linear: bool = True
-    grouped_beam_cross_attention: bool = True
-    fused_projections: bool = True
     use_cache: bool = True
     is_encoder_decoder: bool = True
     pad_token_id: int | None = 0
@@ -118,7 +107,6 @@ class VanillaTransformerConfig(PreTrainedConfig):
     forced_eos_token_id: int | list[int] | None = None
 
     def __post_init__(self, **kwargs):
-        kwargs.pop("label_smoothing", None)  # a training setting that older saved configs still carry
         self._check_values()
         super().__post_init__(**kwargs)
 
@@ -163,6 +151,11 @@ class VanillaTransformerConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be one of {allowed}, got {getattr(self, name)!r}.")
         if self.position_offset < 0:
             raise ValueError(f"`position_offset` must be a non-negative integer, got {self.position_offset}.")
+        if not self.tie_word_embeddings:
+            raise ValueError(
+                "`tie_word_embeddings` must be True: this model shares one embedding matrix between the encoder's "
+                "input, the decoder's input and the pre-softmax projection (section 3.4)."
+            )
         if self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be positive, got {self.layer_norm_eps}.")
         if self.init_std is not None and self.init_std <= 0:

@@ -1,26 +1,25 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a transformers PreTrainedModel.
 
 Hub-facing: this file is copied beside the weights of every saved model and runs as remote code, so it imports
-only torch, transformers and its sibling files (configuration, the translation pipeline, the speed paths). Classes go
-from leaf to top, as the paper's section 3: positions (3.5), attention (3.2), feed-forward (3.3), encoder and decoder
-layers (3.1), the stacks, the model with its one shared embedding matrix (3.4), the pre-softmax head.
+only torch, transformers and its sibling files (the configuration, the translation pipeline). Classes go from leaf
+to top, as the paper's section 3: positions (3.5), attention (3.2), feed-forward (3.3), encoder and decoder layers
+(3.1), the stacks, the model with its one shared embedding matrix (3.4), the pre-softmax head.
 
 Every sub-layer is post-LN: LayerNorm(x + Dropout(Sublayer(x))).
 Shapes: B = batch, S = source length, T = target length, D = d_model, H = heads, V = vocabulary; per head, queries
 and keys have d_k and values d_v = D / H features (d_k = d_v but in Table 3's row B).
 
-The speed paths (oneDNN linear layers on CPU, the projections of one input as one product, beam search's
-encoder-decoder keys and values kept once per sentence, the training loss without logits) live in
-fast_paths_vanilla_transformer.py, each with a switch.
+The library's contract, as `modeling_marian.py` keeps it: the one embedding matrix is tied through
+`_tied_weights_keys` (one Parameter, reported missing like any other weight), the decoder cache is `cache` (the old
+name `past_key_values` through `deprecate_kwarg`), `**kwargs: Unpack[TransformersKwargs]` reach the attention, and the
+loss is transformers' cross-entropy. How the project trains (label smoothing, the loss without logits) lives in its
+training library, and folders saved by its earlier releases are upgraded by `vanilla-transformer refresh-code`.
 """
 
-import inspect
 import math
 from collections.abc import Callable
-from functools import partial
 
 import torch
-import transformers
 from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationMixin, PreTrainedModel
@@ -36,7 +35,9 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import can_return_tuple, is_torchdynamo_compiling, logging
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, is_torchdynamo_compiling
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -44,27 +45,12 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 # with the model's code from the Hub); the pipeline is the one config.json's `custom_pipelines` names.
 try:  # as Hub remote code (a package)
     from .configuration_vanilla_transformer import VanillaTransformerConfig
-    from .fast_paths_vanilla_transformer import (
-        fused_projections,
-        grouped_beam_attention,
-        label_smoothed_cross_entropy,
-        reorder_grouped_cache,
-        use_onednn_linears,
-    )
     from .pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline, output_length  # noqa: F401
 except ImportError:  # as installed top-level modules
     from configuration_vanilla_transformer import VanillaTransformerConfig
-    from fast_paths_vanilla_transformer import (
-        fused_projections,
-        grouped_beam_attention,
-        label_smoothed_cross_entropy,
-        reorder_grouped_cache,
-        use_onednn_linears,
-    )
     from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline, output_length  # noqa: F401
 
-
-logger = logging.get_logger(__name__)
+SUPPORTED_TRANSFORMERS = ">=5.24"  # the `cache` name; pyproject.toml declares the same, .ci/run tests it
 
 
 def sinusoidal_position_table(
@@ -78,10 +64,12 @@ def sinusoidal_position_table(
     (num_positions, dim) in float32.
     """
     half = (dim + 1) // 2  # sines; cosines: dim // 2
-    position = torch.arange(offset, offset + num_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
-    i = torch.arange(half, dtype=torch.float64)
-    exponent = 2 * i / dim if frequencies == "paper" else i / max(dim // 2 - 1, 1)
-    angle = position / torch.pow(10000.0, exponent)  # (P, half)
+    if frequencies == "fairseq":  # fairseq's own arithmetic, in float32: converted models get its table exactly
+        frequency = torch.exp(torch.arange(half, dtype=torch.float32) * -(math.log(10000.0) / max(dim // 2 - 1, 1)))
+        angle = torch.arange(offset, offset + num_positions, dtype=torch.float32).unsqueeze(1) * frequency  # (P, half)
+    else:
+        position = torch.arange(offset, offset + num_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
+        angle = position / torch.pow(10000.0, torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (P, half)
     sines, cosines = torch.sin(angle), torch.cos(angle[:, : dim // 2])
     if layout == "sin_cos":
         return torch.cat([sines, cosines], dim=1).float()
@@ -165,8 +153,7 @@ class VanillaTransformerAttention(nn.Module):
     The per-head projections of all heads are one matrix each: `q_proj` and `k_proj` (D -> H d_k), `v_proj`
     (D -> H d_v), `out_proj` (H d_v -> D), as in every attention of BART and Marian. Encoder-decoder attention takes
     its keys and values from the encoder output, computed once per generation (cached). d_v = D / H; d_k = D / H too
-    unless `config.qk_head_dim` says otherwise (Table 3, row B). The projections of one input (Q, K and V of
-    self-attention; K and V of the encoder output) run as one product in the fast paths (`fused_projections`).
+    unless `config.qk_head_dim` says otherwise (Table 3, row B).
     """
 
     def __init__(
@@ -197,7 +184,6 @@ class VanillaTransformerAttention(nn.Module):
         same_input = (self.k_proj, self.v_proj) if is_cross_attention else (self.q_proj, self.k_proj, self.v_proj)
         for projection in same_input:
             projection.xavier_fan_out = sum(layer.out_features for layer in same_input)
-        self.register_load_state_dict_pre_hook(split_fused_projections)  # checkpoints saved before they were separate
 
     def _heads(self, projected: torch.Tensor, head_dim: int) -> torch.Tensor:
         # (B, L, H * head_dim) -> (B, H, L, head_dim)
@@ -209,31 +195,25 @@ class VanillaTransformerAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         key_value_states: torch.Tensor | None = None,  # encoder output (B, S, D) for encoder-decoder attention
         cache: EncoderDecoderCache | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.is_cross_attention:
-            query = self._heads(self.q_proj(hidden_states), self.qk_head_dim)
-            if cache is not None and cache.is_updated.get(self.layer_idx):
-                layer_cache = cache.cross_attention_cache.layers[self.layer_idx]
-                key, value = layer_cache.keys, layer_cache.values
-            else:  # K W^K and V W^V of the encoder output, as one product where they can be (fast paths)
-                key, value = fused_projections(self, key_value_states, self.k_proj, self.v_proj)
-                key, value = self._heads(key, self.qk_head_dim), self._heads(value, self.head_dim)
-                if cache is not None:
-                    key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
-                    cache.is_updated[self.layer_idx] = True
-        else:  # Q W^Q, K W^K and V W^V of the same input, as one product where they can be (fast paths)
-            query, key, value = fused_projections(self, hidden_states, self.q_proj, self.k_proj, self.v_proj)
-            query, key = self._heads(query, self.qk_head_dim), self._heads(key, self.qk_head_dim)
-            value = self._heads(value, self.head_dim)
-            if cache is not None:  # append this step's keys and values to the decoder's cache
+        query = self._heads(self.q_proj(hidden_states), self.qk_head_dim)
+        if self.is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
+            layer_cache = cache.cross_attention_cache.layers[self.layer_idx]  # the encoder output's, from step 1
+            key, value = layer_cache.keys, layer_cache.values
+        else:
+            source = key_value_states if self.is_cross_attention else hidden_states
+            key = self._heads(self.k_proj(source), self.qk_head_dim)
+            value = self._heads(self.v_proj(source), self.head_dim)
+            if cache is not None and self.is_cross_attention:
+                key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+                cache.is_updated[self.layer_idx] = True
+            elif cache is not None:  # append this step's keys and values to the decoder's cache
                 key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        if key.shape[0] < query.shape[0]:  # beam search, keys and values kept once per sentence (fast paths)
-            attention_interface = partial(grouped_beam_attention, attention_interface)
         output, weights = attention_interface(
             self,
             query,
@@ -275,7 +255,9 @@ class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = config.dropout
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Unpack[TransformersKwargs]
+    ) -> torch.Tensor:
         # hidden_states: (B, S, D)
         residual = hidden_states
         hidden_states, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
@@ -311,7 +293,7 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         encoder_hidden_states: torch.Tensor,  # (B, S, D)
         encoder_attention_mask: torch.Tensor | None = None,
         cache: EncoderDecoderCache | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         residual = hidden_states
         hidden_states, _ = self.self_attn(hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
@@ -367,9 +349,12 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, VanillaTransformerSinusoidalPositionalEmbedding):
             init.copy_(module.table, position_table(module.config, module.table.shape[0]))
 
-    def post_init(self) -> None:
-        super().post_init()
-        use_onednn_linears(self, self.config)  # the fast paths' oneDNN products; the layers stay nn.Linear
+
+def _tied_embedding(config: VanillaTransformerConfig) -> nn.Embedding:
+    """A stack's token embedding, which VanillaTransformerModel ties to its `shared` matrix (3.4): built empty, as
+    its values are the shared matrix's once tied."""
+    weight = torch.empty(config.vocab_size, config.d_model)
+    return nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id, _weight=weight)
 
 
 def _position_embedding(config: VanillaTransformerConfig) -> nn.Module:
@@ -386,9 +371,9 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         "attentions": VanillaTransformerAttention,
     }
 
-    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
+    def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
-        self.embed_tokens = embed_tokens  # the shared matrix (3.4), owned by VanillaTransformerModel
+        self.embed_tokens = _tied_embedding(config)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = _position_embedding(config)
         self.layers = nn.ModuleList(
@@ -404,12 +389,12 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         input_ids: torch.LongTensor | None = None,  # (B, S)
         attention_mask: torch.Tensor | None = None,  # (B, S): 1 for tokens, 0 for padding
         inputs_embeds: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds` to the encoder.")
         if inputs_embeds is None:
-            _check_token_ids(input_ids, self.config.vocab_size, "input_ids")
+            _check_token_ids(input_ids, self.config.vocab_size, "input_ids", values=not self.training)
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale  # 3.4: scaled by sqrt(d_model)
         _check_attention_mask(attention_mask, inputs_embeds.shape[:2], "attention_mask")
 
@@ -418,8 +403,11 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         hidden_states = inputs_embeds + positions.to(inputs_embeds.dtype)  # (B, S, D)
         hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
 
-        attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
+        attention_mask = create_bidirectional_mask(  # skipping a full mask reads it: not in a training step
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            allow_is_bidirectional_skip=not self.training,
         )
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
@@ -435,9 +423,9 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         "cross_attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="encoder_attn"),
     }
 
-    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
+    def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
-        self.embed_tokens = embed_tokens  # the shared matrix (3.4), owned by VanillaTransformerModel
+        self.embed_tokens = _tied_embedding(config)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = _position_embedding(config)
         self.layers = nn.ModuleList(
@@ -448,6 +436,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
 
     @merge_with_config_defaults
     @capture_outputs
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,  # (B, T)
@@ -457,37 +446,28 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        past_key_values: Cache | None = None,  # the cache's name before transformers 5.24
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `decoder_input_ids` and `decoder_inputs_embeds`.")
         if encoder_hidden_states is None:
             raise ValueError("The decoder needs `encoder_hidden_states` (the encoder output).")
-        cache = decoder_cache(cache, past_key_values, kwargs, use_cache, self.config)
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = cache.get_seq_length() if cache is not None else 0
         # A static cache counts its length in a tensor (torch.compile traces it; reading it would synchronise): the
         # checks of the user's inputs run where the length is a Python int (no cache, a dynamic cache, a static
         # cache's first call), which covers every call with user inputs.
-        length_known = isinstance(past_length, int)
+        first_call = isinstance(past_length, int) and past_length == 0
         if inputs_embeds is None:
-            if length_known and past_length == 0:  # the user's ids; generate's later steps feed back the model's own
-                _check_token_ids(input_ids, self.config.vocab_size, "decoder_input_ids")
+            if first_call:  # the user's ids; generate's later steps feed back the model's own
+                _check_token_ids(input_ids, self.config.vocab_size, "decoder_input_ids", values=not self.training)
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale  # 3.4: scaled by sqrt(d_model)
-        batch_size, length = inputs_embeds.shape[:2]
-        if encoder_hidden_states.shape[0] != batch_size:
-            raise ValueError(
-                f"The encoder output has batch size {encoder_hidden_states.shape[0]} but the decoder inputs have "
-                f"{batch_size}."
-            )
-        if length_known:
-            _check_attention_mask(attention_mask, (batch_size, past_length + length), "decoder_attention_mask")
-        _check_attention_mask(encoder_attention_mask, encoder_hidden_states.shape[:2], "attention_mask")
-
-        if length_known and past_length == 0 and cache is not None and hasattr(self.embed_positions, "grow"):
+        self._check_shapes(inputs_embeds, past_length, attention_mask, encoder_hidden_states, encoder_attention_mask)
+        if first_call and cache is not None and hasattr(self.embed_positions, "grow"):
             # a static cache's size (-1 for one that grows), before decoding: later steps only index the table
             self.embed_positions.grow(cache.self_attention_cache.get_max_length())
-        positions = self.embed_positions(past_length, length)
+        positions = self.embed_positions(past_length, inputs_embeds.shape[1])
         hidden_states = inputs_embeds + positions.to(inputs_embeds.dtype)  # (B, T, D)
         hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=self.training)
 
@@ -495,13 +475,15 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            **{MASK_CACHE_ARGUMENT: cache.self_attention_cache if cache is not None else None},
+            cache=cache.self_attention_cache if cache is not None else None,
+            allow_is_causal_skip=not self.training,  # skipping a mask reads it: not in a training step
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
+            allow_is_bidirectional_skip=not self.training,
         )
         for layer in self.layers:
             hidden_states = layer(
@@ -512,11 +494,25 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
                 cache=cache,
                 **kwargs,
             )
-        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, **{CACHE_NAME: cache})
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
+
+    @staticmethod
+    def _check_shapes(inputs_embeds, past_length, attention_mask, encoder_hidden_states, encoder_attention_mask):
+        batch_size, length = inputs_embeds.shape[:2]
+        if encoder_hidden_states.shape[0] != batch_size:
+            raise ValueError(
+                f"The encoder output has batch size {encoder_hidden_states.shape[0]} but the decoder inputs have "
+                f"{batch_size}."
+            )
+        if isinstance(past_length, int):
+            _check_attention_mask(attention_mask, (batch_size, past_length + length), "decoder_attention_mask")
+        _check_attention_mask(encoder_attention_mask, encoder_hidden_states.shape[:2], "attention_mask")
 
 
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     """Encoder and decoder over ONE embedding matrix shared by source and target (3.4)."""
+
+    _auto_class = "AutoModel"  # save_pretrained writes `auto_map` and copies the code files (Hub remote code)
 
     _tied_weights_keys = {
         "encoder.embed_tokens.weight": "shared.weight",
@@ -526,8 +522,8 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
-        self.encoder = VanillaTransformerEncoder(config, self.shared)
-        self.decoder = VanillaTransformerDecoder(config, self.shared)
+        self.encoder = VanillaTransformerEncoder(config)
+        self.decoder = VanillaTransformerDecoder(config)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -539,6 +535,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         self.decoder.embed_tokens = value
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -550,8 +547,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        past_key_values: Cache | None = None,  # the cache's name before transformers 5.24
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -571,12 +567,11 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            past_key_values=past_key_values,
             **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
+            cache=decoder_outputs.cache,
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -589,6 +584,8 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
     """The model plus the pre-softmax linear layer, which shares the embedding matrix (3.4)."""
 
+    _auto_class = "AutoModelForSeq2SeqLM"
+
     _tied_weights_keys = {
         "lm_head.weight": "model.shared.weight",
         "model.encoder.embed_tokens.weight": "model.shared.weight",
@@ -599,43 +596,17 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
+        self.loss_type = "ForMaskedLM"  # the labels are the targets as they are: no shift inside the loss
         self.post_init()
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
-    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
-        """`GenerationMixin.generate`, whose output length is section 6.1's, input length + 50 (ending early at
-        </s>), when neither the call nor the generation config sets one: transformers' own fallback, 20 new tokens,
-        cuts translations mid-sentence. `max_new_tokens` or `max_length`, in the call or in generation_config.json,
-        is used as given."""
-        config = generation_config if generation_config is not None else self.generation_config
-        lengths = ("max_new_tokens", "max_length")
-        if all(kwargs.get(name) is None and getattr(config, name, None) is None for name in lengths):
-            if (source_mask := self._source_mask(inputs, kwargs)) is not None:
-                kwargs["max_new_tokens"] = output_length(source_mask, self.config)
-        return super().generate(inputs, generation_config, **kwargs)
-
-    @staticmethod
-    def _source_mask(inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
-        """The (batch, source length) mask of the sources a generate() call translates, from whatever it was given."""
-        if kwargs.get("attention_mask") is not None:
-            return kwargs["attention_mask"]
-        encoder_outputs = kwargs.get("encoder_outputs")
-        for source in (
-            inputs,
-            kwargs.get("input_ids"),
-            kwargs.get("inputs_embeds"),
-            encoder_outputs and encoder_outputs[0],
-        ):
-            if isinstance(source, torch.Tensor) and source.dim() >= 2:
-                return torch.ones(source.shape[:2], dtype=torch.long)
-        return None
-
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -648,31 +619,21 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        epsilon_ls: float = 0.0,
-        return_logits: bool = True,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        past_key_values: Cache | None = None,  # the cache's name before transformers 5.24
-        **kwargs,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`, *optional*):
             Target token ids; -100 marks padding. The decoder inputs are the labels shifted right from
-            `config.decoder_start_token_id` unless `decoder_input_ids` are given. The loss is the mean cross-entropy
-            over non-padding targets, as in BART and Marian.
-        epsilon_ls (`float`, *optional*, defaults to 0):
-            The loss's label smoothing (section 5.4 trains with 0.1). A training setting, never saved with the model.
-            Named without "label" because the Trainer takes every forward() parameter with "label" in its name
-            for a label column. `label_smoothing=` is still read.
-        num_items_in_batch (*optional*):
-            The non-padding targets of the whole (accumulated) batch, as the Trainer passes it: the loss is then the
-            sum over this micro-batch divided by it, so gradient accumulation gives the mean over the whole batch.
-        return_logits (`bool`, *optional*, defaults to True):
-            False computes the loss without the (B, T, V) logits (`logits` is None), block by block, with the
-            same value and gradients (`label_smoothed_cross_entropy` in the fast paths); the training script's path.
+            `config.decoder_start_token_id` unless `decoder_input_ids` are given. The loss is the cross-entropy over
+            non-padding targets: their mean, or their sum divided by `num_items_in_batch` where the Trainer passes it
+            (gradient accumulation), as transformers' models compute it. Label smoothing (section 5.4) is a training
+            setting: the Trainer's `label_smoothing_factor`, or the project's training library.
+        logits_to_keep (`int` or `torch.LongTensor`, *optional*, defaults to 0):
+            The decoder positions to compute logits for: the last `logits_to_keep` (0: all), or these indices (an
+            empty tensor: none, for a loss computed from the decoder's output elsewhere).
         """
-        epsilon_ls = kwargs.pop("label_smoothing", epsilon_ls)
         if labels is not None:
-            _check_token_ids(labels, self.config.vocab_size, "labels", allow_ignore_index=True)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = shift_tokens_right(
@@ -688,16 +649,15 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            past_key_values=past_key_values,
             **kwargs,
         )
-        logits, loss = self._logits_and_loss(outputs.last_hidden_state, labels, epsilon_ls, return_logits)
-        if loss is not None and num_items_in_batch is not None:  # the sum, over the whole accumulated batch's count
-            loss = loss * (labels != -100).sum() / num_items_in_batch
+        positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(outputs.last_hidden_state[:, positions])  # (B, T, V)
+        loss = None if labels is None else self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
+            cache=outputs.cache,
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,
@@ -706,68 +666,13 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_attentions=outputs.encoder_attentions,
         )
 
-    def _logits_and_loss(self, hidden_states, labels, epsilon_ls: float, return_logits: bool):
-        """The pre-softmax projection (B, T, D) -> (B, T, V) and the mean cross-entropy over non-padding labels; with
-        `return_logits=False`, the loss alone, without the logits (fast paths)."""
-        if labels is not None and not return_logits and self.lm_head.bias is None:
-            return None, label_smoothed_cross_entropy(hidden_states, self.lm_head.weight, labels, epsilon_ls)
-        logits = self.lm_head(hidden_states)  # (B, T, V)
-        if labels is None:
-            return logits, None
-        loss = F.cross_entropy(
-            logits.float().view(-1, logits.shape[-1]),
-            labels.reshape(-1),
-            ignore_index=-100,
-            label_smoothing=epsilon_ls,
-        )
-        return logits, loss
-
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
-    def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
-        """Beam search, after each step: row i of the cache continues beam `beam_idx[i]`. The encoder-decoder keys
-        and values, the same for all beams of a sentence, are kept once per sentence (`reorder_grouped_cache`).
-        generate() calls this hook, where a model has one, from 5.4 to 5.24 at least."""
-        return reorder_grouped_cache(
-            cache, beam_idx, self.config._attn_implementation, self.config.grouped_beam_cross_attention
-        )
-
-
-# --- the decoder cache, under the installed transformers' name ---------------------------------------------------
-# transformers 5.24 renamed the decoder's key/value cache from `past_key_values` to `cache`: generate() passes it to
-# forward() and reads it back from the outputs under the name of the output classes' field, and the mask functions
-# take it under the new name. This file runs under whatever release a user has, so it reads the names from what is
-# installed (the output classes' fields, the mask function's parameters), never from a table of version numbers;
-# forward() accepts the cache under either name.
-
-CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
-MASK_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
-SUPPORTED_TRANSFORMERS = ">=5.23"  # tested at 5.23.0 and the newest by .ci/run; pyproject.toml declares the same
-
-
-def decoder_cache(
-    cache: Cache | None, past_key_values: Cache | None, kwargs: dict, use_cache: bool | None, config
-) -> EncoderDecoderCache | None:
-    """The decoder's cache, given under either name (a new one when `use_cache` and none is given). A cache under
-    any other name means the installed transformers passes it as this file cannot know: refuse, rather than decode
-    without it (every step would then attend to its own token only)."""
-    if cache is not None and past_key_values is not None:
-        raise ValueError("Pass the decoder cache once, as `cache` (or `past_key_values` before transformers 5.24).")
-    cache = cache if cache is not None else past_key_values
-    unknown = [name for name, value in kwargs.items() if isinstance(value, Cache)]
-    if unknown:
-        raise TypeError(
-            f"transformers {transformers.__version__} passed the decoder cache as `{unknown[0]}`, a name this model's "
-            f"code does not read (it reads `cache` and `past_key_values`; it supports transformers"
-            f"{SUPPORTED_TRANSFORMERS}). Refresh the folder's code with `vanilla-transformer refresh-code "
-            "FOLDER`, or install a supported transformers."
-        )
-    if use_cache and cache is None:
-        cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
-    elif cache is not None and not isinstance(cache, EncoderDecoderCache):  # a decoder-only cache: add the encoder's
-        cache = EncoderDecoderCache(cache, DynamicCache(config=config))
-    return cache
+    def paper_max_new_tokens(self, attention_mask: torch.Tensor) -> int:
+        """Section 6.1's output length for a batch of sources, input length + 50 (and within a learned position
+        table): what the folder's custom_generate/generate.py gives `generate()` when the call sets no length."""
+        return output_length(attention_mask, self.config)
 
 
 # --- inputs ------------------------------------------------------------------------------------------------------
@@ -781,23 +686,21 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return decoder_input_ids.masked_fill_(decoder_input_ids == -100, pad_token_id)
 
 
-def _check_token_ids(ids: torch.Tensor, vocab_size: int, name: str, allow_ignore_index: bool = False) -> None:
-    """Clear errors for ids the embedding cannot look up (instead of an IndexError deep in torch)."""
+def _check_token_ids(ids: torch.Tensor, vocab_size: int, name: str, values: bool) -> None:
+    """Clear errors for ids the embedding cannot look up (instead of an IndexError deep in torch). The values are
+    read (one device-to-host copy) only where `values`: outside training, so a training step never waits on it."""
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ValueError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
     if ids.dim() != 2:
         raise ValueError(f"`{name}` must have shape (batch, length), got {tuple(ids.shape)}.")
     if ids.shape[1] == 0:
         raise ValueError(f"`{name}` is empty (length 0): every sequence needs at least one token, e.g. </s>.")
-    if is_torchdynamo_compiling():
+    if not values or is_torchdynamo_compiling():
         return
     valid = (ids >= 0) & (ids < vocab_size)
-    if allow_ignore_index:
-        valid |= ids == -100
     if not bool(valid.all()):
-        bad = ids[~valid]
         raise ValueError(
-            f"`{name}` holds ids outside the vocabulary [0, {vocab_size}): e.g. {bad[:5].tolist()}. "
+            f"`{name}` holds ids outside the vocabulary [0, {vocab_size}): e.g. {ids[~valid][:5].tolist()}. "
             "Was the input made with this model's tokenizer?"
         )
 
@@ -808,89 +711,6 @@ def _check_attention_mask(mask: torch.Tensor | None, expected_shape: tuple, name
     if tuple(mask.shape) != tuple(expected_shape):
         raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but the inputs need {tuple(expected_shape)}.")
 
-
-# --- checkpoints saved before the attention's projections were separate layers --------------------------------------
-# Until issue 33, self-attention's W^Q, W^K, W^V were one layer `qkv_proj` (rows q, k, v) and encoder-decoder
-# attention's W^K, W^V one layer `kv_proj` (rows k, v; its W^Q was `q_proj` already). Their weights load into the
-# separate layers: through `from_pretrained` by transformers' checkpoint conversion (registered below), and through
-# nn.Module.load_state_dict (accelerate's load_state, the training script's checkpoint averaging) by each
-# attention's pre-hook. Nothing writes the old names back: saving writes the layers as they are.
-
-FUSED_PROJECTIONS = {  # sub-layer: (the old fused layer, the layers it splits into, in its row order)
-    "self_attn": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-    "encoder_attn": ("kv_proj", ("k_proj", "v_proj")),
-}
-
-
-def split_fused_projections(attention: VanillaTransformerAttention, state_dict: dict, prefix: str, *args) -> None:
-    """load_state_dict pre-hook of an attention: an old checkpoint's fused `qkv_proj` or `kv_proj` weight and bias,
-    split into the rows of the separate projections (in place; `state_dict` is load_state_dict's own copy). One of
-    another size (another model's) is left as it is, for load_state_dict to report."""
-    fused, parts = FUSED_PROJECTIONS["encoder_attn" if attention.is_cross_attention else "self_attn"]
-    qk_size, v_size = attention.num_heads * attention.qk_head_dim, attention.num_heads * attention.head_dim
-    sizes = [v_size if part == "v_proj" else qk_size for part in parts]
-    for name in ("weight", "bias"):
-        key = f"{prefix}{fused}.{name}"
-        if key in state_dict and state_dict[key].dim() > 0 and state_dict[key].shape[0] == sum(sizes):
-            for part, rows in zip(parts, state_dict.pop(key).split(sizes), strict=True):
-                state_dict[f"{prefix}{part}.{name}"] = rows
-
-
-def split_fused_projections_of(model: nn.Module, state_dict: dict) -> dict:
-    """`state_dict` (of `model`, with any module prefix `model` has) with the fused projections of an old checkpoint
-    split as `model.load_state_dict` splits them; a new dict. For code that reads checkpoints by key (averaging)."""
-    state_dict = dict(state_dict)
-    for name, module in model.named_modules():
-        if isinstance(module, VanillaTransformerAttention):
-            split_fused_projections(module, state_dict, f"{name}." if name else "")
-    return state_dict
-
-
-def _register_checkpoint_conversion() -> None:
-    """Make from_pretrained split the fused layers of old checkpoints (transformers' conversion mapping, read for
-    this model type whether the class is installed or Hub code). The rows are split at the sizes of the model's own
-    layers (d_k may differ from d_v: Table 3, row B). Conversions are reversed when a model is saved; this one is
-    not: a loaded model saves its separate layers."""
-    try:
-        from transformers.conversion_mapping import register_checkpoint_conversion_mapping
-        from transformers.core_model_loading import Split, WeightConverter, WeightRenaming
-    except ImportError:  # a transformers without the API: old checkpoints then load only through load_state_dict
-        return
-
-    class SplitFusedProjections(WeightConverter):
-        __slots__ = ()
-
-        def reverse_transform(self) -> WeightRenaming:  # saving: a renaming that matches no key
-            return WeightRenaming(source_patterns="(?!)", target_patterns="(?!)")
-
-    conversions = [
-        SplitFusedProjections(f"{layer}.{fused}", [f"{layer}.{part}" for part in parts], operations=[Split(dim=0)])
-        for layer, (fused, parts) in FUSED_PROJECTIONS.items()
-    ]
-    register_checkpoint_conversion_mapping(VanillaTransformerConfig.model_type, conversions, overwrite=True)
-
-
-_register_checkpoint_conversion()
-
-
-def _register_auto_classes() -> None:
-    """Make the Auto classes know this model on import, and make `save_pretrained` write `auto_map`
-    and copy this file, the configuration and the relatively imported siblings beside the weights (Hub sharing
-    with trust_remote_code)."""
-    from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
-
-    try:
-        AutoConfig.register(VanillaTransformerConfig.model_type, VanillaTransformerConfig)
-        AutoModel.register(VanillaTransformerConfig, VanillaTransformerModel)
-        AutoModelForSeq2SeqLM.register(VanillaTransformerConfig, VanillaTransformerForConditionalGeneration)
-    except ValueError:  # already registered (e.g. the module was imported twice under different names)
-        pass
-    VanillaTransformerConfig.register_for_auto_class()
-    VanillaTransformerModel.register_for_auto_class("AutoModel")
-    VanillaTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
-
-
-_register_auto_classes()
 
 __all__ = [
     "VanillaTransformerPreTrainedModel",

@@ -9,20 +9,24 @@ under `custom_pipelines` in config.json, so that
     translator(["One.", "Two."], batch_size=2)     # [{"translation_text": "..."}, {"translation_text": "..."}]
 
 The arguments of transformers 4's TranslationPipeline keep their meaning: `return_text` and `return_tensors` (the
-output ids, as `translation_token_ids`), `clean_up_tokenization_spaces`, `truncation` (sources cut at the tokenizer's
-`model_max_length`), `src_lang` and `tgt_lang` (checked against the languages the model was trained on, where its
-tokenizer_config.json records them). Generation arguments (`num_beams`, `max_new_tokens`, `length_penalty`, ...) pass
-through to `model.generate`; those not given come from the model's generation_config.json (the paper: beam 4, length
-penalty 0.6). The paper's maximum
-output length, input length + 50 (section 6.1), depends on the input, so the pipeline applies it: when neither
-`max_new_tokens` nor `max_length` is set, a batch may generate (its longest source, in tokens) + 50 new tokens. A
-`max_new_tokens` or `max_length` over MAX_OUTPUT_TOKENS (4096), given or from generation_config.json, is refused
-with a ValueError before anything is generated.
+output ids, as `translation_token_ids`), `clean_up_tokenization_spaces`, `truncation`, `src_lang` and `tgt_lang`
+(checked against the languages the model was trained on, where its tokenizer_config.json records them). Generation
+arguments (`num_beams`, `max_new_tokens`, `length_penalty`, ...) pass through to `model.generate`; those not given
+come from the model's generation_config.json (the paper: beam 4, length penalty 0.6).
+
+What a call costs is bounded, whatever the input:
+- a source is cut at the tokenizer's `model_max_length` (1024 tokens for this project's tokenizers; at most
+  MAX_OUTPUT_TOKENS when a tokenizer sets none), with a warning: `truncation=True` by default, where transformers 4
+  did not truncate. `truncation=False` translates a longer source whole, at the memory and time it takes.
+- the output follows the paper's maximum length, input length + 50 (section 6.1): when neither `max_new_tokens` nor
+  `max_length` is set, a batch may generate (its longest source, in tokens) + 50 new tokens, at most
+  MAX_OUTPUT_TOKENS (4096). A `max_new_tokens` or `max_length` over that limit, given or from generation_config.json,
+  is refused with a ValueError before anything is generated. To raise the limit, set it on the pipeline:
+  `translator.max_output_tokens = 8192`.
 """
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, Pipeline
-from transformers.pipelines import PIPELINE_REGISTRY
+from transformers import Pipeline
 from transformers.utils import logging
 
 EXTRA_OUTPUT_TOKENS = 50  # section 6.1: "maximum output length to input length + 50"
@@ -42,11 +46,13 @@ def paper_max_new_tokens(attention_mask: torch.Tensor) -> int:
     return int(attention_mask.sum(dim=1).max()) + EXTRA_OUTPUT_TOKENS
 
 
-def output_length(attention_mask: torch.Tensor, config, requested: int | None = None) -> int:
-    """The new tokens a batch may generate: `requested`, else section 6.1's input + 50, and at most what the model
-    can represent. A learned position table (Table 3, row E) has `max_position_embeddings` rows and the decoder
-    start token takes the first; sinusoids have no limit. A cut is logged once."""
-    length = requested if requested is not None else paper_max_new_tokens(attention_mask)
+def output_length(
+    attention_mask: torch.Tensor, config, requested: int | None = None, limit: int = MAX_OUTPUT_TOKENS
+) -> int:
+    """The new tokens a batch may generate: `requested`, else section 6.1's input + 50 up to `limit`, and at most
+    what the model can represent. A learned position table (Table 3, row E) has `max_position_embeddings` rows and
+    the decoder start token takes the first; sinusoids have no limit. A cut is logged once."""
+    length = requested if requested is not None else min(paper_max_new_tokens(attention_mask), limit)
     if config.position_embedding_type != "learned" or length < config.max_position_embeddings:
         return length
     cap = config.max_position_embeddings - 1
@@ -57,15 +63,15 @@ def output_length(attention_mask: torch.Tensor, config, requested: int | None = 
     return cap
 
 
-def check_output_length(settings: dict) -> None:
-    """Refuse (ValueError naming it) a `max_new_tokens` or `max_length` over MAX_OUTPUT_TOKENS in `settings`, the
-    generation arguments of a call on top of the model's generation config, before anything is generated."""
+def check_output_length(settings: dict, limit: int = MAX_OUTPUT_TOKENS) -> None:
+    """Refuse (ValueError naming it) a `max_new_tokens` or `max_length` over `limit` in `settings`, the generation
+    arguments of a call on top of the model's generation config, before anything is generated."""
     for name in ("max_new_tokens", "max_length"):
         value = settings.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_OUTPUT_TOKENS:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:
             raise ValueError(
-                f"{name}={value} is over this pipeline's limit of {MAX_OUTPUT_TOKENS} tokens: a translation is far "
-                "shorter, and generation allocates for the length asked."
+                f"{name}={value} is over this pipeline's limit of {limit} tokens: a translation is far shorter, "
+                "and generation allocates for the length asked (raise the limit with `pipeline.max_output_tokens`)."
             )
 
 
@@ -86,6 +92,7 @@ class VanillaTransformerTranslationPipeline(Pipeline):
     _load_video_processor = False
     _load_feature_extractor = False
     _pipeline_calls_generate = True
+    max_output_tokens = MAX_OUTPUT_TOKENS  # the longest output a call may generate; an instance may raise it
 
     def __call__(self, inputs: str | list[str], **kwargs) -> list[dict[str, str]] | list[list[dict[str, str]]]:
         """Translate one string or a list of strings.
@@ -121,7 +128,7 @@ class VanillaTransformerTranslationPipeline(Pipeline):
     ):
         """transformers 4's TranslationPipeline arguments, with their meaning there; the rest go to generate()."""
         self._check_languages(src_lang=src_lang, tgt_lang=tgt_lang)
-        preprocess = {} if truncation is None else {"truncation": truncation}
+        preprocess = {} if truncation is None else {"truncation": truncation}  # True by default (`preprocess`)
         postprocess = {}
         if return_tensors is not None or return_text is not None:  # as in v4: ids instead of text, unless both asked
             postprocess["with_ids"] = bool(return_tensors)
@@ -143,18 +150,31 @@ class VanillaTransformerTranslationPipeline(Pipeline):
                     f"only; leave {name} out or give {known[name]!r}."
                 )
 
-    def preprocess(self, text: str, truncation=False) -> dict[str, torch.Tensor]:
+    def preprocess(self, text: str, truncation=True) -> dict[str, torch.Tensor]:
+        """The source's ids, cut at `input_limit` unless `truncation` is False (a cut is logged once)."""
         _check_text(text)
-        encoding = self.tokenizer(text, return_tensors="pt", truncation=truncation)
+        limit = self.input_limit() if truncation else None
+        encoding = self.tokenizer(text, return_tensors="pt", truncation=bool(truncation), max_length=limit)
+        if limit is not None and encoding["input_ids"].shape[1] >= limit:
+            logger.warning_once(
+                f"A source of {limit} tokens or more is cut at {limit} (the tokenizer's model_max_length); pass "
+                "truncation=False to translate it whole."
+            )
         return {"input_ids": encoding["input_ids"], "attention_mask": encoding["attention_mask"]}
+
+    def input_limit(self) -> int:
+        """Where a source is cut by default: the tokenizer's `model_max_length`, at most MAX_OUTPUT_TOKENS (a
+        tokenizer that sets none says 10**30)."""
+        return min(int(self.tokenizer.model_max_length), MAX_OUTPUT_TOKENS)
 
     def _forward(self, model_inputs: dict[str, torch.Tensor], **generate_kwargs) -> dict[str, torch.Tensor]:
         input_ids, attention_mask = model_inputs["input_ids"], model_inputs["attention_mask"]
         prepared = self._prepare_generate_kwargs(generate_kwargs)
         set_params = self._get_set_generation_params(prepared)
-        check_output_length(set_params)
+        check_output_length(set_params, self.max_output_tokens)
         if "max_length" not in set_params:  # input + 50 unless given, at most what the positions can represent
-            length = output_length(attention_mask, self.model.config, set_params.get("max_new_tokens"))
+            requested, limit = set_params.get("max_new_tokens"), self.max_output_tokens
+            length = output_length(attention_mask, self.model.config, requested, limit)
             prepared = self._prepare_generate_kwargs(generate_kwargs, max_new_tokens=length)
         output_ids = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **prepared)
         # (batch * sequences per input, length) -> (batch, sequences per input, length), unbatched per input
@@ -177,20 +197,3 @@ class VanillaTransformerTranslationPipeline(Pipeline):
                 )
             records.append(record)
         return records
-
-
-def _register_pipeline() -> None:
-    """Register the pipeline for the "translation" task without transformers' "already registered. Overwriting"
-    warning: each model folder's copy of this file is imported as a module of its own, and registers again."""
-    registry_logger = logging.get_logger(type(PIPELINE_REGISTRY).__module__)
-    level = registry_logger.level
-    registry_logger.setLevel(logging.ERROR)
-    try:
-        PIPELINE_REGISTRY.register_pipeline(
-            "translation", pipeline_class=VanillaTransformerTranslationPipeline, pt_model=AutoModelForSeq2SeqLM
-        )
-    finally:
-        registry_logger.setLevel(level)
-
-
-_register_pipeline()

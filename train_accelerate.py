@@ -5,6 +5,7 @@ lists the flags). Reads top to bottom: settings (`vanilla_transformer.commands.a
 mechanics are `vanilla_transformer.checkpoints`, evaluation `vanilla_transformer.evaluation`.
 """
 
+import contextlib
 import datetime
 import json
 import sys
@@ -25,6 +26,8 @@ from vanilla_transformer.checkpoints import CheckpointError, RunState
 from vanilla_transformer.commands.arguments import TrainingSettings, parse_training_arguments
 from vanilla_transformer.coordination import CoordinationError, run_while_others_wait
 from vanilla_transformer.data import DataError
+from vanilla_transformer.loading import ModelFolderError
+from vanilla_transformer.loss import label_smoothed_loss
 from vanilla_transformer.names import RESULTS, TRACKER_LOGS, TRAIN_LOG
 from vanilla_transformer.output_folder import (
     FINAL_ENTRIES,
@@ -41,7 +44,6 @@ from vanilla_transformer.training import (
     UnsupportedSetup,
     config_for_tokenizer,
     count_target_tokens,
-    forward_backward,
     make_accelerator,
     make_optimizer_and_schedule,
     prefetch,
@@ -49,7 +51,15 @@ from vanilla_transformer.training import (
 
 Steps = PreparedSteps | StreamedSteps  # the optimizer steps' batches, from any data position
 # what ends the command with one message: a refused setting, bad data, a damaged checkpoint, an occupied folder
-REFUSALS = (DataError, FileNotFoundError, CheckpointError, CoordinationError, OutputDirError, UnsupportedSetup)
+REFUSALS = (
+    DataError,
+    FileNotFoundError,
+    CheckpointError,
+    CoordinationError,
+    OutputDirError,
+    UnsupportedSetup,
+    ModelFolderError,
+)
 
 
 def train(argv=None) -> None:
@@ -119,8 +129,9 @@ def claim_the_output_folder(accelerator, settings: TrainingSettings) -> RunFolde
 # --- data --------------------------------------------------------------------------------------------------------
 
 
-def load_training_data(settings: TrainingSettings, accelerator) -> tuple[PreTrainedTokenizerBase, dict, Steps]:
-    """(tokenizer, evaluation splits, the optimizer steps' batches from any data position).
+def load_training_data(settings: TrainingSettings, accelerator) -> tuple[PreTrainedTokenizerBase, dict, Steps, dict]:
+    """(tokenizer, evaluation splits, the optimizer steps' batches from any data position, the training data's
+    fingerprint: what a resumed run must train on).
 
     By default the corpus is prepared once (tokenized, filtered, cached on disk) and memory-mapped by every process;
     with --streaming the training pairs are read, shuffled and tokenized as they are needed.
@@ -134,7 +145,7 @@ def load_training_data(settings: TrainingSettings, accelerator) -> tuple[PreTrai
         )
         accelerator.print("[data] streaming the training pairs")
         steps = StreamedSteps(epoch_batches, TranslationCollator(tokenizer.pad_token_id), accumulation)
-        return tokenizer, corpus.splits, steps
+        return tokenizer, corpus.splits, steps, streaming.training_data_fingerprint(data)
 
     corpus = prepare.load_or_prepare(data, accelerator)
     accelerator.print("\n".join(corpus.summary()))
@@ -154,7 +165,8 @@ def load_training_data(settings: TrainingSettings, accelerator) -> tuple[PreTrai
     )
     evaluation_splits = {split: dataset for split, dataset in corpus.splits.items() if split != "train"}
     steps = PreparedSteps(sampler, TranslationCollator(corpus.tokenizer.pad_token_id), train_examples, accumulation)
-    return corpus.tokenizer, evaluation_splits, steps
+    fingerprint = prepare.training_data_fingerprint(corpus, train_examples)
+    return corpus.tokenizer, evaluation_splits, steps, fingerprint
 
 
 # --- model, optimizer, resume -------------------------------------------------------------------------------------
@@ -180,7 +192,7 @@ class Run:
 
 def set_up_run(settings: TrainingSettings, accelerator) -> Run:
     """Data, model, optimizer (5.3) and schedule (equation 3); resumed from a checkpoint when asked."""
-    tokenizer, splits, steps = load_training_data(settings, accelerator)
+    tokenizer, splits, steps, training_data = load_training_data(settings, accelerator)
     config = config_for_tokenizer(settings.preset, tokenizer, **settings.model_overrides)
     model = VanillaTransformerForConditionalGeneration(config)
     default_attention = model.config._attn_implementation
@@ -204,7 +216,7 @@ def set_up_run(settings: TrainingSettings, accelerator) -> Run:
         validation_loader = evaluation.sharded_loader(
             accelerator, tokenizer, validation, settings.evaluation, config, "validation"
         )
-    identity = checkpoints.run_identity(config, prepare.tokenizer_fingerprint(tokenizer))
+    identity = checkpoints.run_identity(config, prepare.tokenizer_fingerprint(tokenizer), training_data)
     continuation = checkpoints.continuation_settings(accelerator, settings.batches_and_schedule)
     state = None
     if settings.checkpoints.resume_from:
@@ -228,6 +240,20 @@ def set_up_run(settings: TrainingSettings, accelerator) -> Run:
 # --- the loop ----------------------------------------------------------------------------------------------------
 
 
+def forward_backward(accelerator, model, step_batches: list[dict], global_tokens: float, label_smoothing: float):
+    """One optimizer step's gradients: the label-smoothed loss (5.4) summed over every target token of the step, on
+    all processes, divided by their count. Returns this process's summed loss (a tensor: no host sync)."""
+    step_loss = torch.zeros((), device=accelerator.device)
+    for index, batch in enumerate(step_batches):  # micro-batches: gradients are synchronised on the last only
+        batch = {name: tensor.to(accelerator.device, non_blocking=True) for name, tensor in batch.items()}
+        with accelerator.no_sync(model) if index < len(step_batches) - 1 else contextlib.nullcontext():
+            loss = label_smoothed_loss(model, batch, label_smoothing)  # the sum over this micro-batch's targets
+            # the mean over the step's targets on every process: DDP averages the processes' gradients
+            accelerator.backward(loss / (global_tokens / accelerator.num_processes))
+        step_loss += loss.detach()
+    return step_loss
+
+
 def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: StopSignals) -> str:
     """Section 5: optimizer steps until `stop_reason` gives one; returns it. `run.state` advances in place and is
     checkpointed every --save_steps and at the end."""
@@ -245,8 +271,9 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
         local_tokens = torch.tensor(float(sum(count_target_tokens(b) for b in step_batches)), dtype=torch.float64)
         global_tokens = accelerator.reduce(local_tokens.to(accelerator.device)).item()  # the step's, every process's
         model.train()
-        step_loss = forward_backward(accelerator, model, step_batches, global_tokens, settings.label_smoothing)
-        log.add(step_loss, global_tokens)
+        log.add(
+            forward_backward(accelerator, model, step_batches, global_tokens, settings.label_smoothing), global_tokens
+        )
         if settings.max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
         optimizer.step()
@@ -269,8 +296,11 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
     steps.close()
     progress.close()
     state.elapsed_seconds = time.time() - start_time
-    if state.step != last_saved_step:
-        checkpoints.save_checkpoint(accelerator, settings.checkpoints, state, schedule, run.identity, run.continuation)
+    stop = reason == "signal"  # a stop checkpoint, to resume from: never pruned or averaged (checkpoints.py)
+    if state.step != last_saved_step or (state.at_stop_checkpoint and not stop):  # a regular one replaces a stop's
+        checkpoints.save_checkpoint(
+            accelerator, settings.checkpoints, state, schedule, run.identity, run.continuation, stop=stop
+        )
     return reason
 
 

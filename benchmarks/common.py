@@ -41,14 +41,12 @@ WORKLOADS = {
 }
 
 
-def build_ours(preset: str, vocab_size: int, fast_paths: bool = True) -> VanillaTransformerForConditionalGeneration:
-    """Our model, seeded; `fast_paths=False` switches off oneDNN linear layers and beam search's encoder-decoder keys
-    and values kept once per sentence (and benchmarks/speed.py trains it with the loss on the logits)."""
+def build_ours(preset: str, vocab_size: int) -> VanillaTransformerForConditionalGeneration:
+    """Our model, seeded."""
     torch.manual_seed(0)
-    config = VanillaTransformerConfig.from_preset(
-        preset, vocab_size=vocab_size, onednn_linear=fast_paths, grouped_beam_cross_attention=fast_paths
+    return VanillaTransformerForConditionalGeneration(
+        VanillaTransformerConfig.from_preset(preset, vocab_size=vocab_size)
     )
-    return VanillaTransformerForConditionalGeneration(config)
 
 
 def random_lengths(batch: int, lengths: tuple[int, int], generator: torch.Generator) -> torch.Tensor:

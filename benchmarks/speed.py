@@ -9,7 +9,9 @@ worker process of their own (see `Ctranslate2Process`).
 
 Work, per preset (small: the recipe's CPU model, 8000 tokens; base: the paper's, 37000 tokens):
 - train: forward, backward and Adam step on one identical padded batch (train mode, dropout 0.1), 64 sentence
-  pairs shaped like the recipe's length-sorted token batches; throughput counts non-padding target tokens.
+  pairs shaped like the recipe's length-sorted token batches; throughput counts non-padding target tokens. Marian
+  trains with its own loss (the logits' cross-entropy), ours with the training script's (vanilla_transformer/loss.py:
+  label-smoothed, without the logits).
 - greedy / beam4: generation from identical sources (16-32 tokens) of exactly 32 new tokens per sentence: no end
   token (`eos_token_id=None`; CTranslate2 `end_token=[]`), so every engine does the same work; throughput counts
   batch x 32 (beam search: returned tokens, not beams x tokens).
@@ -28,7 +30,7 @@ Usage:
     python benchmarks/speed.py                      # small and base, every row (about 9 minutes on 2 cores)
     python benchmarks/speed.py --quick              # 2 repetitions per row
     python benchmarks/speed.py --presets small --no-memory --no-ctranslate2
-    python benchmarks/speed.py --fast_paths_off --bf16  # also: our model with its fast paths off; in bf16
+    python benchmarks/speed.py --bf16               # also: our model in bf16
     python benchmarks/speed.py --compile            # also: training under torch.compile
 """
 
@@ -64,15 +66,14 @@ from timing import median_seconds  # noqa: E402
 
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.commands.flags import add_deprecated_alias  # noqa: E402
 from vanilla_transformer.export_marian import check_same_function, marian_config, to_marian  # noqa: E402
+from vanilla_transformer.loss import label_smoothed_loss  # noqa: E402
 
 ENGINES = ("ours", "marian", "ct2_float32", "ct2_int8")
 TORCH_ENGINES = ("ours", "marian")
 # Optional extra engines: table column and the work they run.
 EXTRA_ENGINES = {
     "ours_compiled": ("ours+compile tok/s", ("train",)),
-    "ours_fast_paths_off": ("ours before tok/s", ("train", "greedy", "beam4")),  # column named as in docs
     "ours_bf16": ("ours bf16 tok/s", ("greedy", "beam4")),
 }
 
@@ -94,16 +95,20 @@ def rows_for(workload: Workload) -> list[Row]:
 # --- work ----------------------------------------------------------------------------------------------------
 
 
-def training_step(model, batch, loss_without_logits: bool = False) -> Callable[[], None]:
-    """One optimizer step; `loss_without_logits`: our training script's loss path (`return_logits=False`)."""
+def training_step(model, batch, recipe_loss: bool = False) -> Callable[[], None]:
+    """One optimizer step: with the model's own loss (the logits' mean cross-entropy), or `recipe_loss`, our training
+    script's (vanilla_transformer/loss.py: label-smoothed, summed, without the logits)."""
     input_ids, attention_mask, labels = batch
-    loss_kwargs = {"return_logits": False} if loss_without_logits else {}
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
     def step() -> None:
         model.train()
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **loss_kwargs).loss
+        if recipe_loss:
+            batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+            loss = label_smoothed_loss(model, batch, 0.1) / (labels != -100).sum()
+        else:
+            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -140,8 +145,6 @@ class Engines:
     """The engines of one preset; `run(engine, row, batch)` gives the callable that does the row's work once.
 
     Extra engines: ours_compiled (--compile) is our model under `torch.compile`, for the training row;
-    ours_fast_paths_off (--fast_paths_off) is our model with its fast paths switched off (config and loss path),
-    for every row;
     ours_bf16 (--bf16) is our model with bf16 weights and eager attention, for the generation rows.
     """
 
@@ -167,8 +170,6 @@ class Engines:
             compiled = build_ours(preset, workload.vocab_size)
             compiled.forward = torch.compile(compiled.forward)
             self.models["ours_compiled"] = compiled
-        if "ours_fast_paths_off" in names:
-            self.models["ours_fast_paths_off"] = build_ours(preset, workload.vocab_size, fast_paths=False)
         if "ours_bf16" in names:  # bf16 weights; eager attention, as torch's CPU sdpa kernels are slow in bf16
             self.models["ours_bf16"] = build_ours(preset, workload.vocab_size).to(torch.bfloat16)
             self.models["ours_bf16"].set_attn_implementation("eager")
@@ -194,7 +195,7 @@ class Engines:
             return ctranslate2_generation(self.translators[name], batch, row.num_beams, self.workload.new_tokens)
         model = self.models[name]
         if row.work == "train":
-            step = training_step(model, batch, loss_without_logits=name == "ours")
+            step = training_step(model, batch, recipe_loss=name == "ours")
 
             def work() -> None:
                 for _ in range(self.workload.train_steps):
@@ -339,9 +340,9 @@ def speed_table(results: dict) -> str:
     extras = [name for name in EXTRA_ENGINES if any(name in speeds for speeds in results.values())]
     header = "| preset | work | batch | ours tok/s | Marian tok/s | ours/Marian | CT2 f32 tok/s | CT2 int8 tok/s | ours/CT2 f32 |"
     header += "".join(f" {EXTRA_ENGINES[name][0]} |" for name in extras)
-    with_fast_paths_off, with_bf16 = "ours_fast_paths_off" in extras, "ours_bf16" in extras
-    header += " ours/before |" * with_fast_paths_off + " ours bf16/CT2 f32 |" * with_bf16  # as named in the docs
-    lines = [header, "|---|---|---:" + "|---:" * (6 + len(extras) + with_fast_paths_off + with_bf16) + "|"]
+    with_bf16 = "ours_bf16" in extras
+    header += " ours bf16/CT2 f32 |" * with_bf16  # as named in the docs
+    lines = [header, "|---|---|---:" + "|---:" * (6 + len(extras) + with_bf16) + "|"]
     for (preset, row), speeds in results.items():
         ours, marian = speeds.get("ours"), speeds.get("marian")
         ct2_f32, ct2_int8 = speeds.get("ct2_float32"), speeds.get("ct2_int8")
@@ -350,7 +351,6 @@ def speed_table(results: dict) -> str:
             f"| {number(ct2_f32)} | {number(ct2_int8)} | {ratio(ours, ct2_f32)} |"
         )
         line += "".join(f" {number(speeds.get(name))} |" for name in extras)
-        line += f" {ratio(ours, speeds.get('ours_fast_paths_off'))} |" * with_fast_paths_off
         lines.append(line + f" {ratio(speeds.get('ours_bf16'), ct2_f32)} |" * with_bf16)
     return "\n".join(lines)
 
@@ -413,12 +413,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
     extra = parser.add_argument_group("extra engines")
     extra.add_argument("--compile", action="store_true", help="also time training of torch.compile(our model)")
-    extra.add_argument(
-        "--fast_paths_off",
-        action="store_true",
-        help='also time our model with its fast paths off (the "ours before" columns)',
-    )
-    add_deprecated_alias(extra, "--before", "--fast_paths_off")
     extra.add_argument("--bf16", action="store_true", help="also time generation with bf16 weights (ours_bf16)")
     parser.add_argument("--system-malloc", action="store_true", help="keep glibc's adaptive malloc thresholds")
     parser.add_argument("--memory-worker", nargs=2, metavar=("PRESET", "ENGINE"), help=argparse.SUPPRESS)
@@ -446,12 +440,7 @@ def main() -> None:
         except ImportError:
             print("ctranslate2 is not installed: no CTranslate2 rows", file=sys.stderr)
             ct2_names = []
-    torch_names = (
-        list(TORCH_ENGINES)
-        + ["ours_compiled"] * args.compile
-        + ["ours_fast_paths_off"] * args.fast_paths_off
-        + ["ours_bf16"] * args.bf16
-    )
+    torch_names = list(TORCH_ENGINES) + ["ours_compiled"] * args.compile + ["ours_bf16"] * args.bf16
 
     started = datetime.now(timezone.utc)
     print(f"# {started:%Y-%m-%d %H:%M} UTC; {describe_machine(machine())}; load average at start {load()}", flush=True)

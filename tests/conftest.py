@@ -3,6 +3,7 @@ pairs and its saved folder, a finished tiny training run, a small line-aligned c
 plain helpers and constants are in helpers.py (`from .helpers import ...`)."""
 
 import gzip
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
-from .helpers import SOURCES, TARGETS, TINY, train
+from .helpers import SIGNALLED_RUN, SOURCES, TARGETS, TINY, save_tiny_model_folder, train
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -114,6 +115,31 @@ def finished_run(tmp_path_factory) -> Path:
     output_dir = tmp_path_factory.mktemp("finished") / "run"
     train(output_dir, "--max_steps", "4", "--save_steps", "2")
     return output_dir
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_run(tmp_path_factory) -> Path:
+    """The tiny run of SIGNALLED_RUN, from start to end; copy it before changing it."""
+    output_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    train(output_dir, *SIGNALLED_RUN)
+    return output_dir
+
+
+@pytest.fixture
+def folder_with_a_layer_too_many(tmp_path) -> Path:
+    """A saved tiny model folder whose config.json has one encoder layer more than its weights hold."""
+    folder = save_tiny_model_folder(tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "encoder_layers": config["encoder_layers"] + 1}))
+    return folder
+
+
+@pytest.fixture(params=[0o022, 0o027], ids=["umask-022", "umask-027"])
+def umask(request) -> int:
+    """Run the test under this umask (the usual 022, then 027), the process's own restored afterwards."""
+    previous = os.umask(request.param)
+    yield request.param
+    os.umask(previous)
 
 
 @pytest.fixture

@@ -6,9 +6,11 @@ writes them, a small corpus."""
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import torch
@@ -62,6 +64,30 @@ def train(output_dir, *arguments, processes: int = 1, timeout: int = 300, check:
     return result
 
 
+# A run whose only regular checkpoint is its last step's (averaged alone): a stop checkpoint at any earlier step that
+# were pruned, counted or averaged like a regular one would change its final weights.
+SIGNALLED_RUN = ("--max_steps", "40", "--save_steps", "1000", "--save_total_limit", "0", "--average_last", "3")
+
+
+def train_until_signalled(output_dir, *arguments, signals=(signal.SIGTERM,), after_steps: int = 3):
+    """Run the training script in a subprocess and send it `signals` (0.1 s apart) once it has logged `after_steps`
+    steps; returns the step it stopped at (its newest checkpoint's) and its output. It must exit 0 (a stop)."""
+    command = [sys.executable, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN]
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    process = subprocess.Popen(
+        [*command, *arguments], cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    log, deadline = Path(output_dir) / "train_log.jsonl", time.time() + 120
+    while time.time() < deadline and (not log.is_file() or len(log.read_text().splitlines()) < after_steps):
+        time.sleep(0.05)
+    for number in signals:
+        process.send_signal(number)
+        time.sleep(0.1)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0 and "[stop] a stop signal" in output, output[-3000:]
+    return checkpoints.checkpoint_step(checkpoints.latest_checkpoint(Path(output_dir) / "checkpoints")), output
+
+
 def logged_losses(output_dir) -> dict[int, float]:
     lines = (Path(output_dir) / "train_log.jsonl").read_text().splitlines()
     return {record["step"]: record["loss"] for record in map(json.loads, lines)}
@@ -72,7 +98,7 @@ BLOCK_PROJECT_IMPORTS = textwrap.dedent(
     """
     import sys
     BLOCKED = {"configuration_vanilla_transformer", "modeling_vanilla_transformer",
-               "pipeline_vanilla_transformer", "fast_paths_vanilla_transformer", "vanilla_transformer",
+               "pipeline_vanilla_transformer", "generate_vanilla_transformer", "vanilla_transformer",
                "train_accelerate"}
     class BlockProject:
         @staticmethod
@@ -173,12 +199,14 @@ def snapshot(folder: Path) -> dict[str, str]:
     return {str(path.relative_to(folder)): digest(path) for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
-def fake_checkpoint(root: Path, step: int, run_id: str | None) -> Path:
-    """A finalized checkpoint folder of run `run_id` at `step`: weights and a trainer state, no optimizer."""
+def fake_checkpoint(root: Path, step: int, run_id: str | None, stop: bool = False) -> Path:
+    """A finalized checkpoint folder of run `run_id` at `step`: weights and a trainer state, no optimizer; `stop`:
+    saved because a signal stopped the run."""
     staging = checkpoints.staging_dir(root, step)
     staging.mkdir(parents=True)
     save_file({"weight": torch.full((2,), float(step))}, str(staging / checkpoints.WEIGHTS_NAME))
-    (staging / checkpoints.TRAINER_STATE).write_text(json.dumps({"run_id": run_id, "step": step}))
+    state = {"run_id": run_id, "step": step, **({"stop": True} if stop else {})}
+    (staging / checkpoints.TRAINER_STATE).write_text(json.dumps(state))
     return checkpoints.finalize_checkpoint(staging, checkpoints.checkpoint_dir(root, step))
 
 

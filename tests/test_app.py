@@ -430,7 +430,7 @@ def test_the_space_holds_the_app_its_code_requirements_and_a_spaces_card(tmp_pat
 ONLY_THE_SPACES_COPIES = """
 import importlib.machinery, os, sys
 PROJECT = {"vanilla_transformer", "configuration_vanilla_transformer", "modeling_vanilla_transformer",
-           "pipeline_vanilla_transformer", "fast_paths_vanilla_transformer", "train_accelerate", "app"}
+           "pipeline_vanilla_transformer", "generate_vanilla_transformer", "train_accelerate", "app"}
 class OnlyTheSpace:
     @staticmethod
     def find_spec(name, path=None, target=None):

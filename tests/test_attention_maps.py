@@ -157,11 +157,11 @@ def test_weights_that_do_not_fit_config_json_are_named_in_the_message_itself(fol
 def test_a_folder_whose_code_differs_from_the_installed_code_gets_a_note(folder, tmp_path, capsys):
     edited = tmp_path / "edited"
     shutil.copytree(folder, edited)
-    with (edited / "fast_paths_vanilla_transformer.py").open("a") as code:
+    with (edited / "pipeline_vanilla_transformer.py").open("a") as code:
         code.write("# edited by hand\n")
     argv = [str(edited), "--source", ENGLISH[0], "--target", GERMAN[0], "--output_dir", str(tmp_path / "maps")]
     assert attention_maps_command.main(argv) == 0
     assert (
         f"note: {edited} holds model code that differs from the installed vanilla-transformer's "
-        "(fast_paths_vanilla_transformer.py)" in capsys.readouterr().err
+        "(pipeline_vanilla_transformer.py)" in capsys.readouterr().err
     )

@@ -2,6 +2,7 @@
 (section 6.1); in a run, resumed only into the same model, checked before anything is loaded, never unpickled."""
 
 import errno
+import gzip
 import json
 import os
 import pickle
@@ -25,7 +26,7 @@ from vanilla_transformer.checkpoints import (
     staging_dir,
 )
 
-from .helpers import fake_checkpoint, logged_losses, snapshot, train
+from .helpers import fake_checkpoint, logged_losses, snapshot, train, train_tiny_tokenizer
 
 
 def write_checkpoint(root: Path, step: int, tensors: dict[str, torch.Tensor] | None = None) -> Path:
@@ -156,6 +157,30 @@ def test_resuming_with_another_model_or_tokenizer_is_refused_before_anything_is_
     assert snapshot(output_dir) == before
 
 
+def test_resuming_on_other_training_data_is_refused_naming_what_changed_before_anything_is_touched(
+    tmp_path, corpus_dir
+):
+    tokenizer = tmp_path / "tokenizer"
+    train_tiny_tokenizer().save_pretrained(tokenizer)  # one tokenizer whatever the data: only the data differs
+    data = ["--data_dir", str(corpus_dir), "--validation_split", "val", "--tokenizer_name_or_path", str(tokenizer)]
+    run = tmp_path / "run"
+    train(run, *data, "--max_steps", "2", "--save_steps", "2")
+    before = snapshot(run)
+    resume = [*data, "--max_steps", "4", "--resume_from_checkpoint", "latest"]
+    refused = train(run, *resume, "--max_sentence_tokens", "29", check=False)
+    changes = "--max_sentence_tokens 256 there, 29 here; pairs 60 there, 44 here"
+    assert f"step_000002 was trained on other data ({changes}" in refused.stderr
+    for name in ("train.en.gz", "train.de.gz"):  # the same pairs, in another order
+        lines = gzip.decompress((corpus_dir / name).read_bytes()).decode().splitlines()
+        (corpus_dir / name).write_bytes(gzip.compress(("\n".join(lines[::-1]) + "\n").encode()))
+    shuffled = train(run, *resume, check=False)
+    assert shuffled.returncode == 1 and "Traceback" not in shuffled.stderr, shuffled.stderr
+    assert "the same number of training pairs and tokens, but other pairs or the same pairs in another order" in (
+        shuffled.stderr
+    )
+    assert snapshot(run) == before
+
+
 def test_a_crafted_trainer_state_is_named_with_its_field_before_anything_is_loaded(tmp_path, finished_run):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
@@ -199,8 +224,13 @@ def test_resuming_with_other_batches_or_schedule_says_the_continuation_is_not_ex
         "500",
         "--seed",
         "9",
+        "--warmup_steps",
+        "20",
+        "--label_smoothing",
+        "0.2",
     )
-    assert "[resume] warning: max_tokens 600 -> 500, seed 42 -> 9 since the checkpoint" in changed.stdout
+    changes = "max_tokens 600 -> 500, seed 42 -> 9, warmup_steps 10 -> 20, label_smoothing 0.1 -> 0.2"
+    assert f"[resume] warning: {changes} since the checkpoint" in changed.stdout
     assert len((run / "train_log.jsonl").read_text().splitlines()) == 7
 
 
@@ -334,3 +364,52 @@ def test_a_run_that_took_no_optimizer_step_is_refused_naming_max_minutes_instead
     fake_checkpoint(settings.root, 2, "an-earlier-run")  # of another run: never averaged into this one
     with pytest.raises(checkpoints.CheckpointError, match="the run took no optimizer step.*--max_minutes"):
         checkpoints.load_averaged_weights(torch.nn.Linear(2, 2), SimpleNamespace(print=print), settings, "this-run")
+
+
+# --- stop checkpoints: saved at a signal, only to resume from -----------------------------------------------------
+
+
+def weights_writer(folder: Path) -> None:
+    save_file({"weight": torch.zeros(2)}, str(folder / WEIGHTS_NAME))
+
+
+def test_a_stop_checkpoint_is_neither_pruned_nor_counted_and_goes_once_a_newer_checkpoint_is_saved(tmp_path):
+    settings = checkpoints.CheckpointSettings(str(tmp_path / "run"), save_steps=2, keep_last=2)
+    accelerator = saving_accelerator(weights_writer)
+    for step in (2, 4):
+        save_step(accelerator, settings, step)
+    state = checkpoints.RunState("this-run", 5)
+    checkpoints.save_checkpoint(accelerator, settings, state, SimpleNamespace(state_dict=dict), {}, {}, stop=True)
+    assert state.at_stop_checkpoint and checkpoints.is_stop_checkpoint(checkpoint_dir(settings.root, 5))
+    assert [path.name for path in checkpoints.regular_checkpoints(settings.root)] == ["step_000002", "step_000004"]
+    assert latest_checkpoint(settings.root) == checkpoint_dir(settings.root, 5)  # where the run continues from
+    save_step(accelerator, settings, 6)
+    assert [path.name for path in list_checkpoints(settings.root)] == ["step_000004", "step_000006"]
+
+
+def test_a_stop_checkpoint_is_never_averaged(tmp_path, monkeypatch):
+    settings = checkpoints.CheckpointSettings(str(tmp_path / "run"), average_last=5)
+    fake_checkpoint(settings.root, 2, "this-run")
+    fake_checkpoint(settings.root, 3, "this-run", stop=True)
+    averaged = []
+    monkeypatch.setattr(checkpoints, "average_checkpoints", lambda paths, convert: averaged.extend(paths) or {})
+    model = torch.nn.Module()
+    model.config, model.get_expanded_tied_weights_keys = None, lambda all_submodels: []
+    assert checkpoints.load_averaged_weights(model, SimpleNamespace(print=print), settings, "this-run") == 1
+    assert averaged == [checkpoint_dir(settings.root, 2)]
+
+
+def test_a_stop_field_that_is_not_true_or_false_is_named(tmp_path):
+    checkpoint = fake_checkpoint(tmp_path, 2, "this-run", stop=True)
+    state = json.loads((checkpoint / checkpoints.TRAINER_STATE).read_text())
+    state.update(epoch=0, batches_done_in_epoch=0, elapsed_seconds=1.0)
+    (checkpoint / checkpoints.TRAINER_STATE).write_text(json.dumps(state))
+    assert checkpoints.trainer_state_problem(checkpoint) is None
+    (checkpoint / checkpoints.TRAINER_STATE).write_text(json.dumps({**state, "stop": 1}))
+    assert checkpoints.trainer_state_problem(checkpoint).endswith("field 'stop' holds 1, not a true or false")
+
+
+def test_every_file_of_a_checkpoint_is_written_with_the_users_umask(tmp_path, umask):
+    checkpoint = write_checkpoint(tmp_path, 2)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in checkpoint.iterdir()}
+    assert WEIGHTS_NAME in modes and set(modes.values()) == {0o666 & ~umask}, modes

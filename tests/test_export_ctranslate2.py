@@ -15,7 +15,7 @@ import torch
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.commands.export_ctranslate2 import main
-from vanilla_transformer.export_ctranslate2 import convert_to_ctranslate2, vocabulary
+from vanilla_transformer.export_ctranslate2 import ExportError, convert_to_ctranslate2, vocabulary
 
 from .fixtures.old_checkpoints import make_old_folder
 from .helpers import TINY
@@ -131,8 +131,8 @@ def test_ctranslate2_decodes_the_same_tokens_as_generate(reversal_model, convert
 
 @needs_ctranslate2
 def test_other_architecture_options_convert_exactly(padded_sources, tmp_path):
-    """Learned positions, an untied output projection, GELU, unscaled embeddings, a larger LayerNorm epsilon."""
-    options = dict(position_embedding_type="learned", tie_word_embeddings=False, activation_function="gelu")
+    """Learned positions, GELU, unscaled embeddings, a larger LayerNorm epsilon."""
+    options = dict(position_embedding_type="learned", activation_function="gelu")
     model = train_to_reverse(steps=100, scale_embedding=False, layer_norm_eps=1e-3, **options)
     model.save_pretrained(tmp_path / "model")
     convert_to_ctranslate2(tmp_path / "model", tmp_path / "ct2")
@@ -142,15 +142,15 @@ def test_other_architecture_options_convert_exactly(padded_sources, tmp_path):
 
 
 @needs_ctranslate2
-def test_a_folder_saved_before_the_projections_were_separate_layers_exports_the_same_model(
-    reversal_model, padded_sources, tmp_path
+def test_a_folder_saved_before_the_projections_were_separate_layers_is_refused_naming_refresh_code(
+    reversal_model, tmp_path
 ):
-    """Its fused `qkv_proj` and `kv_proj` load into the separate layers, which the export stacks again."""
+    """Its fused `qkv_proj` and `kv_proj` are an earlier release's format, which refresh-code upgrades."""
     reversal_model.save_pretrained(tmp_path / "model")
     make_old_folder(tmp_path / "model")
-    convert_to_ctranslate2(tmp_path / "model", tmp_path / "ct2")
-    translated, generated = generate_and_translate(reversal_model, tmp_path / "ct2", padded_sources, num_beams=4)
-    assert translated == generated
+    with pytest.raises(ExportError, match="vanilla-transformer refresh-code"):
+        convert_to_ctranslate2(tmp_path / "model", tmp_path / "ct2")
+    assert not (tmp_path / "ct2").exists()
 
 
 def test_beam_search_finds_other_outputs_than_greedy(reversal_model, padded_sources):
@@ -274,7 +274,7 @@ def export_with_a_model_config(folder: Path) -> None:
     [
         (write_notes, "it holds notes.txt"),
         (export_with_notes, "it holds notes.txt"),
-        (saved_model, "it holds configuration_vanilla_transformer.py, fast_paths_vanilla_transformer.py"),
+        (saved_model, "it holds configuration_vanilla_transformer.py, generation_config.json"),
         (export_with_a_model_config, "its config.json is not CTranslate2's"),
         (lambda folder: folder.write_text("precious"), "it is not a folder"),
     ],
@@ -355,3 +355,14 @@ def test_a_full_disk_during_an_export_leaves_the_previous_export_whole_and_no_ha
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model", "out"]
     assert main([str(tmp_path / "model"), str(tmp_path / "out"), "--force"]) == 0  # space again: --force replaces it
     assert (tmp_path / "out" / "model.bin").stat().st_size > len(before["model.bin"])
+
+
+@needs_ctranslate2
+def test_a_config_with_more_layers_than_the_weights_is_refused_naming_the_missing_keys(
+    folder_with_a_layer_too_many, tmp_path, capsys
+):
+    assert main([str(folder_with_a_layer_too_many), str(tmp_path / "ct2")]) == 1
+    error = capsys.readouterr().err
+    assert f"error: cannot load the model of {folder_with_a_layer_too_many}: " in error
+    assert "16 tensor(s) that its model.safetensors lacks (model.encoder.layers.2." in error
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]  # no export, not even a partial one

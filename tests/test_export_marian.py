@@ -103,7 +103,6 @@ def test_check_same_function_refuses_a_marian_with_one_projection_left_out(tiny_
     [
         ({"qk_head_dim": 4}, "qk_head_dim=4"),  # Table 3, row B: d_k 4, d_v 8
         ({"position_embedding_type": "learned"}, "position_embedding_type='learned'"),  # Table 3, row E
-        ({"tie_word_embeddings": False}, "tie_word_embeddings=False"),
         ({"layer_norm_eps": 1e-6}, "layer_norm_eps=1e-06"),
     ],
 )

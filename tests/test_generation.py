@@ -5,10 +5,8 @@ import warnings
 import pytest
 import torch
 import transformers
-from transformers import DynamicCache, EncoderDecoderCache
+from transformers import EncoderDecoderCache
 from transformers.testing_utils import CaptureLogger
-
-import modeling_vanilla_transformer
 
 from .helpers import random_ids
 
@@ -81,7 +79,7 @@ def test_incremental_decoding_matches_the_full_forward(tiny_model, tiny_config, 
             cache=cache,
             use_cache=True,
         )
-        cache = getattr(out, modeling_vanilla_transformer.CACHE_NAME)
+        cache = out.cache
         steps.append(out.logits)
     assert isinstance(cache, EncoderDecoderCache)
     assert cache.self_attention_cache.get_seq_length() == target.shape[1]
@@ -93,7 +91,6 @@ def test_incremental_decoding_matches_the_full_forward(tiny_model, tiny_config, 
 MEMORISED_DECODING = {
     "greedy": dict(num_beams=1),
     "beam": dict(num_beams=4),
-    "beam, one row per beam": dict(num_beams=4, grouped_beam_cross_attention=False),
 }
 
 
@@ -102,12 +99,7 @@ MEMORISED_DECODING = {
 @torch.no_grad()
 def test_a_model_that_depends_on_its_past_decodes_its_memorised_targets(memorising_model, strategy, use_cache):
     model, sources, targets = memorising_model
-    settings = dict(MEMORISED_DECODING[strategy])
-    model.config.grouped_beam_cross_attention = settings.pop("grouped_beam_cross_attention", True)
-    try:
-        generated = model.generate(sources, max_new_tokens=12, use_cache=use_cache, **settings)
-    finally:
-        model.config.grouped_beam_cross_attention = True
+    generated = model.generate(sources, max_new_tokens=12, use_cache=use_cache, **MEMORISED_DECODING[strategy])
     assert generated[:, 1:].tolist() == targets.tolist()
 
 
@@ -124,33 +116,20 @@ def test_the_step_logits_of_generate_equal_a_full_forward_over_the_same_prefix(m
 
 
 @torch.no_grad()
-def test_forward_reads_the_cache_under_either_name_and_returns_it_as_the_installed_transformers_names_it(
-    memorising_model,
-):
+def test_forward_reads_the_cache_under_either_name_and_returns_it_as_cache(memorising_model):
     model, sources, targets = memorising_model
     decoder_inputs = torch.cat([torch.ones_like(targets[:, :1]), targets[:, :-1]], dim=1)
     full = model(input_ids=sources, decoder_input_ids=decoder_inputs).logits
-    for name in ("cache", "past_key_values"):
+    for name in ("cache", "past_key_values"):  # the old name with the library's FutureWarning
         cache, steps = None, []
         for position in range(decoder_inputs.shape[1]):
-            output = model(input_ids=sources, decoder_input_ids=decoder_inputs[:, position : position + 1],
-                           use_cache=True, **{name: cache})  # fmt: skip
-            cache = output[modeling_vanilla_transformer.CACHE_NAME]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                output = model(input_ids=sources, decoder_input_ids=decoder_inputs[:, position : position + 1],
+                               use_cache=True, **{name: cache})  # fmt: skip
+            cache = output.cache
             steps.append(output.logits)
         assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5), name
-    assert modeling_vanilla_transformer.CACHE_NAME in type(output).__dataclass_fields__
-
-
-def test_a_cache_under_a_name_the_model_does_not_know_is_refused_naming_the_transformers_version(memorising_model):
-    model, sources, targets = memorising_model
-    with pytest.raises(TypeError, match=rf"transformers {transformers.__version__} passed the decoder cache as `kv`"):
-        model(
-            input_ids=sources, decoder_input_ids=targets[:, :1], kv=EncoderDecoderCache(DynamicCache(), DynamicCache())
-        )
-    with pytest.raises(ValueError, match="once"):
-        model(
-            input_ids=sources, decoder_input_ids=targets[:, :1], cache=DynamicCache(), past_key_values=DynamicCache()
-        )
 
 
 @torch.no_grad()

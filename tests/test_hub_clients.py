@@ -58,7 +58,7 @@ def stock_trainer(model, tokenizer, arguments, **datasets_and_metrics) -> Seq2Se
     )
 
 
-def test_a_loaded_model_saved_again_carries_its_pipeline_and_fast_paths(tmp_path):
+def test_a_loaded_model_saved_again_carries_its_pipeline(tmp_path):
     folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
     code = f"""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -67,7 +67,7 @@ def test_a_loaded_model_saved_again_carries_its_pipeline_and_fast_paths(tmp_path
     """
     run_without_the_project(code, cwd=tmp_path)
     resaved = tmp_path / "resaved"
-    for name in ("pipeline_vanilla_transformer.py", "fast_paths_vanilla_transformer.py"):
+    for name in ("modeling_vanilla_transformer.py", "pipeline_vanilla_transformer.py"):
         assert (resaved / name).read_text() == (folder / name).read_text(), name
     assert "custom_pipelines" in json.loads((resaved / "config.json").read_text())
     result = translate_without_the_project(resaved)

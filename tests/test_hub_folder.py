@@ -20,7 +20,7 @@ from vanilla_transformer import hub
 from vanilla_transformer.commands import push_to_hub
 from vanilla_transformer.model_card import MODEL_ID_PLACEHOLDER
 from vanilla_transformer.model_folder import check_model_folder, files_to_upload, save_model_folder
-from vanilla_transformer.names import CODE_FILES
+from vanilla_transformer.names import CODE_FILES, CUSTOM_GENERATE
 
 from .helpers import CARD_VALUES, ENGLISH, random_tiny_model, save_tiny_model_folder, train_tiny_tokenizer
 
@@ -155,7 +155,7 @@ def test_push_folder_to_hub_creates_the_repo_and_uploads_the_model_files(model_f
     assert create == {"repo_id": "someone/vanilla-en-de", "private": True, "exist_ok": True}
     assert commit["repo_id"] == "someone/vanilla-en-de"
     files = uploaded(recording_api)
-    assert set(files) == {path.name for path in model_folder.iterdir() if path.is_file()}
+    assert set(files) == {path.name for path in model_folder.iterdir() if path.is_file()} | {CUSTOM_GENERATE}
     assert Path(files["model.safetensors"]) == model_folder / "model.safetensors"
     readme = (model_folder / "README.md").read_text()
     assert files["README.md"] == readme.encode("utf-8")
@@ -165,7 +165,7 @@ def test_push_folder_to_hub_creates_the_repo_and_uploads_the_model_files(model_f
 def test_push_uploads_only_the_model_repository_files_never_secrets_logs_or_results(
     model_folder, recording_api, capsys
 ):
-    model_files = {path.name for path in model_folder.iterdir() if path.is_file()}
+    model_files = {path.name for path in model_folder.iterdir() if path.is_file()} | {CUSTOM_GENERATE}
     local_only = {
         ".env": "HF_TOKEN=hf_secret\n",
         "notes.txt": "my notes\n",
@@ -312,3 +312,11 @@ def test_push_command_checks_then_uploads(model_folder, tmp_path, recording_api,
     assert [name for name, _ in recording_api.calls] == ["init", "create_repo", "create_commit"]
     assert recording_api.calls[1][1]["private"] is True
     assert "https://huggingface.co/someone/x" in capsys.readouterr().out
+
+
+def test_every_file_of_a_saved_folder_is_written_with_the_users_umask(tmp_path, umask):
+    folder = save_tiny_model_folder(tmp_path / "model")
+    modes = {
+        str(path.relative_to(folder)): path.stat().st_mode & 0o777 for path in folder.rglob("*") if path.is_file()
+    }
+    assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}, modes

@@ -99,3 +99,19 @@ def test_benchmarks_import_no_script_or_benchmark_and_tests_no_other_test():
                 if (not in_tests and last in ("train_accelerate", "speed")) or (in_tests and last.startswith("test_")):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module}")
     assert not offenders, offenders
+
+
+def test_the_library_builds_a_model_from_a_folder_only_through_load_model_folder():
+    """`loading.load_model_folder` refuses weights that do not cover the config (a layer too many): every loader
+    (translate, the demo, attention-maps, export-ctranslate2, --evaluate_only) must go through it. Tokenizers and
+    configs are read with their own from_pretrained."""
+    allowed = {LIBRARY / "loading.py"}
+    readers = ("Tokenizer", "Config")
+    direct = []
+    for path in sorted(set(LIBRARY.rglob("*.py")) - allowed):
+        for node in ast.walk(parsed(path)):
+            if isinstance(node, ast.Attribute) and node.attr == "from_pretrained":
+                receiver = ast.unparse(node.value)
+                if not any(reader in receiver for reader in readers):
+                    direct.append(f"{path.relative_to(ROOT)}:{node.lineno}: {receiver}.from_pretrained")
+    assert direct == []

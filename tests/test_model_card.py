@@ -11,6 +11,7 @@ from huggingface_hub import ModelCard
 import train_accelerate
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from vanilla_transformer.commands.arguments import parse_training_arguments
+from vanilla_transformer.data import SYNTHETIC_EXAMPLE, synthetic_translation_pairs
 from vanilla_transformer.model_card import MODEL_ID_PLACEHOLDER
 
 from .helpers import CARD_VALUES, run_without_the_project, save_tiny_model_folder
@@ -174,3 +175,15 @@ def test_card_shows_the_pipeline_the_model_with_generate_and_the_demo(tmp_path):
     assert "AutoModelForSeq2SeqLM.from_pretrained" in generate_block and "model.generate(" in generate_block
     assert f"vanilla-transformer demo {MODEL_ID_PLACEHOLDER}\n" in text and '"vanilla-transformer[demo]"' in text
     assert f"supports transformers\n{SUPPORTED_TRANSFORMERS}." in text
+
+
+@pytest.mark.parametrize("prepared", [None, {"train": {"kind": "synthetic", "pairs": 400, "seed": 0}}])
+def test_the_embedded_tasks_card_claims_no_natural_language_and_its_example_is_of_the_tasks_vocabulary(
+    tmp_path, tiny_model, prepared
+):
+    card = training_card(tmp_path, tiny_model, prepared_sources=prepared)
+    assert not card.data.language and "en → de" not in card.text and "from en to de" not in card.text
+    assert "the task's English-like source language → its invented German-like target language" in card.text
+    vocabulary = {word for source, _ in synthetic_translation_pairs(2000) for word in source.split()}
+    example = re.search(r'print\(translator\("(.*)"\)\)', card.text).group(1)
+    assert example == SYNTHETIC_EXAMPLE[0] and set(example.split()) <= vocabulary

@@ -213,7 +213,9 @@ def test_overwrite_deletes_the_recorded_run_unlinks_links_and_keeps_everything_e
     claim_output_dir(OutputSettings(str(run), overwrite=True))
     printed = capsys.readouterr().out
     assert precious.read_text() == "outside the folder" and not os.path.lexists(run / TRAIN_LOG)
-    assert sorted(contents(run)) == sorted(["notes.txt", *CODE_FILES])  # .py files are never deleted
+    assert sorted(contents(run)) == sorted(
+        ["notes.txt", *CODE_FILES, "custom_generate"]
+    )  # .py files are never deleted
     assert "notes.txt (not written by a run of ours)" in printed and ".py files are never deleted" in printed
 
 

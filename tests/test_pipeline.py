@@ -11,7 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, VanillaTransformerTranslationPipeline
+from pipeline_vanilla_transformer import (
+    EXTRA_OUTPUT_TOKENS,
+    MAX_OUTPUT_TOKENS,
+    VanillaTransformerTranslationPipeline,
+    output_length,
+)
 
 from .helpers import CARD_VALUES, ENGLISH, run_without_the_project, save_tiny_model_folder
 
@@ -146,3 +151,44 @@ def test_pipeline_refuses_an_output_length_over_its_bound_before_generating(fold
     with pytest.raises(ValueError, match=re.escape(message)):
         translator(ONE, **given)
     assert generated == []
+
+
+def recording_pipeline(folder, calls: list, generates: bool = True) -> VanillaTransformerTranslationPipeline:
+    """The folder's pipeline, its model's generate() recording the source length and the output length it gets (and
+    generating, or returning one token where not `generates`)."""
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder)
+    generate = model.generate
+
+    def recording(**kwargs):
+        calls.append({"source_tokens": kwargs["input_ids"].shape[1], "max_new_tokens": kwargs.get("max_new_tokens")})
+        return generate(**kwargs) if generates else torch.ones((1, 1), dtype=torch.long)
+
+    model.generate = recording
+    return VanillaTransformerTranslationPipeline(
+        model=model, tokenizer=AutoTokenizer.from_pretrained(folder), device=-1
+    )
+
+
+def test_a_100000_word_input_is_cut_at_the_tokenizers_limit_and_its_output_bounded_by_input_plus_50(folder, caplog):
+    calls = []
+    translator = recording_pipeline(folder, calls)
+    result = translator("a " * 100_000, num_beams=1, return_tensors=True)
+    limit = translator.tokenizer.model_max_length
+    assert limit == 1024 and calls == [{"source_tokens": limit, "max_new_tokens": limit + EXTRA_OUTPUT_TOKENS}]
+    assert len(result[0]["translation_token_ids"]) <= 1 + limit + EXTRA_OUTPUT_TOKENS  # the start token, then output
+    assert f"is cut at {limit} (the tokenizer's model_max_length); pass truncation=False" in caplog.text
+
+
+def test_the_default_output_length_is_capped_at_max_output_tokens_and_a_pipeline_may_raise_the_cap(folder):
+    config = AutoModelForSeq2SeqLM.from_pretrained(folder).config
+    assert output_length(torch.ones(1, 5000, dtype=torch.long), config) == MAX_OUTPUT_TOKENS
+    calls = []
+    translator = recording_pipeline(folder, calls, generates=False)
+    translator.tokenizer.model_max_length = 10**30  # a tokenizer that sets no limit: cut at MAX_OUTPUT_TOKENS
+    translator("a " * 5000)
+    translator.max_output_tokens = 8192
+    translator(ONE, max_new_tokens=5000)  # over the default cap: allowed once raised
+    assert calls == [
+        {"source_tokens": MAX_OUTPUT_TOKENS, "max_new_tokens": MAX_OUTPUT_TOKENS},
+        {"source_tokens": len(translator.tokenizer(ONE)["input_ids"]), "max_new_tokens": 5000},
+    ]

@@ -254,6 +254,21 @@ def test_tokenized_pairs_reads_rows_and_lengths_across_arrow_chunks():
     assert pairs[-1]["input_ids"].tolist() == [8, 9]
 
 
+def test_the_content_fingerprint_of_tokenized_pairs_ignores_arrow_chunks_and_sees_their_order_and_ids():
+    rows = {"input_ids": [[1, 2, 3], [4], [8, 9], [10, 11, 12, 13]], "labels": [[5], [6, 7], [14, 15, 16], [2]]}
+    halves = [datasets.Dataset.from_dict({name: ids[a:b] for name, ids in rows.items()}) for a, b in ((0, 2), (2, 4))]
+    chunked = TokenizedPairs(datasets.concatenate_datasets(halves))  # as a preparation with two workers writes it
+    whole = TokenizedPairs(datasets.Dataset.from_dict(rows))
+    assert chunked.content_sha256() == whole.content_sha256()
+    others = [
+        {name: ids[::-1] for name, ids in rows.items()},  # the same pairs in another order
+        {**rows, "labels": [[5], [6, 7], [14, 15, 16], [3]]},  # one token id changed
+        {**rows, "input_ids": [[1, 2], [3, 4], [8, 9], [10, 11, 12, 13]]},  # the same ids, cut otherwise
+    ]
+    for other in others:
+        assert TokenizedPairs(datasets.Dataset.from_dict(other)).content_sha256() != whole.content_sha256()
+
+
 def test_training_batches_from_a_prepared_split_equal_those_from_python_lists(corpus_dir, tmp_path):
     train = prepare.load_or_prepare(corpus_settings(corpus_dir, tmp_path / "cache")).splits["train"]
     as_lists = [{"input_ids": s, "labels": t} for s, t in zip(train["input_ids"], train["labels"], strict=True)]

@@ -1,7 +1,8 @@
 """The calls Hugging Face users make, with no argument of ours, give the paper's answer (issue 33).
 
-generate() without a length decodes up to section 6.1's input length + 50, ending early at </s>, as the pipeline and
-the commands do; a length the user sets, in the call or in the generation config, is used as given. The translation
+generate() of a loaded model folder without a length decodes up to section 6.1's input length + 50, ending early at
+</s>, as the pipeline and the commands do (the folder's custom_generate/generate.py, transformers' hook for a
+repository's own decoding); a length the user sets, in the call or in the generation config, is used as given. The translation
 pipeline takes the arguments of transformers 4's TranslationPipeline with their meaning there. The linear layers are
 plain nn.Linear, so quantizers that match layers by type find every one.
 """
@@ -28,8 +29,17 @@ from .helpers import (
 SOURCE_TOKENS = 25  # longer than transformers' own fallback of 20 new tokens
 
 
-def test_a_plain_generate_call_may_decode_input_length_plus_50_tokens():
-    model = random_tiny_model(61)
+@pytest.fixture(scope="module")
+def loaded_model(tmp_path_factory):
+    """A saved folder loaded as a Hub user loads it: its code, its custom_generate/generate.py."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    folder = save_tiny_model_folder(tmp_path_factory.mktemp("stock") / "model")
+    return AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+
+
+def test_a_plain_generate_call_may_decode_input_length_plus_50_tokens(loaded_model):
+    model = loaded_model
     sources = random_ids(model.config, (2, SOURCE_TOKENS))
     never_ending = [[model.config.eos_token_id]]  # the random model then decodes to the limit
     output = model.generate(input_ids=sources, attention_mask=torch.ones_like(sources), bad_words_ids=never_ending)
@@ -37,8 +47,8 @@ def test_a_plain_generate_call_may_decode_input_length_plus_50_tokens():
     assert model.generate(sources, bad_words_ids=never_ending).shape == output.shape  # the ids as `inputs`
 
 
-def test_the_limit_counts_the_longest_source_without_its_padding():
-    model = random_tiny_model(61)
+def test_the_limit_counts_the_longest_source_without_its_padding(loaded_model):
+    model = loaded_model
     sources = random_ids(model.config, (2, SOURCE_TOKENS))
     mask = torch.ones_like(sources)
     mask[:, 20:] = 0  # both right-padded from position 20
@@ -51,8 +61,8 @@ def test_a_plain_generate_call_ends_at_the_end_of_sentence(memorising_model):
     assert torch.equal(model.generate(input_ids=sources, num_beams=1)[:, 1:], targets)
 
 
-def test_a_length_the_user_sets_is_used_as_given():
-    model = random_tiny_model(61)
+def test_a_length_the_user_sets_is_used_as_given(loaded_model):
+    model = copy.deepcopy(loaded_model)
     sources = random_ids(model.config, (1, SOURCE_TOKENS))
     never_ending = [[model.config.eos_token_id]]
     assert model.generate(sources, max_new_tokens=7, bad_words_ids=never_ending).shape == (1, 8)

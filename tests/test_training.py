@@ -36,7 +36,16 @@ from vanilla_transformer.training import (
     prefetch,
 )
 
-from .helpers import ROOT, TINY_RUN, fake_checkpoint, logged_losses, run_without_the_project, train
+from .helpers import (
+    ROOT,
+    SIGNALLED_RUN,
+    TINY_RUN,
+    fake_checkpoint,
+    logged_losses,
+    run_without_the_project,
+    train,
+    train_until_signalled,
+)
 
 # --- the recipe's pieces ---------------------------------------------------------------------------------------
 
@@ -213,15 +222,17 @@ def test_resume_continues_exactly_and_a_prepared_folder_trains_like_the_cached_c
 
 def test_a_checkpoint_state_written_before_the_training_refactor_resumes_exactly(tmp_path):
     """tests/fixtures holds what our code wrote at step 2 of a 4-step run before issue 25's redesign
-    (trainer_state.json: step, data position, schedule, run id, model config, tokenizer fingerprint) and that run's
-    losses. The tensors beside it are accelerate's files (no weights are kept in the repository): trained again here
-    for 2 steps, they must equal the old run's, and resumed from the old state, steps 3 and 4 must repeat its losses
-    (same model, optimizer, schedule, data order, RNG)."""
+    (trainer_state.json: step, data position, schedule, run id, model config, tokenizer fingerprint). The tensors
+    beside it are accelerate's files (no weights are kept in the repository), trained here for 2 steps: resumed from
+    the old state, steps 3 and 4 must repeat the losses of an uninterrupted 4-step run (same model, optimizer,
+    schedule, data order, RNG). (The fixture's own losses were those of a model whose stacks' embeddings were the
+    shared module; since they are tied parameters, a seed draws another model.)"""
     fixture = ROOT / "tests" / "fixtures" / "checkpoint_from_before_the_refactor"
     model = "--d_model 16 --ffn_dim 32 --vocab_size 260 --save_steps 2 --average_last 1".split()
     train(tmp_path / "first", *model, "--max_steps", "2")
-    before, first = logged_losses(fixture), logged_losses(tmp_path / "first")
-    assert first == pytest.approx({step: before[step] for step in (1, 2)}, rel=1e-5)
+    train(tmp_path / "straight", *model, "--max_steps", "4")
+    before = logged_losses(tmp_path / "straight")
+    assert logged_losses(tmp_path / "first") == pytest.approx({step: before[step] for step in (1, 2)}, rel=1e-5)
     old = tmp_path / "old" / "step_000002"
     shutil.copytree(tmp_path / "first" / "checkpoints" / "step_000002", old)
     shutil.copy(fixture / "trainer_state.json", old / "trainer_state.json")
@@ -342,7 +353,7 @@ def test_signals_are_requests_while_training_and_stop_the_program_once_defaults_
 def test_ctrl_c_during_the_final_evaluation_stops_the_program_after_the_model_is_saved(tmp_path):
     output_dir = tmp_path / "run"
     command = [sys.executable, "-u", str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN]
-    command += "--synthetic_pairs 20000 --max_steps 2 --num_beams 4".split()
+    command += "--synthetic_pairs 60000 --max_steps 2 --num_beams 4".split()  # 1500 + 1500 pairs: seconds to score
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment
@@ -352,7 +363,7 @@ def test_ctrl_c_during_the_final_evaluation_stops_the_program_after_the_model_is
         output += line
         if line.startswith("[save] model folder"):
             break
-    time.sleep(1)
+    time.sleep(0.5)
     process.send_signal(signal.SIGINT)
     rest, _ = process.communicate(timeout=60)
     assert process.returncode != 0, output + rest
@@ -506,3 +517,31 @@ def test_a_failed_upload_at_the_end_names_the_complete_folder_and_the_command_to
         f"error: could not upload: the Hub refused it. The model folder {tmp_path / 'run'} is complete; upload it "
         f"later with vanilla-transformer push {tmp_path / 'run'} --hub_model_id someone/x"
     )
+
+
+# --- a run stopped by a signal resumes to the uninterrupted run's model -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "signals", [(signal.SIGTERM,), (signal.SIGINT, signal.SIGINT)], ids=["sigterm", "double-ctrl-c"]
+)
+def test_a_run_stopped_by_a_signal_and_resumed_saves_the_byte_identical_model_of_an_uninterrupted_run(
+    tmp_path, uninterrupted_run, signals
+):
+    run = tmp_path / "run"
+    stopped_at, _ = train_until_signalled(run, *SIGNALLED_RUN, signals=signals)
+    assert 0 < stopped_at < 40, "the signal must stop the run before its end"
+    train(run, *SIGNALLED_RUN, "--resume_from_checkpoint", "latest")
+    names = lambda folder: sorted(path.name for path in (folder / "checkpoints").iterdir())  # noqa: E731
+    assert names(run) == names(uninterrupted_run) == ["step_000040"]  # the stop's checkpoint is gone
+    weights = "model.safetensors"
+    assert (run / weights).read_bytes() == (uninterrupted_run / weights).read_bytes()
+
+
+def test_a_run_resumed_from_a_stop_checkpoint_and_ending_there_averages_it_as_a_regular_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    stopped_at, _ = train_until_signalled(run, *SIGNALLED_RUN)
+    ending_there = ("--max_steps", str(stopped_at), "--resume_from_checkpoint", "latest")
+    result = train(run, *SIGNALLED_RUN[2:], *ending_there)
+    assert f"averages 1 checkpoint(s): ['step_{stopped_at:06d}']" in result.stdout
+    assert not checkpoints.is_stop_checkpoint(run / "checkpoints" / f"step_{stopped_at:06d}")

@@ -1,5 +1,6 @@
 """The command-line translator: stdin to stdout, file to file, line alignment, and clear messages for bad input."""
 
+import errno
 import io
 import json
 import os
@@ -25,7 +26,8 @@ SOURCES = [ENGLISH[2], ENGLISH[0], ENGLISH[14], ENGLISH[10]]  # lengths differ: 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    return save_tiny_model_folder(tmp_path_factory.mktemp("translate") / "model")
+    """Embeddings of unit variance (init_std 1): the random model's outputs then depend on its inputs."""
+    return save_tiny_model_folder(tmp_path_factory.mktemp("translate") / "model", init_std=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -365,3 +367,75 @@ def test_a_folder_whose_code_differs_from_the_installed_code_gets_a_note_naming_
     assert "(modeling_vanilla_transformer.py)" in note and "--trust_remote_code" in note
     assert f"vanilla-transformer refresh-code {edited}" in note
     assert translate.folder_notes(edited, trust_remote_code=True) == []  # then the folder's own code runs
+
+
+def test_a_config_with_more_layers_than_the_weights_is_refused_naming_the_missing_keys(
+    folder_with_a_layer_too_many, capsys, monkeypatch
+):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("the house is small\n"))
+    assert main([str(folder_with_a_layer_too_many)]) == 1
+    captured = capsys.readouterr()
+    assert "16 tensor(s) that its model.safetensors lacks (model.encoder.layers.2." in captured.err
+    assert "which would be random" in captured.err and captured.out == ""
+
+
+def test_a_full_disk_under_output_keeps_whole_lines_only_and_names_the_lines_written(
+    folder, tmp_path, capsys, monkeypatch
+):
+    source_file, output_file = tmp_path / "source.en", tmp_path / "hypotheses.de"
+    source_file.write_text("".join(f"{source}\n" for source in SOURCES), encoding="utf-8")
+    real_pwrite, writes = os.pwrite, []
+
+    def fill_the_disk(descriptor, data, offset):  # the second buffer: half of it fits, then the disk is full
+        writes.append(len(data))
+        if len(writes) == 1:
+            return real_pwrite(descriptor, data, offset)
+        if len(writes) == 2:
+            return real_pwrite(descriptor, bytes(data[: len(data) // 2]), offset)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(translate.os, "pwrite", fill_the_disk)
+    argv = [str(folder), "--input", str(source_file), "--output", str(output_file), "--num_beams", "1"]
+    assert main([*argv, "--buffer_size", "2", "--batch_size", "2", "--max_new_tokens", "5"]) == 1
+    error = capsys.readouterr().err
+    assert f"error: cannot write the output {output_file}: [Errno 28] No space left on device" in error
+    assert f"the translations of lines 1-2 are in {output_file}" in error
+    written = output_file.read_text(encoding="utf-8")
+    assert written.endswith("\n") and written.count("\n") == 2  # no line cut
+
+
+def test_a_second_command_writing_the_same_output_is_refused_before_loading_a_model(tmp_path, capsys, monkeypatch):
+    output_file = tmp_path / "hypotheses.de"
+    output_file.write_text("the first command's lines\n", encoding="utf-8")
+    first = translate.OutputFile.claim(str(output_file))
+    loaded = []
+    monkeypatch.setattr(translate_command, "load_model_and_tokenizer", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{SOURCES[0]}\n"))
+    try:
+        assert main([str(tmp_path), "--output", str(output_file)]) == 1
+    finally:
+        first.close()
+    assert f"--output {output_file} is being written by another command" in capsys.readouterr().err
+    assert loaded == [] and output_file.read_text(encoding="utf-8") == "the first command's lines\n"
+
+
+@pytest.mark.parametrize(
+    ("file", "field", "value", "message"),
+    [
+        ("config.json", "layer_norm_eps", float("nan"), "layer_norm_eps must be a finite number > 0, got nan."),
+        ("config.json", "layer_norm_eps", 0, "layer_norm_eps must be a finite number > 0, got 0."),
+        ("generation_config.json", "temperature", float("nan"), "temperature must be a finite number, got nan."),
+    ],
+)
+def test_a_setting_that_is_not_a_finite_number_is_refused_before_a_model_is_built(
+    folder, tmp_path, capsys, monkeypatch, file, field, value, message
+):
+    untrusted = tmp_path / "downloaded"
+    shutil.copytree(folder, untrusted)
+    settings = json.loads((untrusted / file).read_text())
+    (untrusted / file).write_text(json.dumps({**settings, field: value}))  # NaN: JSON as Python writes it
+    built = []
+    monkeypatch.setattr(AutoModelForSeq2SeqLM, "from_pretrained", lambda *a, **k: built.append(a) or 1 / 0)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("the house is small\n"))
+    assert main([str(untrusted)]) == 1
+    assert capsys.readouterr().err == f"error: {untrusted / file}: {message}\n" and built == []

@@ -36,12 +36,19 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from modeling_vanilla_transformer import FUSED_PROJECTIONS, split_fused_projections_of
 from vanilla_transformer.batching import DataPosition
 from vanilla_transformer.coordination import run_while_others_wait
-from vanilla_transformer.folder_files import is_disk_full
+from vanilla_transformer.folder_files import give_umask_modes, is_disk_full
 from vanilla_transformer.integrity import files_problem, record_files
 from vanilla_transformer.names import CHECKPOINTS_DIR, WEIGHTS_NAME
+from vanilla_transformer.upgrade import (
+    OBSOLETE_CONFIG_FIELDS,
+    has_fused_projections,
+    split_fused_optimizer_state,
+    split_fused_projections,
+    splitting_fused_weights,
+    upgrade_config,
+)
 
 # FSDP with `fsdp_state_dict_type: FULL_STATE_DICT` saves the whole model as one torch file (read here with
 # `weights_only=True`: tensors only, no code). Sharded FSDP checkpoints are refused at start by the script.
@@ -101,6 +108,7 @@ def finalize_checkpoint(tmp_dir: str | Path, final_dir: str | Path) -> Path:
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
     if not any((tmp_dir / name).is_file() for name in WEIGHTS_NAMES):
         raise FileNotFoundError(f"{tmp_dir} has no {WEIGHTS_NAME}; refusing to finalize an incomplete save.")
+    give_umask_modes(tmp_dir.rglob("*.safetensors"))  # safetensors writes 0600; the user's umask decides
     write_checksums(tmp_dir)
     if final_dir.exists():
         replaced_dir = final_dir.with_name(f"{STAGING_PREFIX}replaced_{final_dir.name}")
@@ -131,6 +139,8 @@ OPTIONAL_TRAINER_STATE_FIELDS = {
     "schedule": dict,
     "model_config": dict,
     "continuation": dict,
+    "training_data": dict,
+    "stop": bool,
 }
 
 
@@ -160,7 +170,7 @@ def trainer_state_problem(path: str | Path) -> str | None:
                 return f"{state_file}: field {name!r} is missing"
             continue
         value = state[name]
-        if isinstance(value, bool) or not isinstance(value, kind):
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
             kinds = kind if isinstance(kind, tuple) else (kind,)
             expected = " or ".join(_JSON_NAMES[k] for k in kinds)
             return f"{state_file}: field {name!r} holds {value!r}, not a {expected}"
@@ -169,7 +179,14 @@ def trainer_state_problem(path: str | Path) -> str | None:
     return None
 
 
-_JSON_NAMES = {int: "whole number", float: "number", str: "string", dict: "JSON object", type(None): "null"}
+_JSON_NAMES = {
+    bool: "true or false",
+    int: "whole number",
+    float: "number",
+    str: "string",
+    dict: "JSON object",
+    type(None): "null",
+}
 
 
 def run_id_of(path: str | Path):
@@ -197,19 +214,50 @@ def list_checkpoints(checkpoint_root: str | Path, run_id=ANY_RUN) -> list[Path]:
 
 
 def latest_checkpoint(checkpoint_root: str | Path, run_id=ANY_RUN) -> Path | None:
+    """The newest complete checkpoint, a stop's included: where a run continues from."""
     checkpoints = list_checkpoints(checkpoint_root, run_id)
     return checkpoints[-1] if checkpoints else None
 
 
+def is_stop_checkpoint(path: str | Path) -> bool:
+    """Whether a checkpoint was saved because a signal stopped the run (`"stop": true` in its trainer_state.json),
+    not at a --save_steps step or at the run's end: it is only there to resume from."""
+    try:
+        state = json.loads((Path(path) / TRAINER_STATE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and state.get("stop") is True
+
+
+def regular_checkpoints(checkpoint_root: str | Path, run_id=ANY_RUN) -> list[Path]:
+    """The checkpoints an uninterrupted run would have saved (stop checkpoints left out), oldest first: the ones
+    that are pruned and averaged."""
+    return [path for path in list_checkpoints(checkpoint_root, run_id) if not is_stop_checkpoint(path)]
+
+
 def prune_checkpoints(checkpoint_root: str | Path, keep_last: int | None, run_id=ANY_RUN) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints (of the run `run_id` only, if given) and return
+    """Delete all but the newest `keep_last` regular checkpoints (of the run `run_id` only, if given) and return
     the deleted folders.
 
-    `keep_last` of None or <= 0 keeps everything. Incomplete folders are left alone.
+    `keep_last` of None or <= 0 keeps everything. Incomplete folders and stop checkpoints are left alone (a stop
+    checkpoint goes once a newer checkpoint supersedes it: `remove_superseded_stops`).
     """
     if keep_last is None or keep_last <= 0:
         return []
-    to_delete = list_checkpoints(checkpoint_root, run_id)[:-keep_last]
+    to_delete = regular_checkpoints(checkpoint_root, run_id)[:-keep_last]
+    for path in to_delete:
+        shutil.rmtree(path)
+    return to_delete
+
+
+def remove_superseded_stops(checkpoint_root: str | Path, step: int, run_id=ANY_RUN) -> list[Path]:
+    """Delete the stop checkpoints (of the run `run_id` only, if given) older than `step`, where the run has just
+    saved a newer checkpoint to continue from; returns the deleted folders."""
+    to_delete = [
+        path
+        for path in list_checkpoints(checkpoint_root, run_id)
+        if checkpoint_step(path) < step and is_stop_checkpoint(path)
+    ]
     for path in to_delete:
         shutil.rmtree(path)
     return to_delete
@@ -358,15 +406,8 @@ def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
 # machine's first process writes it: accelerate's save_on_each_node), so that every machine can resume and average;
 # logs and the final model folder are written on the main process's machine only.
 
-# config fields that are training settings, not what the model is: a resumed run may change them
-NOT_MODEL_IDENTITY = {
-    "transformers_version",
-    "label_smoothing",
-    "use_cache",
-    "onednn_linear",
-    "grouped_beam_cross_attention",
-    "fused_projections",
-}
+# config fields that are not what the model is (and those of earlier releases): a resumed run may change them
+NOT_MODEL_IDENTITY = {"transformers_version", "use_cache", *OBSOLETE_CONFIG_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -390,6 +431,8 @@ class RunState:
     step: int = 0
     position: DataPosition = field(default_factory=DataPosition)
     elapsed_seconds: float = 0.0
+    # the checkpoint of `step` is a stop checkpoint (resumed from one): the run's end saves a regular one in its place
+    at_stop_checkpoint: bool = False
 
 
 def output_dir_is_shared(accelerator, output_dir: str | Path) -> bool:
@@ -432,27 +475,39 @@ def new_run_id() -> str:
     return run_id[0]
 
 
-def run_identity(config, tokenizer_fingerprint: str) -> dict:
-    """What a checkpoint must share with the run that resumes it: the model (its config without training settings)
-    and the tokenizer."""
+def run_identity(config, tokenizer_fingerprint: str, training_data: dict | None = None) -> dict:
+    """What a checkpoint must share with the run that resumes it: the model (its config without training settings),
+    the tokenizer and the training data (its fingerprint: prepare.training_data_fingerprint, or streaming's)."""
     model_config = {k: v for k, v in config.to_diff_dict().items() if k not in NOT_MODEL_IDENTITY}
-    return {"model_config": model_config, "tokenizer": tokenizer_fingerprint}
+    identity = {"model_config": model_config, "tokenizer": tokenizer_fingerprint}
+    return identity if training_data is None else {**identity, "training_data": training_data}
 
 
 def continuation_settings(accelerator, batches_and_schedule: dict) -> dict:
     """What an exact continuation needs unchanged: the batches (tokens per batch, accumulation, seed, in
-    `batches_and_schedule`; and the processes: the data position counts batches) and the schedule (its scale)."""
+    `batches_and_schedule`; and the processes: the data position counts batches), the schedule (its scale and
+    warm-up) and the loss (label smoothing)."""
     return {**batches_and_schedule, "num_processes": accelerator.num_processes}
 
 
 def save_checkpoint(
-    accelerator, settings: CheckpointSettings, state: RunState, schedule, identity: dict, continuation: dict
+    accelerator,
+    settings: CheckpointSettings,
+    state: RunState,
+    schedule,
+    identity: dict,
+    continuation: dict,
+    stop: bool = False,
 ) -> None:
     """accelerator.save_state into a staging folder, renamed into place once complete (with checksums); keeps the
-    run's last K. The schedule and the data position go into JSON (nothing of ours is pickled)."""
+    run's last K. The schedule and the data position go into JSON (nothing of ours is pickled).
+
+    `stop`: saved because a signal stopped the run. Such a checkpoint changes nothing of what an uninterrupted run
+    saves, prunes or averages: it is recorded as a stop (`"stop": true`), never pruned, counted or averaged, and
+    removed once the run saves a newer checkpoint (a regular one of the same step replaces it)."""
     staging = staging_dir(settings.root, state.step)
     writes = writes_checkpoints(accelerator)
-    what = f"the checkpoint of step {state.step}"
+    what = f"the {'stop ' if stop else ''}checkpoint of step {state.step}"
     with stop_if_disk_full(settings, what, staging if writes else None):
         accelerator.save_state(str(staging))
         if writes:
@@ -464,6 +519,7 @@ def save_checkpoint(
                 "elapsed_seconds": state.elapsed_seconds,
                 "schedule": schedule.state_dict(),
                 "continuation": continuation,
+                "stop": stop,
                 **identity,
             }
             (staging / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
@@ -472,6 +528,8 @@ def save_checkpoint(
         with stop_if_disk_full(settings, what, staging):
             finalize_checkpoint(staging, checkpoint_dir(settings.root, state.step))  # writes checksums.json
         prune_checkpoints(settings.root, settings.keep_last, run_id=state.run_id)
+        remove_superseded_stops(settings.root, state.step, run_id=state.run_id)
+    state.at_stop_checkpoint = stop
     accelerator.wait_for_everyone()
 
 
@@ -558,12 +616,12 @@ def check_checkpoint_matches(path: Path, identity: dict, model) -> None:
     saved before the model's config was recorded are compared by their weights' shapes)."""
     saved = trainer_state(path)
     if "model_config" in saved:
-        there, here = saved["model_config"], identity["model_config"]
+        there, here = upgrade_config(saved["model_config"]), upgrade_config(identity["model_config"])
         differing = [k for k in sorted(there.keys() | here.keys()) if there.get(k) != here.get(k)]
         differences = [f"{k}: {there.get(k)!r} there, {here.get(k)!r} here" for k in differing]
     else:  # the shapes under the model's current names (older code fused the attention's projections)
         there = {key: torch.empty(shape, device="meta") for key, shape in weight_shapes(path).items()}
-        there = {key: tuple(tensor.shape) for key, tensor in split_fused_projections_of(model, there).items()}
+        there = {key: tuple(tensor.shape) for key, tensor in split_fused_projections(there, model.config).items()}
         here = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         differing = [k for k in there if there[k] != here.get(k)][:3]
         differences = [f"{k}: shape {there[k]} there, {here.get(k)} here" for k in differing]
@@ -577,16 +635,39 @@ def check_checkpoint_matches(path: Path, identity: dict, model) -> None:
             f"{path} was trained with another tokenizer (other data, --vocab_size or --tokenizer_name_or_path): "
             "resume with the data flags it was trained with"
         )
+    if changes := training_data_changes(saved.get("training_data"), identity.get("training_data")):
+        raise CheckpointError(
+            f"{path} was trained on other data ({'; '.join(changes)}): resuming would not continue its run. Resume "
+            "with the data and data flags it was trained with, or start a new run in another --output_dir"
+        )
+
+
+def training_data_changes(there: dict | None, here: dict | None) -> list[str]:
+    """How the training data differs from a checkpoint's (`run_identity`'s fingerprints), in words; [] when it is
+    the same, or when either side has no fingerprint (saved before they were recorded)."""
+    if there is None or here is None or there == here:
+        return []
+    flags = {"max_sentence_tokens": "--max_sentence_tokens", "max_length_ratio": "--max_length_ratio"}
+    changes = [
+        f"{flags.get(name, name)} {there.get(name)!r} there, {here.get(name)!r} here"
+        for name in sorted(there.keys() | here.keys())
+        if name != "sha256" and there.get(name) != here.get(name)
+    ]
+    return changes or [
+        "the same number of training pairs and tokens, but other pairs or the same pairs in another order (shuffled "
+        "or edited data)"
+    ]
 
 
 def warn_if_not_exact(accelerator, saved: dict, continuation: dict) -> None:
-    """Resuming with other batches or another schedule is allowed (a longer run at a new learning rate, more GPUs),
-    but said: the data position then points at other batches, so the run is no longer the one it continues."""
+    """Resuming with other batches, another schedule or loss is allowed (a longer run at a new learning rate, more
+    GPUs), but said: the data position then points at other batches, or the steps go otherwise, so the run is no
+    longer the one it continues. (Other training data is refused: `check_checkpoint_matches`.)"""
     there = saved.get("continuation", {})
     if changed := [f"{k} {there[k]} -> {v}" for k, v in continuation.items() if k in there and there[k] != v]:
         accelerator.print(
             f"[resume] warning: {', '.join(changed)} since the checkpoint: training continues, but not exactly as "
-            "the interrupted run would have (other batches or another learning-rate schedule)"
+            "the interrupted run would have (other batches, another learning-rate schedule or another loss)"
         )
 
 
@@ -599,12 +680,13 @@ def resume(accelerator, settings: CheckpointSettings, model, schedule, identity:
         return None
     check_checkpoint_matches(path, identity, accelerator.unwrap_model(model))
     hooks = []
-    if has_fused_projections(path):  # saved before issue 33: Adam's state is in the old parameter order
+    if has_fused_projections(weight_shapes(path)):  # saved before issue 33: upgraded as it loads (upgrade.py)
         split = partial(split_fused_optimizer_state, accelerator.unwrap_model(model))
         optimizers = [getattr(optimizer, "optimizer", optimizer) for optimizer in accelerator._optimizers]
         hooks = [optimizer.register_load_state_dict_pre_hook(split) for optimizer in optimizers]
     try:
-        accelerator.load_state(str(path))  # the model's own load_state_dict hooks split its fused weights
+        with splitting_fused_weights(accelerator.unwrap_model(model)):
+            accelerator.load_state(str(path))
     finally:
         for hook in hooks:
             hook.remove()
@@ -618,12 +700,14 @@ def resume(accelerator, settings: CheckpointSettings, model, schedule, identity:
         schedule.load_state_dict(load_with_weights_only(path / "custom_checkpoint_0.pkl"))
     accelerator.print(f"[resume] from {path} at step {saved['step']}")
     position = DataPosition(saved["epoch"], saved["batches_done_in_epoch"])
-    return RunState(saved.get("run_id"), saved["step"], position, saved["elapsed_seconds"])
+    stopped = saved.get("stop", False)
+    return RunState(saved.get("run_id"), saved["step"], position, saved["elapsed_seconds"], stopped)
 
 
 def load_averaged_weights(model, accelerator, settings: CheckpointSettings, run_id) -> int:
-    """Section 6.1: average this run's last K checkpoints into the final model; returns how many were averaged."""
-    paths = list_checkpoints(settings.root, run_id)[-settings.average_last :]
+    """Section 6.1: average this run's last K regular checkpoints (no stop checkpoint) into the final model; returns
+    how many were averaged."""
+    paths = regular_checkpoints(settings.root, run_id)[-settings.average_last :]
     if not paths:
         raise CheckpointError(
             f"the run took no optimizer step, so {settings.root} holds no checkpoint of it to average into the final "
@@ -632,7 +716,7 @@ def load_averaged_weights(model, accelerator, settings: CheckpointSettings, run_
     for path in paths:
         if problem := checkpoint_problem(path, only=WEIGHTS_NAMES):
             raise CheckpointError(f"cannot average {path}: {problem}")
-    averaged = average_checkpoints(paths, convert=partial(split_fused_projections_of, model))
+    averaged = average_checkpoints(paths, convert=partial(upgraded_weights, model.config))
     missing, unexpected = model.load_state_dict(averaged, strict=False)
     tied = set(model.get_expanded_tied_weights_keys(all_submodels=True)) | {
         name for name, _ in model.named_buffers() if name.endswith("embed_positions.table")
@@ -645,73 +729,6 @@ def load_averaged_weights(model, accelerator, settings: CheckpointSettings, run_
     return len(paths)
 
 
-# --- checkpoints saved before the attention's projections were separate layers (issue 33) --------------------------
-# Their weights hold self-attention's fused `qkv_proj` and encoder-decoder attention's fused `kv_proj`
-# (FUSED_PROJECTIONS): the model's load_state_dict splits them (resuming), `split_fused_projections_of` splits them
-# for averaging and for the shape check. Their Adam state is indexed by the old code's parameter order, where each
-# fused layer stood in place of its parts: `split_fused_optimizer_state` splits it the same way.
-
-_FUSED_LAYER = re.compile("|".join(rf"\.{layer}\.{fused}\." for layer, (fused, _) in FUSED_PROJECTIONS.items()))
-
-
-def has_fused_projections(path: str | Path) -> bool:
-    """Whether the checkpoint's weights were saved by the code before issue 33 (from the header: nothing is loaded)."""
-    return any(_FUSED_LAYER.search(f".{key}") for key in weight_shapes(path))
-
-
-def _attention_layer(name: str) -> tuple[str, str, str, str | None, tuple[str, ...]]:
-    """A parameter name's attention, layer, tensor and that attention's old fused layer with its parts:
-    "m.self_attn.q_proj.weight" -> ("m.self_attn", "q_proj", "weight", "qkv_proj", ("q_proj", "k_proj", "v_proj"))."""
-    module, _, tensor = name.rpartition(".")
-    attention, _, layer = module.rpartition(".")
-    fused, parts = FUSED_PROJECTIONS.get(attention.rpartition(".")[2], (None, ()))
-    return attention, layer, tensor, fused, parts
-
-
-def old_parameter_names(model: torch.nn.Module) -> list[str]:
-    """`model`'s parameters as the code before issue 33 named and ordered them (`model.parameters()`' order, which
-    the optimizer's state follows): each fused layer where its first part is."""
-    names = {}
-    for name, _ in model.named_parameters():
-        attention, layer, tensor, fused, parts = _attention_layer(name)
-        names.setdefault(f"{attention}.{fused}.{tensor}" if layer in parts else name)
-    return list(names)
-
-
-def split_fused_optimizer_state(model: torch.nn.Module, optimizer, state_dict: dict) -> dict | None:
-    """torch.optim.Optimizer load_state_dict pre-hook: the state of an optimizer over the old code's parameters of
-    `model` (`old_parameter_names`), split for the current ones: each fused parameter's state tensors (Adam's moving
-    averages) by rows as the weights are split, its scalars (the step) copied to every part. A state of any other
-    size is left as it is (None), for torch to check."""
-    old_names, new_names = old_parameter_names(model), [name for name, _ in model.named_parameters()]
-    old_ids = [old_id for group in state_dict["param_groups"] for old_id in group["params"]]
-    if len(old_ids) != len(old_names):
-        return None
-    new_index = {name: index for index, name in enumerate(new_names)}
-    parts_of, state = {}, {}  # old id -> new indices; new index -> its state
-    for old_id, old_name in zip(old_ids, old_names, strict=True):
-        attention, layer, tensor, fused, parts = _attention_layer(old_name)
-        parts = [f"{attention}.{part}.{tensor}" for part in parts] if layer == fused else [old_name]
-        parts_of[old_id] = [new_index[part] for part in parts]
-        if old_id not in state_dict["state"]:
-            continue
-        fields = state_dict["state"][old_id]
-        split = {
-            field: split_fused_projections_of(model, {old_name: value})
-            if isinstance(value, torch.Tensor) and value.dim() > 0
-            else dict.fromkeys(parts, value)
-            for field, value in fields.items()
-        }
-        for part in parts:  # copies: the optimizer updates each part's state in place (Adam's step too)
-            state[new_index[part]] = {field: _copy(split[field][part]) for field in fields}
-    groups = []
-    for group in state_dict["param_groups"]:
-        params = sorted(new for old_id in group["params"] for new in parts_of[old_id])
-        groups.append({**group, "params": params})
-        if "param_names" in group:
-            groups[-1]["param_names"] = [new_names[index] for index in params]
-    return {**state_dict, "state": state, "param_groups": groups}
-
-
-def _copy(value):
-    return value.clone() if isinstance(value, torch.Tensor) else value
+def upgraded_weights(config, state_dict: dict) -> dict:
+    """A checkpoint's weights in the current format (`average_checkpoints`' convert)."""
+    return split_fused_projections(state_dict, config)

@@ -469,6 +469,19 @@ class _Clause:
         return words + [stem + VERB_ENDINGS["plural" if self.subject.plural else "singular"]]
 
 
+def _example_pair() -> Pair:
+    subject = _NounPhrase("dog", adjectives=("small",))
+    clause = _Clause(subject, "see", _NounPhrase("cat", definite=False, adjectives=("red",)))
+    return " ".join(clause.source()), " ".join(clause.target())
+
+
+# A sentence of the task and its translation, from its own vocabulary (the model card's example): other words, an
+# English sentence say, are not in the task and come out as noise.
+SYNTHETIC_EXAMPLE = _example_pair()
+# The task's two languages in words: neither is a natural language, so a model card names no language code for them.
+SYNTHETIC_LANGUAGES = ("the task's English-like source language", "its invented German-like target language")
+
+
 def _random_noun_phrase(rng: random.Random) -> _NounPhrase:
     plural = rng.random() < 0.4
     definite = rng.random() < 0.6

@@ -17,6 +17,7 @@ from pipeline_vanilla_transformer import PAPER_DECODING, output_length
 from vanilla_transformer.batching import TokenizedPairs, TranslationCollator
 from vanilla_transformer.coordination import run_while_others_wait
 from vanilla_transformer.data import DataError
+from vanilla_transformer.loading import load_model_folder
 from vanilla_transformer.metrics import load_bleu_and_chrf
 from vanilla_transformer.names import EVALUATION_RESULTS
 from vanilla_transformer.output_folder import OutputSettings, claim_evaluation_dir
@@ -235,9 +236,9 @@ def evaluate_saved_model(
 
 
 def _score_saved_model(accelerator, model_name_or_path, data, settings, output, trust_remote_code) -> dict:
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
+    model = load_model_folder(model_name_or_path, trust_remote_code=trust_remote_code)  # ModelFolderError
     tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
     model = accelerator.prepare(model)
     Path(output.output_dir).mkdir(parents=True, exist_ok=True)

@@ -54,7 +54,8 @@ from modeling_vanilla_transformer import (
     VanillaTransformerLearnedPositionalEmbedding,
 )
 from vanilla_transformer.folder_files import is_disk_full
-from vanilla_transformer.tokenization import UNK_TOKEN_ID, load_tokenizer
+from vanilla_transformer.loading import ModelFolderError, load_model_folder
+from vanilla_transformer.tokenization import UNK_TOKEN, UNK_TOKEN_ID, load_tokenizer
 
 # config.activation_function -> the name of CTranslate2's common_spec.Activation
 ACTIVATIONS = {
@@ -179,16 +180,21 @@ class VanillaTransformerConverter(Converter):
         self.model_dir = str(model_dir)
 
     def _load(self) -> transformer_spec.TransformerSpec:
-        model = VanillaTransformerForConditionalGeneration.from_pretrained(self.model_dir, dtype=torch.float32)
+        try:
+            model = load_model_folder(self.model_dir, VanillaTransformerForConditionalGeneration, dtype=torch.float32)
+        except ModelFolderError as error:
+            raise ExportError(str(error)) from error
         config = model.config
         spec = model_spec(model.eval())
         tokens = vocabulary(self.model_dir, config.vocab_size)
         spec.register_source_vocabulary(tokens)
         spec.register_target_vocabulary(tokens)
-        spec.config.bos_token = tokens[config.bos_token_id]
+        # a converted Marian model has no bos_token_id and its `<unk>` elsewhere (vanilla_transformer.convert)
+        bos_token_id = config.bos_token_id if config.bos_token_id is not None else config.decoder_start_token_id
+        spec.config.bos_token = tokens[bos_token_id]
         spec.config.eos_token = tokens[config.eos_token_id]
         spec.config.decoder_start_token = tokens[config.decoder_start_token_id]
-        spec.config.unk_token = tokens[UNK_TOKEN_ID]  # `<unk>` with the project's tokenizer
+        spec.config.unk_token = UNK_TOKEN if UNK_TOKEN in tokens else tokens[UNK_TOKEN_ID]
         return spec
 
 

@@ -13,8 +13,8 @@ as the same function.
 
 Configs Marian cannot express are refused with a ValueError naming the setting (`marian_problem`): d_k other than
 d_model / heads (`qk_head_dim`, Table 3 row B), learned positions (Marian's table is a fixed sinusoid, never
-trained nor saved), an untied pre-softmax projection (with `tie_word_embeddings=False` Marian unties its encoder
-and decoder embeddings too) and a LayerNorm epsilon other than 1e-5 (Marian's LayerNorms use PyTorch's default).
+trained nor saved), fairseq's sinusoid frequencies or a position offset (a converted fairseq model) and a LayerNorm
+epsilon other than 1e-5 (Marian's LayerNorms use PyTorch's default). A logits bias is Marian's `final_logits_bias`.
 
 Marian's position table has `max_position_embeddings` rows and does not grow (ours does): sources and outputs
 longer than that fail in Marian.
@@ -60,10 +60,10 @@ def marian_problem(config: VanillaTransformerConfig) -> str | None:
             f"position_embedding_type={config.position_embedding_type!r}: Marian's positions are a fixed sinusoid "
             "table, never trained, left out by save_pretrained and rebuilt on loading"
         )
-    if not config.tie_word_embeddings:
+    if (config.position_frequencies, config.position_offset) != ("paper", 0):
         return (
-            "tie_word_embeddings=False: Marian shares its encoder and decoder embeddings only together with the "
-            "pre-softmax projection (untied, it unties all three)"
+            f"position_frequencies={config.position_frequencies!r}, position_offset={config.position_offset}: "
+            "Marian's sinusoids have the paper's frequencies and start at position 0"
         )
     if config.layer_norm_eps != MARIAN_LAYER_NORM_EPS:
         return f"layer_norm_eps={config.layer_norm_eps}: Marian's LayerNorms have epsilon {MARIAN_LAYER_NORM_EPS}"
@@ -100,8 +100,11 @@ def marian_config(config: VanillaTransformerConfig) -> MarianConfig:
     )
 
 
-def marian_feature_order(d_model: int) -> torch.Tensor:
-    """Marian's feature j is our feature `order[j]`: our even features (sines), then our odd ones (cosines)."""
+def marian_feature_order(d_model: int, layout: str = "interleaved") -> torch.Tensor:
+    """Marian's feature j is our feature `order[j]`: our even features (sines), then our odd ones (cosines); with
+    Marian's own layout ("sin_cos", a converted OPUS-MT model), the same order."""
+    if layout == "sin_cos":
+        return torch.arange(d_model)
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
@@ -121,8 +124,10 @@ def _copy_to_residual(target: nn.Module, source: nn.Module, order: torch.Tensor)
 @torch.no_grad()
 def copy_weights_into_marian(model: VanillaTransformerForConditionalGeneration, marian: MarianMTModel) -> None:
     """Write `model`'s weights into `marian` (built from `marian_config(model.config)`), in Marian's feature order."""
-    order = marian_feature_order(model.config.d_model).to(model.device)
+    order = marian_feature_order(model.config.d_model, model.config.position_layout).to(model.device)
     marian.model.shared.weight.copy_(model.model.shared.weight[:, order])  # also the pre-softmax projection
+    if model.lm_head.bias is not None:
+        marian.final_logits_bias.copy_(model.lm_head.bias[None])
     for stack in ("encoder", "decoder"):
         our_layers, marian_layers = getattr(model.model, stack).layers, getattr(marian.model, stack).layers
         for ours, theirs in zip(our_layers, marian_layers, strict=True):

@@ -8,6 +8,7 @@
 - `replace_file(path, data)`: write by replacing: a new file renamed over `path` (a link there is replaced, its
   target is never written).
 - `is_disk_full(error)`: whether a failed write ran out of space, however a library wrapped the error.
+- `give_umask_modes(paths)`: files written with the user's umask, as `open()` writes them (safetensors writes 0600).
 """
 
 import ast
@@ -91,6 +92,30 @@ def replace_file(path: str | Path, data: bytes | str) -> Path:
         staging.unlink(missing_ok=True)
         raise
     return path
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc/self/status): setting it to read it
+    would give files that another thread creates meanwhile the wrong mode."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def give_umask_modes(paths) -> None:
+    """Give each regular file of `paths` (never through a link) the mode `open()` gives a new file, 0o666 less the
+    umask (0644 with the usual 022): safetensors (0.7 on) writes its files 0600 through a temporary file, so a folder
+    copied into a container or served by another user could not be read. Other modes (a chmod of the user's) stay."""
+    mode = 0o666 & ~current_umask()
+    for path in map(Path, paths):
+        if not path.is_symlink() and path.is_file() and path.stat().st_mode & 0o777 == 0o600 != mode:
+            os.chmod(path, mode)
 
 
 # how a write that ran out of space reads once torch or safetensors wrapped it: torch's zip writer hides the errno

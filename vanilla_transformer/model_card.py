@@ -13,6 +13,7 @@ from transformers import PreTrainedModel
 
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from pipeline_vanilla_transformer import PAPER_DECODING
+from vanilla_transformer.data import SYNTHETIC_EXAMPLE, SYNTHETIC_LANGUAGES
 
 if TYPE_CHECKING:
     from vanilla_transformer.prepare import DataSettings
@@ -30,11 +31,19 @@ def render_model_card(model: PreTrainedModel, card_values: dict[str, Any]) -> st
 
     `dataset` (with `dataset_config` and the `validation_split`/`test_split` names) is a Hub dataset id: it fills
     `datasets:` and the model-index. Data from local files or the embedded task has no `dataset`, only `data`, the
-    words that name it in the card's text (default: the Hub id and config)."""
+    words that name it in the card's text (default: the Hub id and config). `synthetic_task`: the model learnt the
+    embedded synthetic task, whose languages are invented: the card names them in words, with no language code, and
+    its example comes from the task's own vocabulary."""
     if not MODEL_CARD_TEMPLATE.is_file():
         raise FileNotFoundError(f"The model card template is missing: {MODEL_CARD_TEMPLATE}")
     values = _card_values(model, card_values)
     languages = [str(values[name]) for name in ("source_lang", "target_lang") if values[name] != NOT_RECORDED]
+    if values.get("synthetic_task"):  # invented languages: no language code, an example from the task's vocabulary
+        languages, values["source_name"], values["target_name"] = [], *SYNTHETIC_LANGUAGES
+        values.setdefault("model_name", "vanilla-transformer-synthetic-task")
+        values.setdefault("example_source", SYNTHETIC_EXAMPLE[0])
+    values.setdefault("source_name", values["source_lang"])
+    values.setdefault("target_name", values["target_lang"])
     values.setdefault("model_name", "-".join(["vanilla-transformer", *languages]))
     values.setdefault("example_source", EXAMPLE_SOURCES.get(values["source_lang"], EXAMPLE_SOURCES["en"]))
     values["example_literal"] = json.dumps(str(values["example_source"]), ensure_ascii=False)
@@ -114,12 +123,14 @@ def training_card_values(data: "DataSettings", summary: dict[str, Any], recipe: 
     elif corpus.dataset_name:
         hub = {"kind": "hub", "name": corpus.dataset_name, "config": corpus.dataset_config}
         sources = {split: {**hub, "split": corpus.split_name(split)} for split in ("train", "validation", "test")}
+    local = corpus.data_dir or corpus.train_file or data.prepared_data
     if sources.get("train", {}).get("kind") == "hub":
         values = {"dataset": sources["train"]["name"], "dataset_config": sources["train"]["config"]}
         values |= {f"{split}_split": source["split"] for split, source in sources.items() if split != "train"}
+    elif sources.get("train", {}).get("kind") == "synthetic" or not local:
+        values = {"data": "the embedded synthetic task", "synthetic_task": True}
     else:
-        local = corpus.data_dir or corpus.train_file or data.prepared_data
-        values = {"data": f"local files ({Path(local).name})" if local else "the embedded synthetic task"}
+        values = {"data": f"local files ({Path(local).name})"}
     precision = summary["mixed_precision"]
     values |= {
         "source_lang": corpus.source_lang,

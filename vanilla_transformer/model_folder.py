@@ -6,14 +6,16 @@
     model.safetensors         the weights (one entry for the shared embedding matrix); a model too large for one
                               file is saved as model-0000k-of-0000n.safetensors shards with model.safetensors.index.json
     configuration_vanilla_transformer.py, modeling_vanilla_transformer.py, pipeline_vanilla_transformer.py,
-    fast_paths_vanilla_transformer.py    (CODE_FILES)
+    custom_generate/generate.py          (generate_vanilla_transformer.py: the paper's output length, input + 50, for
+                                         a plain generate(); transformers' hook for a repository's own decoding)
     tokenizer.json, tokenizer_config.json (and special_tokens_map.json, from a tokenizer that writes one)
     generation_config.json    the decoding the scores were measured with; by default the paper's: beam 4, length
                               penalty 0.6 (section 6.1)
     README.md                 the model card (`vanilla_transformer.model_card`)
 
-The paper's maximum output length, input length + 50, depends on each input, so it is not in generation_config.json:
-the model's generate(), the translation pipeline and `vanilla_transformer.translate` apply it when no length is given.
+The paper's maximum output length, input length + 50, depends on each input, so generation_config.json cannot hold
+it: the folder's custom_generate/generate.py (for a Hub user's generate()), the translation pipeline and
+`vanilla_transformer.translate` apply it when no length is given.
 
 `files_to_upload` is the model repository's part of a folder (an allow-list: a training run's checkpoints, logs and
 hypotheses, a `.env` stay local), as regular files inside the folder: a symbolic link under one of these names is
@@ -28,15 +30,29 @@ from typing import Any
 
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+import generate_vanilla_transformer
 from pipeline_vanilla_transformer import PAPER_DECODING, VanillaTransformerTranslationPipeline
-from vanilla_transformer.folder_files import content_problem, file_problem, link_on_the_way
+from vanilla_transformer.folder_files import (
+    content_problem,
+    describe_link,
+    file_problem,
+    give_umask_modes,
+    link_on_the_way,
+)
 from vanilla_transformer.model_card import render_model_card
-from vanilla_transformer.names import REQUIRED_FILES, UPLOADED_FILES, UPLOADED_PATTERNS
+from vanilla_transformer.names import (
+    CUSTOM_GENERATE,
+    REQUIRED_FILES,
+    TOKENIZER_FILES,
+    UPLOADED_FILES,
+    UPLOADED_PATTERNS,
+)
 
 BEAM_ONLY = ("length_penalty", "early_stopping")
 # what `from_pretrained` records of the machine that loaded a tokenizer, and `save_pretrained` writes back
 MACHINE_SETTINGS = ("is_local", "local_files_only", "cache_dir", "token", "_commit_hash")
-REQUIRED_AUTO_MAP = ("AutoConfig", "AutoModelForSeq2SeqLM")
+REQUIRED_AUTO_MAP = ("AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM")
+BASE_MODEL = "modeling_vanilla_transformer.VanillaTransformerModel"  # auto_map's AutoModel
 
 
 def save_model_folder(
@@ -59,15 +75,28 @@ def save_model_folder(
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     # Pipeline.save_pretrained writes `custom_pipelines` into config.json and copies the pipeline's file, then saves
-    # the model (safetensors, config with auto_map, the two model files) and the tokenizer.
+    # the model (safetensors, config with auto_map, the two model files) and the tokenizer. auto_map names the model
+    # classes that save_pretrained knows (AutoConfig, AutoModelForSeq2SeqLM) and the encoder-decoder without its head.
+    model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), "AutoModel": BASE_MODEL}
     translator = VanillaTransformerTranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     translator.save_pretrained(output_dir)
+    give_umask_modes(output_dir.glob("*.safetensors"))  # written 0600 by safetensors; 0644 as every other file
     languages = {name: (card_values or {}).get(name) for name in ("source_lang", "target_lang")}
     settle_tokenizer_config(output_dir / "tokenizer_config.json", languages)
     paper_generation_config(model.config, **decoding).save_pretrained(output_dir)
+    write_custom_generate(output_dir)
     card = render_model_card(model, {**(card_values or {}), **decoding})
     (output_dir / "README.md").write_text(card, encoding="utf-8")
     return output_dir
+
+
+def write_custom_generate(folder: Path) -> None:
+    """The folder's custom_generate/generate.py, this installation's generate_vanilla_transformer.py; never written
+    through a symbolic link."""
+    if (link := link_on_the_way(folder, CUSTOM_GENERATE)) is not None:
+        raise FileExistsError(f"{describe_link(link)}: refusing to write {CUSTOM_GENERATE} through it")
+    (folder / CUSTOM_GENERATE).parent.mkdir(exist_ok=True)
+    (folder / CUSTOM_GENERATE).write_bytes(Path(generate_vanilla_transformer.__file__).read_bytes())
 
 
 def settle_tokenizer_config(tokenizer_config: Path, languages: dict[str, str | None]) -> None:
@@ -102,7 +131,8 @@ def check_model_folder(folder: str | Path) -> list[str]:
     folder = Path(folder)
     if not folder.is_dir():
         return [f"{folder} is not a folder"]
-    problems = [problem for name in REQUIRED_FILES if (problem := file_problem(folder, name))]
+    required = (*REQUIRED_FILES, *tokenizer_files(folder))
+    problems = [problem for name in required if (problem := file_problem(folder, name))]
     problems += [problem for name in _uploaded_links(folder) if (problem := file_problem(folder, name))]
     names = files_to_upload(folder)
     if not any(name.endswith(".safetensors") for name in names):
@@ -117,10 +147,20 @@ def check_model_folder(folder: str | Path) -> list[str]:
     return problems
 
 
+def tokenizer_files(folder: Path) -> tuple[str, ...]:
+    """The files the tokenizer class that the folder's tokenizer_config.json names reads (TOKENIZER_FILES); the
+    project's own, tokenizer.json, for any other class."""
+    try:
+        tokenizer_class = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))["tokenizer_class"]
+    except (OSError, ValueError, KeyError, TypeError):
+        tokenizer_class = None
+    return TOKENIZER_FILES.get(tokenizer_class, TOKENIZER_FILES["PreTrainedTokenizerFast"])
+
+
 def _uploaded_links(folder: Path) -> list[str]:
     """The names of the upload's allow-list that are symbolic links in `folder` (never uploaded), but for the
     required ones (named with the missing files)."""
-    candidates = [name for name in UPLOADED_FILES if name not in REQUIRED_FILES]
+    candidates = [name for name in UPLOADED_FILES if name not in (*REQUIRED_FILES, *tokenizer_files(folder))]
     candidates += sorted(path.name for pattern in UPLOADED_PATTERNS for path in folder.glob(pattern))
     return [name for name in candidates if link_on_the_way(folder, name) is not None]
 

@@ -8,21 +8,35 @@ CODE_FILES = (
     "configuration_vanilla_transformer.py",
     "modeling_vanilla_transformer.py",
     "pipeline_vanilla_transformer.py",
-    "fast_paths_vanilla_transformer.py",
 )
+# transformers' hook for a repository's own decoding (the paper's output length): generate_vanilla_transformer.py,
+# copied into every saved model folder under this name
+CUSTOM_GENERATE = "custom_generate/generate.py"
+CUSTOM_GENERATE_SOURCE = "generate_vanilla_transformer.py"
+# code files that earlier releases copied into model folders and this one does not (refresh-code sets them aside)
+RETIRED_CODE_FILES = ("fast_paths_vanilla_transformer.py",)
 WEIGHTS_NAME = "model.safetensors"
-# what a complete model folder holds besides its weights
+# a tokenizer's vocabulary and rules, as the tokenizer class that a folder names writes them: `tokenizers`' file (the
+# project's own tokenizer), MarianTokenizer's (converted OPUS-MT models), FSMTTokenizer's (converted fairseq and FSMT)
+TOKENIZER_FILES = {
+    "PreTrainedTokenizerFast": ("tokenizer.json",),
+    "MarianTokenizer": ("source.spm", "target.spm", "vocab.json"),
+    "FSMTTokenizer": ("vocab-src.json", "vocab-tgt.json", "merges.txt"),
+}
+# what a complete model folder holds besides its weights and its tokenizer's files
 REQUIRED_FILES = (
     "config.json",
     "generation_config.json",
-    "tokenizer.json",
     "tokenizer_config.json",
     "README.md",
     *CODE_FILES,
+    CUSTOM_GENERATE,
 )
 # what an upload sends: exactly these names where present, plus the weights' shards (UPLOADED_PATTERNS)
 UPLOADED_FILES = (
     *REQUIRED_FILES,
+    *dict.fromkeys(name for names in TOKENIZER_FILES.values() for name in names),
+    "target_vocab.json",  # MarianTokenizer's, with separate vocabularies
     WEIGHTS_NAME,
     "model.safetensors.index.json",
     "special_tokens_map.json",

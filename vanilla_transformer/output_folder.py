@@ -41,6 +41,7 @@ from vanilla_transformer.folder_lock import LOCK_NAME, FolderLock, FolderLockErr
 from vanilla_transformer.names import (
     CHECKPOINTS_DIR,
     CODE_FILES,
+    CUSTOM_GENERATE,
     EVALUATION_FILES,
     HYPOTHESES_FILES,
     REQUIRED_FILES,
@@ -56,7 +57,10 @@ RUN_RECORD = ".vanilla_transformer_run.json"  # what the runs in a folder wrote 
 BOOKKEEPING = (RUN_RECORD, LOCK_NAME)  # ours, and never counted as what a folder holds
 # what a run writes into its folder, in the order it writes them (and accelerate's TRACKER_LOGS with --report_to)
 TRAINING_ENTRIES = (CHECKPOINTS_DIR, TRAIN_LOG, f"{TRAIN_LOG}.tmp")
-FINAL_ENTRIES = (RESULTS, *UPLOADED_FILES, *HYPOTHESES_FILES)  # the model folder (and its shards), the hypotheses
+# the model folder (and its shards; custom_generate/generate.py as its folder), the hypotheses
+FINAL_ENTRIES = (RESULTS, *dict.fromkeys(name.split("/")[0] for name in UPLOADED_FILES), *HYPOTHESES_FILES)
+# the model code a run writes: never deleted (.py files), and written again by the next run's save
+REWRITTEN_CODE = (*CODE_FILES, CUSTOM_GENERATE.split("/")[0])
 RUN_FILES = (*TRAINING_ENTRIES, TRACKER_LOGS, *FINAL_ENTRIES)
 
 
@@ -107,9 +111,9 @@ def describe(folder: Path) -> str:
 
 
 def final_model_problem(folder: Path) -> str | None:
-    """Why `folder` does not hold the whole model folder a run's final save writes (every REQUIRED_FILES file, the
-    weights complete), or None when it does."""
-    if missing := [name for name in REQUIRED_FILES if not (folder / name).is_file()]:
+    """Why `folder` does not hold the whole model folder a run's final save writes (every REQUIRED_FILES file and its
+    tokenizer.json, the weights complete), or None when it does."""
+    if missing := [name for name in (*REQUIRED_FILES, "tokenizer.json") if not (folder / name).is_file()]:
         return f"missing {listed(missing, at_most=3)}"
     index = folder / f"{WEIGHTS_NAME}.index.json"
     if (folder / WEIGHTS_NAME).is_file() or not index.is_file():
@@ -308,7 +312,7 @@ def plan_overwrite(folder: Path, record: dict | None) -> Overwrite:
     plan.in_the_way += [
         name
         for name, why in plan.kept.items()
-        if ("/" not in name and is_run_file(name) and not (name in ours and name in CODE_FILES))
+        if ("/" not in name and is_run_file(name) and not (name in ours and name in REWRITTEN_CODE))
         or ("/" in name and checkpoints.checkpoint_step(name) is not None)  # checkpoints/step_N of another run
     ]
     return plan

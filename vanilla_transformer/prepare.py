@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -237,7 +238,15 @@ def iter_source_pairs(split: str, source: dict, source_lang: str, target_lang: s
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """sha256 of the tokenizer's vocabulary and rules, without its padding and truncation settings: calling a
-    tokenizer with padding=True turns padding on in its backend, and save_pretrained writes that into tokenizer.json."""
+    tokenizer with padding=True turns padding on in its backend, and save_pretrained writes that into tokenizer.json.
+    A stock tokenizer without a `tokenizers` backend (a converted model's MarianTokenizer or FSMTTokenizer): its class
+    and the files of its vocabulary."""
+    if not hasattr(tokenizer, "backend_tokenizer"):
+        digest = hashlib.sha256(type(tokenizer).__name__.encode("utf-8"))
+        with tempfile.TemporaryDirectory() as folder:
+            for path in sorted(tokenizer.save_vocabulary(folder)):
+                digest.update(Path(path).read_bytes())
+        return digest.hexdigest()
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     backend.no_padding()
     backend.no_truncation()
@@ -561,6 +570,20 @@ def load_prepared(folder: str | Path) -> PreparedCorpus:
     except Exception as error:  # whatever pyarrow, datasets or tokenizers raise on a damaged folder
         raise DataError(f"the prepared corpus {folder} cannot be read ({type(error).__name__}: {error})") from error
     return PreparedCorpus(folder, tokenizer, splits, manifest)
+
+
+def training_data_fingerprint(corpus: PreparedCorpus, pairs: TokenizedPairs) -> dict:
+    """What a run resumed from a checkpoint must train on to continue it (compared on resume): the prepared training
+    pairs, their number, tokens and content in order (`TokenizedPairs.content_sha256`, which a copy or a preparation
+    with other workers keeps), and the filters that kept them."""
+    filters = corpus.manifest["key"].get("filters", {})
+    return {
+        "pairs": len(pairs),
+        "tokens": int(pairs.source_lengths.sum()) + int(pairs.target_lengths.sum()),
+        "sha256": pairs.content_sha256(),
+        "max_sentence_tokens": filters.get("max_source_tokens"),
+        "max_length_ratio": filters.get("max_length_ratio"),
+    }
 
 
 def discard_damaged(folder: Path, problem: str, log=print) -> None:

@@ -176,6 +176,20 @@ def pooled_token_batches(examples: Iterable[dict], max_tokens: int, pool_batches
             yield [pool[index] for index in batch]
 
 
+def training_data_fingerprint(settings: DataSettings) -> dict:
+    """What a run resumed from a checkpoint must stream to continue it (compared on resume): where the training pairs
+    come from (file names and sizes, the Hub dataset, or the embedded task) and the filters. The pairs themselves are
+    not read: a file edited to the same size goes unnoticed."""
+    source = dict(prepare.split_sources(settings.corpus, ["train"])["train"])
+    if "files" in source:
+        source["files"] = [{"name": Path(entry["path"]).name, "size": entry["size"]} for entry in source["files"]]
+    return {
+        "streamed": source,
+        "max_sentence_tokens": settings.filters.max_sentence_tokens,
+        "max_length_ratio": settings.filters.max_length_ratio,
+    }
+
+
 def epoch_batches_factory(
     corpus: Corpus, filters: LengthFilter, settings: StreamSettings, tokenizer, rank: int, world_size: int
 ) -> Callable[[int], Iterator[list]]:

@@ -2,7 +2,6 @@
 config, Adam with the learning-rate schedule, the token-normalised loss, the stream of optimizer steps and stop
 signals. Evaluation is `evaluation.py`, checkpoints `checkpoints.py`."""
 
-import contextlib
 import json
 import os
 import queue
@@ -106,39 +105,11 @@ def make_optimizer_and_schedule(model: torch.nn.Module, d_model: int, warmup_ste
     return optimizer, schedule
 
 
-# --- 5.4: label-smoothed loss, normalised by the target tokens of the whole optimizer step ---------------------
+# --- 5.4: the loss is normalised by the target tokens of the whole optimizer step (the loop, loss.py) -----------
 
 
 def count_target_tokens(batch: dict) -> int:
     return int((batch["labels"] != -100).sum())
-
-
-def forward_backward(accelerator, model, step_batches: list[dict], global_tokens: float, label_smoothing: float):
-    """Gradients of one optimizer step: the sum of the label-smoothed loss (epsilon_ls = `label_smoothing`) over
-    every target token of the step, on all processes, divided by their global count. Returns this process's summed
-    loss (detached). The model computes the loss without the logits (`return_logits=False`, the fast paths).
-
-    The model divides each micro-batch's summed loss by `num_items_in_batch`; DDP averages gradients over processes,
-    so each process divides by its share, global_tokens / num_processes. Gradients are only synchronised on the last
-    micro-batch (accumulation without needless all-reduces).
-    """
-    share = global_tokens / accelerator.num_processes
-    step_loss = torch.zeros((), device=accelerator.device)
-    for index, batch in enumerate(step_batches):
-        batch = {name: tensor.to(accelerator.device, non_blocking=True) for name, tensor in batch.items()}
-        is_last = index == len(step_batches) - 1
-        with contextlib.nullcontext() if is_last else accelerator.no_sync(model):
-            loss = model(  # the decoder's inputs: the labels shifted right
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                labels=batch["labels"],
-                epsilon_ls=label_smoothing,
-                return_logits=False,
-                num_items_in_batch=share,
-            ).loss
-            accelerator.backward(loss)
-            step_loss += loss.detach() * share  # a tensor: no host sync per micro-batch
-    return step_loss
 
 
 # --- the stream of batches: epochs of token-based batches, grouped into optimizer steps ---------------------

@@ -13,6 +13,7 @@ installed code that runs, or its generation_config.json asks for more than one t
 """
 
 import codecs
+import contextlib
 import json
 import math
 import os
@@ -28,7 +29,13 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTr
 import modeling_vanilla_transformer  # registers the model with the Auto classes; its folder holds the installed code
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from pipeline_vanilla_transformer import MAX_OUTPUT_TOKENS, output_length
+from vanilla_transformer.loading import load_model_folder
 from vanilla_transformer.names import CODE_FILES, WEIGHTS_NAME
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, so no claim on --output
+    fcntl = None
 
 MAX_LINES_NAMED = 10
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -107,7 +114,7 @@ def load_model_and_tokenizer(
     check_folder_sizes(folder)
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=model_kwargs.get("trust_remote_code"))
-        model = AutoModelForSeq2SeqLM.from_pretrained(folder, **model_kwargs).to(device).eval()
+        model = load_model_folder(folder, **model_kwargs).to(device).eval()  # refuses weights missing or unused
     except Exception as error:  # a command-line user gets one line, not the loader's traceback
         why = str(error)
         if "above report" in why:  # transformers logged the details, which a message must not rely on
@@ -219,11 +226,29 @@ def whole_number(path: Path, content: dict, field: str, high: float) -> int | No
     return int(value)
 
 
+def finite_number(path: Path, content: dict, field: str, positive: bool = False) -> None:
+    """CommandLineError naming the file and the field unless `content[field]` is absent or a finite number (> 0
+    where `positive`): a NaN `layer_norm_eps` or temperature decodes to empty or random output without an error."""
+    value = content.get(field)
+    if value is None:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or (positive and value <= 0):
+        kind = "a finite number > 0" if positive else "a finite number"
+        raise CommandLineError(f"{path}: {field} must be {kind}, got {value!r}.")
+
+
+# settings of config.json and generation_config.json that are plain numbers (True: must be > 0)
+CONFIG_NUMBERS = {"layer_norm_eps": True, "init_std": False}
+GENERATION_NUMBERS = {"temperature": False, "length_penalty": False, "top_p": False, "repetition_penalty": True}
+
+
 def check_folder_sizes(folder: Path) -> None:
     """Refuse, from the plain JSON of config.json and generation_config.json and before any model is built, a folder
     whose sizes would make loading or decoding allocate without bound: a sinusoidal (or learned) position table or an
     embedding matrix over MAX_TABLE_BYTES, a default beam over MAX_BEAMS, a default output length over
-    MAX_OUTPUT_TOKENS. CommandLineError names the file, the field and the limit."""
+    MAX_OUTPUT_TOKENS; and a number that is not finite where one must be (CONFIG_NUMBERS, GENERATION_NUMBERS: a NaN
+    layer_norm_eps translates every line to an empty one). CommandLineError names the file, the field and the limit."""
     config_path, generation_path = folder / "config.json", folder / "generation_config.json"
     config = read_json_file(config_path)
 
@@ -239,7 +264,14 @@ def check_folder_sizes(folder: Path) -> None:
                 f"GiB {table} (float32); the limit is {gib:g} GiB, {field} up to {MAX_TABLE_BYTES // (4 * d_model):,} "
                 "at this d_model."
             )
-    for path, content in ((config_path, config), (generation_path, read_json_file(generation_path))):
+    generation = read_json_file(generation_path)
+    for numbers, path, content in (
+        (CONFIG_NUMBERS, config_path, config),
+        (GENERATION_NUMBERS, generation_path, generation),
+    ):
+        for field, positive in numbers.items():
+            finite_number(path, content, field, positive)
+    for path, content in ((config_path, config), (generation_path, generation)):
         whole_number(path, content, "num_beams", MAX_BEAMS)
         whole_number(path, content, "num_return_sequences", MAX_BEAMS)
         for field in ("max_new_tokens", "max_length"):
@@ -345,7 +377,7 @@ def translate_stream(
     progress: dict,
     *,
     source: str | None,
-    destination: str | None,
+    destination: "str | OutputFile | None",
     batch_size: int,
     buffer_size: int,
     num_beams: int | None = None,
@@ -354,39 +386,106 @@ def translate_stream(
     show_progress: bool = False,
 ) -> None:
     """Read, check, translate and write the input (`source`, a file, or stdin) `buffer_size` lines at a time, in input
-    order, into `destination` (or stdout), flushing each buffer; `progress` counts what was translated and written
-    (and the empty lines), for the messages. `show_progress`: a progress bar of the lines written, on stderr (for a
-    terminal: a pipeline's stderr stays clean)."""
+    order, into `destination` (a path or a claimed OutputFile; None: stdout), each buffer written whole or not at all;
+    `progress` counts what was translated and written (and the empty lines), for the messages. `show_progress`: a
+    progress bar of the lines written, on stderr (for a terminal: a pipeline's stderr stays clean)."""
     max_source_tokens = max_source_tokens or model.config.max_position_embeddings
-    output = sys.stdout
+    output = OutputFile.claim(destination) if isinstance(destination, str) else destination
     bar = tqdm(desc="translating", unit=" lines", file=sys.stderr, disable=not show_progress, dynamic_ncols=True)
     try:
         for first_line, lines in read_chunks(source, max(buffer_size, batch_size)):
             empty = check_lines(lines, tokenizer, max_source_tokens, first_line)
             translations = translate_sentences(model, tokenizer, lines, batch_size, num_beams, max_new_tokens)
-            if output is sys.stdout and destination:  # opened once the first buffer is translated
-                output = open_output(destination)
             # one translation per line, whatever characters the model produced
-            try:
-                output.write("".join(" ".join(translation.splitlines()) + "\n" for translation in translations))
-                output.flush()
-            except OSError as error:  # a full disk, a closed pipe
-                raise CommandLineError(f"cannot write the output {destination or '(stdout)'}: {error}") from error
+            text = "".join(" ".join(translation.splitlines()) + "\n" for translation in translations)
+            if output is not None:
+                output.write(text)
+            else:
+                write_stdout(text)
             progress["translated"] += len(lines) - len(empty)
             progress["written"] += len(lines)
             progress["empty"] += empty
             bar.update(len(lines))
+        if output is not None:
+            output.finish()
     finally:
         bar.close()
-        if output is not sys.stdout:
+        if output is not None and output is not destination:
             output.close()
 
 
-def open_output(path: str):
+def write_stdout(text: str) -> None:
     try:
-        return open(path, "w", encoding="utf-8")  # closed by translate_stream
-    except OSError as error:
-        raise CommandLineError(f"cannot write the output {path}: {error}") from error
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as error:  # a closed pipe, a full disk behind a redirection
+        raise CommandLineError(f"cannot write the output (stdout): {error}") from error
+
+
+class OutputFile:
+    """--output, claimed for one command and written a buffer at a time, whole lines only.
+
+    `claim` opens it without changing it and takes an exclusive lock (flock, released by the kernel if the process
+    dies): a second command writing the same file is refused before it loads a model. The first `write` empties it;
+    a buffer that cannot be written whole (a full disk) is taken back, so the file holds exactly the lines counted as
+    written; `close` removes a file that the command created and never wrote."""
+
+    def __init__(self, path: str, descriptor: int, created: bool):
+        self.path, self.descriptor, self.created = path, descriptor, created
+        self.size = None  # bytes of whole lines written; None until the first write empties the file
+
+    @classmethod
+    def claim(cls, path: str) -> "OutputFile":
+        created = not os.path.lexists(path)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
+        except OSError as error:
+            raise CommandLineError(f"cannot write the output {path}: {error}") from error
+        output = cls(path, descriptor, created)
+        if fcntl is not None:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                output.close()
+                raise CommandLineError(
+                    f"--output {path} is being written by another command: wait for it to finish, or choose another "
+                    "--output"
+                ) from None
+            except OSError:
+                pass  # a filesystem without flock
+        return output
+
+    def write(self, text: str) -> None:
+        data = memoryview(text.encode("utf-8"))
+        try:
+            if self.size is None:
+                os.ftruncate(self.descriptor, 0)
+                self.size = 0
+            written = 0
+            while written < len(data):
+                written += os.pwrite(self.descriptor, data[written:], self.size + written)
+        except OSError as error:  # a full disk: the buffer's lines are taken back, no line is cut
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.descriptor, self.size or 0)
+            raise CommandLineError(f"cannot write the output {self.path}: {error}") from error
+        self.size += len(data)
+
+    def finish(self) -> None:
+        """Make sure what was written is on disk (a network filesystem reports a full disk here); CommandLineError."""
+        try:
+            os.fsync(self.descriptor)
+        except OSError as error:
+            raise CommandLineError(f"cannot write the output {self.path}: {error}") from error
+
+    def close(self) -> None:
+        if self.descriptor is None:
+            return
+        with contextlib.suppress(OSError):
+            os.close(self.descriptor)
+        self.descriptor = None
+        if self.created and self.size is None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
 
 
 if __name__ == "__main__":  # `python -m vanilla_transformer.translate`: the command lives in the command layer

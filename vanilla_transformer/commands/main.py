@@ -6,6 +6,7 @@
     vanilla-transformer attention-maps ...       draw a model's attention weights
     vanilla-transformer sweep ...                the paper's Table 3
     vanilla-transformer export-ctranslate2 ...   export to CTranslate2
+    vanilla-transformer convert SOURCE OUTPUT    an OPUS-MT, FSMT or fairseq model as a model folder
     vanilla-transformer push MODEL_DIR ...       upload a model folder to the Hub
     vanilla-transformer refresh-code MODEL_DIR   give an older model folder the installed code
     vanilla-transformer space HUB_ID ...         write (and upload) a Hugging Face Space of the demo
@@ -29,6 +30,7 @@ SUBCOMMANDS = {
     "attention-maps": "vanilla_transformer.commands.attention_maps",
     "sweep": "vanilla_transformer.commands.variants",
     "export-ctranslate2": "vanilla_transformer.commands.export_ctranslate2",
+    "convert": "vanilla_transformer.commands.convert",
     "push": "vanilla_transformer.commands.push_to_hub",
     "refresh-code": "vanilla_transformer.commands.refresh_code",
     "space": "vanilla_transformer.commands.space",

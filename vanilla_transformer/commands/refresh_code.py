@@ -1,5 +1,5 @@
-"""`vanilla-transformer refresh-code`: give model folders saved by an earlier version the installed model code, then
-check that their weights load and decode the same tokens, in a fresh process as a Hub user loads them.
+"""`vanilla-transformer refresh-code`: give model folders saved by an earlier version the installed model code and
+the current weights format, then check with the installed code (never the folder's) that they load and decode.
 
     vanilla-transformer refresh-code outputs/vanilla-transformer [MORE_FOLDERS ...]
 
@@ -22,13 +22,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = 0
     for folder in args.folders:
         try:
-            backup = refresh(folder)
+            backup, changes = refresh(folder)
         except RefreshError as error:
             print(f"error: {folder}: {error}", file=sys.stderr)
             failed += 1
             continue
-        print(f"{folder}: code refreshed (transformers {SUPPORTED_TRANSFORMERS}), decodes as the installed code; "
-              f"old files in {backup}")  # fmt: skip
+        upgraded = f"; upgraded: {', '.join(changes)}" if changes else ""
+        print(f"{folder}: code refreshed (transformers {SUPPORTED_TRANSFORMERS}){upgraded}; it loads and decodes with "
+              f"the installed code; old files in {backup}")  # fmt: skip
     return 1 if failed else 0
 
 

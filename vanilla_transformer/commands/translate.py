@@ -44,6 +44,7 @@ from vanilla_transformer.translate import (
     MAX_OUTPUT_TOKENS,
     NO_STDIN,
     CommandLineError,
+    OutputFile,
     check_output,
     folder_notes,
     load_model_and_tokenizer,
@@ -113,12 +114,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.disable_progress_bar()  # stderr is for this command's own messages
     progress = {"translated": 0, "written": 0, "empty": []}
-    destination = args.output or "(stdout)"
+    destination, output = args.output or "(stdout)", None
     try:
         if args.input is None and sys.stdin is None:  # started with stdin closed (<&-): said before the model loads
             raise CommandLineError(NO_STDIN)
         if args.output:
             check_output(args.output)
+            output = OutputFile.claim(args.output)  # one command per --output file
         device = resolve_device(args.device)
         model_kwargs = {"dtype": DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}
         if args.attn_implementation:
@@ -132,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tokenizer,
             progress,
             source=args.input,
-            destination=args.output,
+            destination=output,
             batch_size=args.batch_size,
             buffer_size=args.buffer_size,
             num_beams=args.num_beams,
@@ -148,6 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"interrupted: the translations of lines 1-{progress['written']} are in {destination}", file=sys.stderr)
         return 130
+    finally:
+        if output is not None:
+            output.close()
     if progress["empty"]:
         print(
             f"warning: line(s) {name_lines(progress['empty'])} are empty: so are their output lines.", file=sys.stderr

@@ -1,0 +1,880 @@
+"""`vanilla-transformer convert`: published models of the paper's architecture, converted exactly or refused by name.
+
+The sources are built here, offline, with random weights: a MarianMTModel folder (OPUS-MT's layout: a SentencePiece
+vocabulary trained here, source.spm, target.spm and vocab.json; swish and ReLU; a nonzero final_logits_bias), an
+FSMTForConditionalGeneration folder, and a fairseq checkpoint (`args` and a state dict under fairseq's names, saved
+with torch.save) with its dict.txt and subword-nmt BPE codes. The random weights are drawn so that the outputs depend
+on every token and position (`scramble`): a model at transformers' initialisation repeats one token whatever it reads.
+
+The fairseq checkpoint is checked against FSMT (transformers' port of fairseq's transformer) fed the same weights, and
+against fairseq's own TransformerModel where fairseq is installed: `fairseq-fixed` (PyPI) builds from source here in
+about 2 minutes (`pip install --no-deps --no-build-isolation`, with cython), but it needs hydra-core, omegaconf and
+scikit-learn, so it is no dev dependency and the fairseq test skips without it.
+"""
+
+import argparse
+import collections
+import io
+import json
+import os
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import sentencepiece
+import torch
+from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
+from subword_nmt.apply_bpe import BPE
+from subword_nmt.learn_bpe import learn_bpe
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    FSMTConfig,
+    FSMTForConditionalGeneration,
+    FSMTTokenizer,
+    MarianConfig,
+    MarianMTModel,
+    MarianTokenizer,
+)
+
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer import convert as conversion
+from vanilla_transformer.commands.convert import main
+from vanilla_transformer.convert import ConversionError, convert, hub_patterns
+from vanilla_transformer.data import synthetic_translation_pairs
+from vanilla_transformer.tokenization import load_tokenizer
+from vanilla_transformer.translate import load_model_and_tokenizer, translate_sentences
+
+# Multi30k-like sentences with punctuation, digits, accents, quotes, dashes and abbreviations
+MULTI30K_LIKE = [
+    "Two young, White males are outside near many bushes.",
+    "A man in an orange hat starring at something.",
+    "Zwei Männer stehen am Herd und bereiten Essen zu.",
+    "Ein Mädchen im Café trinkt 2 Tassen Kaffee – sehr heiß!",
+    "Les élèves, âgés de 12 ans, étudient à l'école.",
+    "A dog runs (fast) through 3.5 km of snow; it's cold.",
+    "\"Look!\" she said: 'the 1st place is ours.'",
+    "Mr. Smith paid $20 for 2-3 apples at 9:30 a.m.",
+    "Größe: 1,80 m – Gewicht: 75 kg.",
+    "A well-known e-mail address: info@example.com",
+    "Is this the end...? No!",
+    "Señor Núñez über-cool naïve façade.",
+    "Four kids—two boys and two girls—play soccer in 2017.",
+    "„Guten Morgen“, sagt die Frau zu ihren 3 Hunden.",
+    "The café's menu lists crème brûlée for €4.50.",
+    "Ein Junge (7) springt über 10 Pfützen; er lacht.",
+    "Workers in yellow vests repair the road at 100% speed!",
+    "Eine Gruppe von Menschen steht vor einem Iglu.",
+    "A brown dog is running after the black dog.",
+    "Zwei Hunde spielen im Schnee, während es schneit.",
+    "A little girl climbs into a wooden playhouse.",
+    "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.",
+    "Someone in a blue shirt and hat is standing on stairs and leaning against a window.",
+    "Jemand mit einem blauen Hemd und Hut steht auf der Treppe.",
+    "A woman, wearing a 'Save the Earth' t-shirt, smiles.",
+    "Öl, Äpfel & Übungen: 1. Teil, 2. Teil.",
+    "What?! 42 dogs... at 5 o'clock?",
+    "Le garçon mange 3 crêpes à Noël.",
+    "An older man plays a 12-string guitar on 5th Avenue.",
+    "Ein älterer Mann spielt Gitarre auf der Straße.",
+]
+SENTENCES = [text for pair in synthetic_translation_pairs(150, seed=1) for text in pair] + MULTI30K_LIKE
+SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=64, decoder_ffn_dim=64)
+HEADS = dict(encoder_attention_heads=4, decoder_attention_heads=4)
+NEW_TOKENS = 10
+TOLERANCE = 1e-5
+
+
+class TrainingMeter:
+    """A class a fairseq checkpoint might pickle (fairseq's meters): not on the converter's allow-list."""
+
+
+class StopwatchMeter(TrainingMeter):
+    """Another."""
+
+
+def scramble(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Random weights with which outputs depend on the tokens and positions read: a model at transformers'
+    initialisation, or any random model whose output projection is its input embedding, mostly repeats the token it
+    just read (the residual carries that token's embedding to the logits). So the embeddings' rows have one norm, and
+    the gain of the decoder's last LayerNorm is negative. The position tables are kept: they are the sinusoids."""
+    generator = torch.Generator().manual_seed(seed)
+    last_norm = f"decoder.layers.{model.config.decoder_layers - 1}.final_layer_norm.weight"
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "embed_positions" in name:
+                continue
+            noise = torch.randn(parameter.shape, generator=generator)
+            if "layer_norm" in name:
+                sign = -1 if name.endswith(last_norm) else 1
+                parameter.copy_(sign * (1 + 0.2 * noise) if name.endswith("weight") else 0.2 * noise)
+            elif "embed_tokens" in name or "shared" in name or "lm_head" in name:
+                parameter.copy_(1.5 * noise / noise.norm(dim=1, keepdim=True))
+            elif parameter.dim() == 2:
+                parameter.copy_(noise / parameter.shape[1] ** 0.5)
+            else:
+                parameter.copy_(0.2 * noise)
+    return model.eval()
+
+
+# --- the sources -------------------------------------------------------------------------------------------------
+
+
+def train_sentencepiece(texts: list[str], path: Path, vocab_size: int) -> list[str]:
+    """A unigram SentencePiece model trained on `texts`, written to `path`; returns its pieces."""
+    model = io.BytesIO()
+    with open(os.devnull, "w") as quiet:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="unigram",
+            character_coverage=1.0, hard_vocab_limit=False, logstream=quiet,
+        )  # fmt: skip
+    path.write_bytes(model.getvalue())
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    return [processor.id_to_piece(index) for index in range(processor.get_piece_size())]
+
+
+@pytest.fixture(scope="module")
+def marian_vocabulary(tmp_path_factory) -> Path:
+    """OPUS-MT's tokenizer files: a SentencePiece model per language and one vocab.json over both (</s> 0, <unk> 1,
+    <pad> last), as MarianTokenizer reads them."""
+    folder = tmp_path_factory.mktemp("marian_vocabulary")
+    pairs = synthetic_translation_pairs(300, seed=2)
+    pieces = train_sentencepiece([s for s, _ in pairs] + MULTI30K_LIKE, folder / "source.spm", 160)
+    pieces += train_sentencepiece([t for _, t in pairs] + MULTI30K_LIKE, folder / "target.spm", 160)
+    vocabulary = {"</s>": 0, "<unk>": 1}
+    for piece in pieces:
+        vocabulary.setdefault(piece, len(vocabulary)) if piece not in ("<s>", "<pad>") else None
+    vocabulary["<pad>"] = len(vocabulary)
+    (folder / "vocab.json").write_text(json.dumps(vocabulary, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de"}))
+    (folder / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n# opus-mt-tiny\n")
+    return folder
+
+
+def write_marian(folder: Path, vocabulary: Path, activation: str = "swish", **overrides) -> Path:
+    """A MarianMTModel folder of OPUS-MT's layout with random weights and a nonzero final_logits_bias; OPUS-MT's
+    bos_token_id 0 with swish, MarianConfig's None with ReLU."""
+    shutil.copytree(vocabulary, folder)
+    size = len(json.loads((folder / "vocab.json").read_text()))
+    config = MarianConfig(
+        vocab_size=size, **SIZES, **HEADS, max_position_embeddings=128, activation_function=activation,
+        scale_embedding=True, pad_token_id=size - 1, decoder_start_token_id=size - 1, eos_token_id=0,
+        forced_eos_token_id=0, bos_token_id=0 if activation == "swish" else None, **overrides,
+    )  # fmt: skip
+    model = scramble(MarianMTModel(config))
+    model.final_logits_bias.copy_(
+        0.5 * torch.randn(model.final_logits_bias.shape, generator=torch.Generator().manual_seed(5))
+    )
+    model.generation_config.num_beams = 4  # OPUS-MT's folders decode with beams
+    model.save_pretrained(folder)
+    return folder
+
+
+def moses_bpe_corpus(folder: Path) -> tuple[Path, Path]:
+    """dict.txt and bpecodes as fairseq's WMT recipes make them: Moses punctuation normalization and tokenization
+    (-a), subword-nmt BPE learned on both languages, one joined dictionary of the BPE'd text ("symbol count", most
+    frequent first)."""
+    corpus = []
+    for language, texts in (("en", [s for s, _ in synthetic_translation_pairs(150, seed=1)]), ("de", SENTENCES)):
+        corpus += [wmt_preprocessing(text, language) for text in texts + MULTI30K_LIKE]
+    codes = io.StringIO()
+    learn_bpe(io.StringIO("\n".join(corpus)), codes, 250, min_frequency=2)
+    (folder / "bpecodes").write_text(codes.getvalue(), encoding="utf-8")
+    bpe = BPE(io.StringIO(codes.getvalue()))
+    counts = collections.Counter(piece for line in corpus for piece in bpe.process_line(line).split())
+    (folder / "dict.txt").write_text("".join(f"{symbol} {count}\n" for symbol, count in counts.most_common()))
+    return folder / "dict.txt", folder / "bpecodes"
+
+
+def wmt_preprocessing(text: str, language: str) -> str:
+    """The Moses steps of fairseq's WMT data preparation: normalize punctuation, remove non-printing characters,
+    tokenize aggressively (-a) with escaping."""
+    normalizer = MosesPunctNormalizer(language, pre_replace_unicode_punct=True, post_remove_control_chars=True)
+    return MosesTokenizer(language).tokenize(
+        normalizer.normalize(text), aggressive_dash_splits=True, return_str=True, escape=True
+    )
+
+
+def fairseq_symbols(dictionary: Path) -> list[str]:
+    """fairseq's Dictionary by id: <s>, <pad>, </s>, <unk>, then dict.txt's symbols."""
+    return ["<s>", "<pad>", "</s>", "<unk>"] + [line.rsplit(" ", 1)[0] for line in dictionary.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def fairseq_files(tmp_path_factory) -> tuple[Path, Path]:
+    return moses_bpe_corpus(tmp_path_factory.mktemp("fairseq_files"))
+
+
+@pytest.fixture(scope="module")
+def fsmt_model(fairseq_files) -> FSMTForConditionalGeneration:
+    """FSMT with random weights over the joined dictionary: the FSMT source, and the fairseq checkpoint's weights."""
+    size = len(fairseq_symbols(fairseq_files[0]))
+    config = FSMTConfig(
+        langs=["en", "de"], src_vocab_size=size, tgt_vocab_size=size, **SIZES, **HEADS, max_position_embeddings=128,
+        activation_function="relu", scale_embedding=True, tie_word_embeddings=True, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2,
+    )  # fmt: skip
+    return scramble(FSMTForConditionalGeneration(config), seed=1)
+
+
+def write_fsmt_tokenizer(folder: Path, dictionary: Path, codes: Path) -> None:
+    """FSMTTokenizer's files: the dictionary with word ends marked "</w>" (continued subwords lose "@@"), merges."""
+    vocabulary = {}
+    for index, symbol in enumerate(fairseq_symbols(dictionary)):
+        special = index < 4
+        vocabulary[symbol if special else symbol.removesuffix("@@") if symbol.endswith("@@") else f"{symbol}</w>"] = (
+            index
+        )
+    for name in ("vocab-src.json", "vocab-tgt.json"):
+        (folder / name).write_text(json.dumps(vocabulary, ensure_ascii=False))
+    merges = [line for line in codes.read_text().splitlines() if not line.startswith("#version")]
+    (folder / "merges.txt").write_text("\n".join(merges) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"langs": ["en", "de"], "model_max_length": 128}))
+
+
+@pytest.fixture(scope="module")
+def fsmt_folder(fsmt_model, fairseq_files, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("fsmt") / "source"
+    fsmt_model.save_pretrained(folder)
+    write_fsmt_tokenizer(folder, *fairseq_files)
+    return folder
+
+
+def fairseq_args(**overrides) -> argparse.Namespace:
+    """A fairseq transformer's `args` as its checkpoints store them."""
+    settings = dict(
+        arch="transformer", task="translation", source_lang="en", target_lang="de", encoder_embed_dim=32,
+        decoder_embed_dim=32, encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_normalize_before=False,
+        decoder_normalize_before=False, encoder_learned_pos=False, decoder_learned_pos=False,
+        share_all_embeddings=True, share_decoder_input_output_embed=True, activation_fn="relu", dropout=0.3,
+        attention_dropout=0.1, activation_dropout=0.0, max_source_positions=128, max_target_positions=128,
+        adaptive_softmax_cutoff=None, no_scale_embedding=False, no_token_positional_embeddings=False,
+        layernorm_embedding=False, decoder_output_dim=32, decoder_input_dim=32, lr=[0.0005], optimizer="adam",
+    )  # fmt: skip
+    return argparse.Namespace(**{**settings, **overrides})
+
+
+def fairseq_state(fsmt: FSMTForConditionalGeneration) -> dict[str, torch.Tensor]:
+    """FSMT's weights under fairseq's names (FSMT's are fairseq's with a "model." in front), plus what fairseq keeps
+    beside them: version counters and the sinusoid buffers."""
+    state = {key.removeprefix("model."): tensor.clone() for key, tensor in fsmt.state_dict().items()}
+    state = {key: tensor for key, tensor in state.items() if "embed_positions" not in key}
+    for side in ("encoder", "decoder"):
+        state[f"{side}.version"] = torch.tensor([3.0])
+        state[f"{side}.embed_positions._float_tensor"] = torch.tensor([1.0])
+    return state
+
+
+def write_fairseq(folder: Path, fsmt, fairseq_files, args=None, state=None, **save) -> Path:
+    """model.pt (`args`, `model` and the training state a checkpoint keeps), dict.txt and bpecodes in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in fairseq_files:
+        shutil.copy(path, folder / path.name)
+    checkpoint = {
+        "args": fairseq_args() if args is None else args,
+        "model": fairseq_state(fsmt) if state is None else state,
+        "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion", "num_updates": 1000}],
+        "extra_state": {"epoch": 3, "val_loss": 3.25, "train_iterator": {"epoch": 3, "iterations_in_epoch": 7}},
+        "last_optimizer_state": {"state": {}, "param_groups": [{"lr": 0.0005, "betas": (0.9, 0.98)}]},
+    }
+    torch.save(checkpoint, folder / "model.pt", **save)
+    return folder / "model.pt"
+
+
+@pytest.fixture(scope="module")
+def fairseq_checkpoint(fsmt_model, fairseq_files, tmp_path_factory) -> Path:
+    return write_fairseq(tmp_path_factory.mktemp("fairseq") / "wmt", fsmt_model, fairseq_files)
+
+
+# --- the conversions ---------------------------------------------------------------------------------------------
+
+
+def converted_model(folder: Path) -> VanillaTransformerForConditionalGeneration:
+    return VanillaTransformerForConditionalGeneration.from_pretrained(folder).eval()
+
+
+@pytest.fixture(scope="module")
+def marian_source(marian_vocabulary, tmp_path_factory) -> Path:
+    """An OPUS-MT-like folder (swish), for the tests that need one source."""
+    return write_marian(tmp_path_factory.mktemp("marian_source") / "source", marian_vocabulary)
+
+
+@pytest.fixture(scope="module", params=["swish", "relu"])
+def marian(request, marian_vocabulary, tmp_path_factory):
+    """(source model, source tokenizer, converted model, converted tokenizer, converted folder) for OPUS-MT."""
+    base = tmp_path_factory.mktemp(f"marian_{request.param}")
+    source = write_marian(base / "source", marian_vocabulary, activation=request.param)
+    output = convert(source, base / "converted")
+    return (
+        MarianMTModel.from_pretrained(source).eval(), MarianTokenizer.from_pretrained(source),
+        converted_model(output), load_tokenizer(output), output,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fsmt(fsmt_folder, tmp_path_factory):
+    output = convert(fsmt_folder, tmp_path_factory.mktemp("fsmt_converted") / "converted")
+    return (
+        FSMTForConditionalGeneration.from_pretrained(fsmt_folder).eval(), FSMTTokenizer.from_pretrained(fsmt_folder),
+        converted_model(output), load_tokenizer(output), output,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fairseq(fairseq_checkpoint, fsmt_model, tmp_path_factory):
+    """The fairseq checkpoint converted; its reference is FSMT fed the same weights (`fsmt_model`)."""
+    output = convert(fairseq_checkpoint, tmp_path_factory.mktemp("fairseq_converted") / "converted")
+    return fsmt_model, None, converted_model(output), load_tokenizer(output), output
+
+
+def padded_batch(tokenizer, model) -> dict[str, torch.Tensor]:
+    """Four sentences of different lengths (right-padded) and decoder inputs: the decoder start, then ordinary ids."""
+    batch = tokenizer(MULTI30K_LIKE[:4], return_tensors="pt", padding=True)
+    assert (batch["attention_mask"] == 0).any()
+    config = model.config
+    generator = torch.Generator().manual_seed(3)
+    ordinary = torch.tensor([i for i in range(4, config.vocab_size) if i != config.pad_token_id])
+    body = ordinary[torch.randint(len(ordinary), (4, 8), generator=generator)]
+    start = torch.full((4, 1), config.decoder_start_token_id)
+    return {**batch, "decoder_input_ids": torch.cat([start, body], dim=1)}
+
+
+def logits_difference(pair, batch) -> float:
+    """The largest difference between the source's and the converted model's logits. The decoder inputs are not
+    padded, so every decoder position counts; the sources' padding is masked out of attention by both models (fairseq
+    and FSMT number the positions of padding otherwise than we do, which cannot reach the tokens' outputs)."""
+    source, _, ours, _, _ = pair
+    with torch.inference_mode():
+        expected = source(**batch, use_cache=False).logits  # FSMT applies its causal mask only without the cache
+        actual = ours(**batch).logits
+    return (expected - actual).abs().max().item()
+
+
+def generated(model, batch, num_beams: int) -> torch.Tensor:
+    """`model`'s tokens for `batch`, with the beam settings given (the converted folder's own are checked apart: a
+    fairseq conversion decodes as the paper, FSMT by transformers' defaults)."""
+    with torch.inference_mode():
+        return model.generate(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=num_beams,
+            max_new_tokens=NEW_TOKENS, do_sample=False, length_penalty=1.0, early_stopping=False,
+        )  # fmt: skip
+
+
+def check_same_generation(pair, tokenizer, num_beams: int) -> None:
+    source, _, ours, _, _ = pair
+    batch = tokenizer(MULTI30K_LIKE[4:10], return_tensors="pt", padding=True)
+    expected = generated(source, batch, num_beams)
+    distinct = [len(set(row[1:])) for row in expected.tolist()]
+    assert len({tuple(row) for row in expected.tolist()}) > 1 and max(distinct) > 3, "the random source repeats itself"
+    assert torch.equal(generated(ours, batch, num_beams), expected)
+
+
+# --- OPUS-MT (Marian) ----------------------------------------------------------------------------------------------
+
+
+def test_converted_opus_mt_gives_marians_logits_within_1e_5_on_a_padded_batch(marian):
+    assert logits_difference(marian, padded_batch(marian[1], marian[2])) < TOLERANCE
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_converted_opus_mt_generates_marians_tokens(marian, num_beams):
+    check_same_generation(marian, marian[1], num_beams)
+
+
+def test_converted_opus_mt_keeps_marians_tokenizer_ids_and_text(marian):
+    _, theirs, _, ours, _ = marian
+    assert type(ours).__name__ == "MarianTokenizer"
+    expected = theirs(SENTENCES)["input_ids"]
+    assert ours(SENTENCES)["input_ids"] == expected
+    assert ours(text_target=SENTENCES)["input_ids"] == theirs(text_target=SENTENCES)["input_ids"]
+    decoded = theirs.batch_decode(expected, skip_special_tokens=True)
+    assert ours.batch_decode(expected, skip_special_tokens=True) == decoded
+    assert sum(text == sentence for text, sentence in zip(decoded, SENTENCES, strict=True)) > len(SENTENCES) // 2
+
+
+def test_converted_opus_mt_records_marians_choices_and_decoding(marian):
+    _, _, ours, _, folder = marian
+    config = ours.config
+    assert (config.position_layout, config.position_frequencies, config.position_offset) == ("sin_cos", "paper", 0)
+    assert config.lm_head_bias and config.pad_token_id == config.decoder_start_token_id == config.vocab_size - 1
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation["num_beams"] == 4 and generation["length_penalty"] == 1.0
+    assert generation["forced_eos_token_id"] == 0
+
+
+# --- FSMT and fairseq --------------------------------------------------------------------------------------------
+
+
+def test_converted_fsmt_gives_fsmts_logits_within_1e_5_on_a_padded_batch(fsmt):
+    assert logits_difference(fsmt, padded_batch(fsmt[1], fsmt[2])) < TOLERANCE
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_converted_fsmt_generates_fsmts_tokens(fsmt, num_beams):
+    check_same_generation(fsmt, fsmt[1], num_beams)
+
+
+def test_converted_fsmt_keeps_fsmts_tokenizer_ids_and_text(fsmt):
+    _, theirs, _, ours, _ = fsmt
+    assert type(ours).__name__ == "FSMTTokenizer"
+    expected = theirs(SENTENCES)["input_ids"]
+    assert ours(SENTENCES)["input_ids"] == expected
+    assert ours.batch_decode(expected, skip_special_tokens=True) == theirs.batch_decode(
+        expected, skip_special_tokens=True
+    )
+
+
+def test_converted_fairseq_checkpoint_gives_the_logits_of_fsmt_fed_the_same_weights(fairseq):
+    assert logits_difference(fairseq, padded_batch(fairseq[3], fairseq[2])) < TOLERANCE
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_converted_fairseq_checkpoint_generates_the_tokens_of_fsmt_fed_the_same_weights(fairseq, num_beams):
+    check_same_generation(fairseq, fairseq[3], num_beams)
+
+
+def test_converted_fairseq_checkpoint_gives_the_logits_of_fairseq_itself(fairseq, fairseq_checkpoint):
+    pytest.importorskip("fairseq")
+    from importlib import import_module
+
+    Dictionary = import_module("fairseq.data").Dictionary  # noqa: N806
+    TransformerModel = import_module("fairseq.models.transformer").TransformerModel  # noqa: N806
+    dictionary = Dictionary.load(str(fairseq_checkpoint.parent / "dict.txt"))
+    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    state = torch.load(fairseq_checkpoint, weights_only=False)  # our own file, written by this test
+    model = TransformerModel.build_model(state["args"], task)
+    model.load_state_dict(state["model"])
+    batch = padded_batch(fairseq[3], fairseq[2])
+    with torch.inference_mode():
+        expected = model.eval()(batch["input_ids"], batch["attention_mask"].sum(1), batch["decoder_input_ids"])[0]
+        actual = fairseq[2](**batch).logits
+    assert (expected - actual).abs().max().item() < TOLERANCE
+
+
+def test_fairseq_tokenizer_gives_the_ids_and_text_of_moses_and_subword_nmt(fairseq, fairseq_files):
+    """The ids of fairseq's WMT pipeline (Moses normalization and tokenization, subword-nmt, the dictionary, </s>) and
+    its detokenized text. FSMTTokenizer normalizes punctuation as WMT's data preparation did (e.g. "–" becomes "-"),
+    which fairseq's hub interface (Moses tokenization alone) leaves out: the two differ only on such characters."""
+    ours = fairseq[3]
+    symbols = fairseq_symbols(fairseq_files[0])
+    index = {symbol: i for i, symbol in enumerate(symbols)}
+    bpe = BPE(io.StringIO(fairseq_files[1].read_text()))
+    detokenizer = MosesDetokenizer("de")
+    for sentence in SENTENCES:
+        pieces = bpe.process_line(wmt_preprocessing(sentence, "en")).split()
+        expected = [index.get(piece, 3) for piece in pieces] + [2]
+        assert ours(sentence)["input_ids"] == expected, sentence
+        text = " ".join(symbols[i] for i in expected if i > 3).replace("@@ ", "")
+        assert ours.decode(expected, skip_special_tokens=True) == detokenizer.detokenize(text.split())
+
+
+def test_fairseq_checkpoints_with_older_names_convert_to_the_same_model(fairseq, fsmt_model, fairseq_files, tmp_path):
+    """Checkpoints before fairseq 0.9: one in_proj_weight per attention (rows q, k, v), layer_norms.N, zip or not."""
+    state = fairseq_state(fsmt_model)
+    for key in [key for key in state if key.endswith("q_proj.weight") or key.endswith("q_proj.bias")]:
+        prefix, kind = key.rsplit(".q_proj.", 1)
+        parts = [state.pop(f"{prefix}.{name}.{kind}") for name in ("q_proj", "k_proj", "v_proj")]
+        state[f"{prefix}.in_proj_{kind}"] = torch.cat(parts)
+    for key in [key for key in state if key.startswith("encoder.layers.") and "_layer_norm." in key]:
+        number = "0" if ".self_attn_layer_norm." in key else "1"
+        state[key.replace(key.split(".")[3], f"layer_norms.{number}")] = state.pop(key)
+    path = write_fairseq(
+        tmp_path / "old", fsmt_model, fairseq_files, state=state, _use_new_zipfile_serialization=False
+    )
+    ours = converted_model(convert(path, tmp_path / "converted"))
+    expected = fairseq[2].state_dict()
+    assert all(torch.equal(tensor, expected[key]) for key, tensor in ours.state_dict().items())
+
+
+def test_a_fairseq_cfg_saved_as_a_plain_dict_converts(fsmt_model, fairseq_files, tmp_path):
+    """The way OMEGACONF_HINT gives newer (cfg) checkpoints: `cfg` as a plain dict with model and task sections."""
+    args = vars(fairseq_args())
+    cfg = {"model": args, "task": {"source_lang": "en", "target_lang": "de"}, "common": {"fp16": True}}
+    path = write_fairseq(tmp_path / "cfg", fsmt_model, fairseq_files, args=None)
+    state = torch.load(path, weights_only=False)  # our own file
+    del state["args"]
+    torch.save({**state, "cfg": cfg}, path)
+    assert converted_model(convert(path, tmp_path / "converted")).config.encoder_layers == 2
+
+
+# --- refusals ----------------------------------------------------------------------------------------------------
+
+
+def edited_config(folder: Path, **changes) -> Path:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+@pytest.fixture
+def marian_copy(marian_source, tmp_path) -> Path:
+    """A copy of a Marian source folder to change."""
+    return Path(shutil.copytree(marian_source, tmp_path / "source"))
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings is False"),
+        ({"decoder_vocab_size": 1000}, "decoder_vocab_size is 1000"),
+        ({"normalize_before": True}, "normalize_before is True"),
+        ({"static_position_embeddings": False}, "static_position_embeddings is False"),
+        ({"normalize_embedding": True}, "normalize_embedding is True"),
+        ({"activation_function": "quick_gelu"}, "activation_function is 'quick_gelu'"),
+        ({"vocab_size": 10**9}, "vocab_size is 1000000000"),
+        ({"d_model": 0}, "d_model is 0"),
+    ],
+)
+def test_a_marian_config_the_model_cannot_represent_is_refused_naming_the_field(marian_copy, tmp_path, changes, named):
+    with pytest.raises(ConversionError, match=named):
+        convert(edited_config(marian_copy, **changes), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_marian_separate_target_vocabulary_files_are_refused(marian_copy, tmp_path):
+    shutil.copy(marian_copy / "vocab.json", marian_copy / "target_vocab.json")
+    with pytest.raises(ConversionError, match="separate source and target vocabularies"):
+        convert(marian_copy, tmp_path / "out")
+
+
+def test_an_output_projection_of_its_own_is_refused(marian_vocabulary, tmp_path):
+    source = write_marian(tmp_path / "untied", marian_vocabulary, tie_word_embeddings=False)
+    with pytest.raises(ConversionError, match=r"embed_tokens\.weight differ \(Marian.s `tie_word_embeddings: false`"):
+        convert(source, tmp_path / "out")
+
+
+def test_fsmt_with_separate_dictionaries_is_refused(fsmt_folder, tmp_path):
+    source = Path(shutil.copytree(fsmt_folder, tmp_path / "source"))
+    vocabulary = json.loads((source / "vocab-tgt.json").read_text())
+    vocabulary["zzz</w>"] = vocabulary.pop(next(token for token in vocabulary if token.endswith("</w>")))
+    (source / "vocab-tgt.json").write_text(json.dumps(vocabulary))
+    with pytest.raises(ConversionError, match="vocab-src.json and vocab-tgt.json differ"):
+        convert(source, tmp_path / "out")
+    with pytest.raises(ConversionError, match="tgt_vocab_size"):
+        convert(edited_config(source, tgt_vocab_size=999), tmp_path / "out")
+
+
+def test_fairseq_with_separate_dictionaries_is_refused(fairseq_checkpoint, tmp_path):
+    lines = (fairseq_checkpoint.parent / "dict.txt").read_text().splitlines()
+    (tmp_path / "dict.de.txt").write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")
+    with pytest.raises(ConversionError, match="separate source and target dictionaries"):
+        convert(
+            fairseq_checkpoint,
+            tmp_path / "out",
+            dictionary=[fairseq_checkpoint.parent / "dict.txt", tmp_path / "dict.de.txt"],
+        )
+
+
+@pytest.mark.parametrize(
+    "args, extra, named",
+    [
+        ({"encoder_normalize_before": True}, {}, "encoder_normalize_before is True, which means pre-LN"),
+        ({"decoder_normalize_before": True}, {}, "decoder_normalize_before is True"),
+        ({"layernorm_embedding": True}, {}, "layernorm_embedding is True"),
+        ({}, {"encoder.layernorm_embedding.weight": torch.ones(32)}, "encoder.layernorm_embedding.weight"),
+        ({}, {"decoder.layer_norm.weight": torch.ones(32)}, "decoder.layer_norm.weight"),
+        ({"encoder_learned_pos": True}, {}, "encoder_learned_pos is True"),
+        ({"adaptive_softmax_cutoff": "5000,20000"}, {}, "adaptive_softmax_cutoff"),
+        ({"activation_fn": "linear"}, {}, "activation_fn is 'linear'"),
+    ],
+)
+def test_a_fairseq_architecture_the_model_cannot_represent_is_refused(
+    fsmt_model, fairseq_files, tmp_path, args, extra, named
+):
+    state = {**fairseq_state(fsmt_model), **extra}
+    path = write_fairseq(tmp_path / "wmt", fsmt_model, fairseq_files, args=fairseq_args(**args), state=state)
+    with pytest.raises(ConversionError, match=named):
+        convert(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_projection_that_differs_from_the_embeddings_is_refused(fsmt_model, fairseq_files, tmp_path):
+    state = fairseq_state(fsmt_model)
+    state["decoder.output_projection.weight"] = state["decoder.output_projection.weight"] + 1
+    path = write_fairseq(
+        tmp_path / "wmt", fsmt_model, fairseq_files, args=fairseq_args(share_all_embeddings=False), state=state
+    )
+    with pytest.raises(ConversionError, match="decoder.output_projection.weight differ"):
+        convert(path, tmp_path / "out")
+
+
+@pytest.mark.parametrize("zip_format", [True, False])
+def test_a_checkpoint_needing_an_unlisted_class_is_refused_naming_it(fsmt_model, fairseq_files, tmp_path, zip_format):
+    args = fairseq_args()
+    args.meter = TrainingMeter()
+    path = write_fairseq(
+        tmp_path / "wmt", fsmt_model, fairseq_files, args=args, _use_new_zipfile_serialization=zip_format
+    )
+    with pytest.raises(ConversionError, match=r"needs tests\.test_convert\.TrainingMeter to be unpickled"):
+        convert(path, tmp_path / "out")
+
+
+def test_every_unlisted_class_of_a_zip_checkpoint_is_named_at_once(fsmt_model, fairseq_files, tmp_path):
+    args = fairseq_args()
+    args.meters = [TrainingMeter(), StopwatchMeter()]
+    path = write_fairseq(tmp_path / "wmt", fsmt_model, fairseq_files, args=args)
+    with pytest.raises(
+        ConversionError, match=r"needs tests\.test_convert\.StopwatchMeter, tests\.test_convert\.Train"
+    ):
+        convert(path, tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (lambda layers: layers.update(rotary=torch.ones(4)), "has no place for: rotary"),
+        (
+            lambda layers: layers.pop("decoder.layers.1.fc2.bias"),
+            "lacks weights the model needs: decoder.layers.1.fc2.bias",
+        ),
+        (
+            lambda layers: layers.update({"encoder.layers.0.fc1.weight": torch.ones(3, 3)}),
+            r"fc1.weight has shape \[3, 3\]",
+        ),
+    ],
+)
+def test_a_source_weight_left_over_missing_or_of_another_shape_is_refused_naming_it(
+    fairseq_checkpoint, tmp_path, change, named
+):
+    source = conversion.read_source(fairseq_checkpoint, None, None, (None, None), None, tmp_path)
+    change(source.layers)
+    with pytest.raises(ConversionError, match=named):
+        conversion.build_model(source)
+
+
+def leave_marker(path: str) -> None:
+    Path(path).touch()
+
+
+class RunsCode:
+    """Unpickling it would call leave_marker(marker): what a malicious checkpoint does, with a harmless function."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return leave_marker, (self.marker,)
+
+
+@pytest.mark.parametrize("zip_format", [True, False])
+def test_a_checkpoint_that_would_run_code_is_refused_without_running_it(
+    fsmt_model, fairseq_files, tmp_path, zip_format
+):
+    marker = tmp_path / "code-ran"
+    path = write_fairseq(
+        tmp_path / "wmt", fsmt_model, fairseq_files, args=RunsCode(marker), _use_new_zipfile_serialization=zip_format
+    )
+    with pytest.raises(ConversionError, match=r"needs tests\.test_convert\.leave_marker"):
+        convert(path, tmp_path / "out")
+    assert not marker.exists()
+
+
+def test_a_newer_fairseq_checkpoint_with_an_omegaconf_cfg_is_refused_with_the_way_to_convert_it(
+    fsmt_model, fairseq_files, tmp_path, monkeypatch
+):
+    module = types.ModuleType("omegaconf.dictconfig")
+
+    class DictConfig(dict):
+        pass
+
+    DictConfig.__module__, DictConfig.__qualname__, module.DictConfig = module.__name__, "DictConfig", DictConfig
+    monkeypatch.setitem(sys.modules, "omegaconf", types.ModuleType("omegaconf"))  # omegaconf is not installed here
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    path = write_fairseq(tmp_path / "wmt", fsmt_model, fairseq_files)
+    state = torch.load(path, weights_only=False)  # our own file
+    torch.save({**state, "args": None, "cfg": DictConfig(model={})}, path)
+    with pytest.raises(ConversionError, match=r"omegaconf\.dictconfig\.DictConfig.*OmegaConf\.to_container"):
+        convert(path, tmp_path / "out")
+
+
+# --- the written folder and the command --------------------------------------------------------------------------
+
+
+def test_the_command_writes_a_folder_that_loads_with_trust_remote_code_and_translates(marian_source, tmp_path, capsys):
+    assert main([str(marian_source), str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "out")
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
+    source, tokenizer = (
+        MarianMTModel.from_pretrained(marian_source).eval(),
+        MarianTokenizer.from_pretrained(marian_source),
+    )
+    batch = tokenizer(MULTI30K_LIKE[:3], return_tensors="pt", padding=True)
+    expected = generated(source, batch, 1)
+    assert torch.equal(generated(model, batch, 1), expected)
+    model, tokenizer = load_model_and_tokenizer(tmp_path / "out")
+    texts = translate_sentences(model, tokenizer, MULTI30K_LIKE[:3], num_beams=1, max_new_tokens=NEW_TOKENS)
+    assert texts == tokenizer.batch_decode(expected, skip_special_tokens=True)
+
+
+def test_the_translation_pipeline_translates_with_a_converted_folder(fsmt):
+    from transformers import pipeline
+
+    translator = pipeline("translation", model=str(fsmt[4]), trust_remote_code=True)
+    batch = fsmt[1]([MULTI30K_LIKE[0]], return_tensors="pt")
+    expected = fsmt[1].decode(generated(fsmt[0], batch, 1)[0], skip_special_tokens=True)
+    assert translator(MULTI30K_LIKE[0], num_beams=1, max_new_tokens=NEW_TOKENS) == [{"translation_text": expected}]
+
+
+def test_the_command_refuses_a_non_empty_output_folder_and_writes_nothing(fsmt_folder, tmp_path, capsys):
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "notes.txt").write_text("my work")
+    assert main([str(fsmt_folder), str(output)]) == 1
+    assert "is not empty" in capsys.readouterr().err
+    assert sorted(path.name for path in output.iterdir()) == ["notes.txt"]
+    assert main([str(fsmt_folder), str(output), "--overwrite"]) == 1
+    assert "not one (it holds notes.txt)" in capsys.readouterr().err
+
+
+def test_an_output_folder_that_is_holds_or_is_inside_the_source_folder_is_refused(marian_source, tmp_path):
+    for output in (marian_source, marian_source / "converted", marian_source.parent):
+        with pytest.raises(ConversionError, match="is, holds or is inside the source's folder"):
+            convert(marian_source, output, overwrite=True)
+    assert not (marian_source / "converted").exists()
+
+
+def test_a_checkpoint_converts_into_a_new_folder_beside_it_but_never_over_its_folder(fairseq_checkpoint, tmp_path):
+    folder = Path(shutil.copytree(fairseq_checkpoint.parent, tmp_path / "wmt"))
+    assert convert(folder / "model.pt", folder / "converted").is_dir()
+    with pytest.raises(ConversionError, match=r"not one \(it holds bpecodes"):
+        convert(folder / "model.pt", folder, overwrite=True)
+
+
+def test_overwrite_replaces_a_previous_conversion(fsmt, fsmt_folder, tmp_path, capsys):
+    output = Path(shutil.copytree(fsmt[4], tmp_path / "out"))
+    (output / "config.json").write_text(
+        json.dumps({**json.loads((output / "config.json").read_text()), "dropout": 0.5})
+    )
+    assert main([str(fsmt_folder), str(output), "--overwrite"]) == 0
+    assert json.loads((output / "config.json").read_text())["dropout"] == fsmt[2].config.dropout
+
+
+def test_the_card_names_the_source_its_license_and_the_conversion(marian):
+    card = (marian[4] / "README.md").read_text()  # the source's README.md says cc-by-4.0
+    front = card.split("---\n")[1]
+    assert 'license: "cc-by-4.0"' in front and 'language: ["en", "de"]' in front
+    body = card.split("---\n", 2)[2]
+    assert "Marian (OPUS-MT)" in body and "vanilla-transformer convert" in body and "cc-by-4.0" in body
+    assert "**source**" in body and str(marian[4].parent) not in body  # the source folder by its name, not its path
+
+
+def test_a_hub_id_is_downloaded_with_only_the_files_the_conversion_reads(marian_source, monkeypatch, tmp_path):
+    import huggingface_hub
+
+    source, calls = marian_source, []
+    files = [path.name for path in source.iterdir()] + ["pytorch_model.bin", "tf_model.h5", "rust_model.ot"]
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda repo_id, revision=None: files)
+
+    def snapshot_download(repo_id, revision=None, allow_patterns=None):
+        calls.append((repo_id, revision, sorted(allow_patterns)))
+        return str(source)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    folder = convert("Helsinki-NLP/opus-mt-tiny", tmp_path / "out", revision="main")
+    assert calls[0][:2] == ("Helsinki-NLP/opus-mt-tiny", "main")
+    assert "model.safetensors" in calls[0][2] and "pytorch_model.bin" not in calls[0][2]
+    assert 'base_model: "Helsinki-NLP/opus-mt-tiny"' in (folder / "README.md").read_text()
+
+
+def test_offline_a_hub_id_converts_from_the_local_cache(marian_source, monkeypatch, tmp_path):
+    import huggingface_hub
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    def offline(repo_id, revision=None):
+        raise OfflineModeIsEnabled("offline mode is enabled")
+
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", offline)
+    monkeypatch.setattr(
+        huggingface_hub, "snapshot_download", lambda repo_id, **kwargs: calls.append(kwargs) or str(marian_source)
+    )
+    assert (convert("Helsinki-NLP/opus-mt-tiny", tmp_path / "out") / "model.safetensors").is_file()
+    assert "*.safetensors" in calls[0]["allow_patterns"]
+
+
+def test_hub_weights_are_safetensors_where_there_are_some_else_pytorch_model_bin():
+    common = ["config.json", "README.md", "source.spm", "tf_model.h5", "rust_model.ot", "flax_model.msgpack"]
+    assert hub_patterns([*common, "pytorch_model.bin"]) == [
+        "config.json",
+        "README.md",
+        "source.spm",
+        "pytorch_model.bin",
+    ]
+    assert hub_patterns([*common, "pytorch_model.bin", "model.safetensors"])[-1] == "model.safetensors"
+
+
+def test_a_converted_model_that_computes_otherwise_than_the_source_is_refused_before_writing(
+    marian_copy, tmp_path, monkeypatch
+):
+    build = conversion.build_model
+
+    def build_wrong(source):  # a mapping error: one attention's W^K and W^V swapped
+        model = build(source)
+        attention = model.model.decoder.layers[0].encoder_attn
+        with torch.no_grad():
+            key = attention.k_proj.weight.clone()
+            attention.k_proj.weight.copy_(attention.v_proj.weight)
+            attention.v_proj.weight.copy_(key)
+        return model
+
+    monkeypatch.setattr(conversion, "build_model", build_wrong)
+    with pytest.raises(ConversionError, match="logits differ from the source's"):
+        convert(marian_copy, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_ctranslate2_export_of_a_converted_opus_mt_decodes_marians_tokens(marian, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from vanilla_transformer.export_ctranslate2 import convert_to_ctranslate2
+
+    source, tokenizer, _, _, folder = marian
+    translator = ctranslate2.Translator(convert_to_ctranslate2(folder, tmp_path / "ct2"), device="cpu")
+    special = json.loads((tmp_path / "ct2" / "config.json").read_text())
+    assert special["unk_token"] == "<unk>" and special["decoder_start_token"] == "<pad>"  # Marian's, not ours
+    batch = tokenizer(MULTI30K_LIKE[4:8], return_tensors="pt", padding=True)
+    expected = generated(source, batch, 1)
+    tokens = [tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"]) for text in MULTI30K_LIKE[4:8]]
+    results = translator.translate_batch(tokens, beam_size=1, max_decoding_length=NEW_TOKENS)
+    for result, row in zip(results, expected.tolist(), strict=True):
+        ids = tokenizer.convert_tokens_to_ids(result.hypotheses[0])
+        until_eos = row[1 : row.index(0)] if 0 in row else row[1:]  # generate() forces </s> (0) at the last step
+        assert ids[: len(until_eos)] == until_eos and len(ids) >= len(until_eos)
+
+
+def converted_folder(source: str, request, tmp_path) -> Path:
+    if source == "marian":
+        return convert(request.getfixturevalue("marian_source"), tmp_path / "converted")
+    return request.getfixturevalue("fsmt")[4]
+
+
+@pytest.mark.parametrize("source", ["marian", "fsmt"])
+def test_a_converted_folder_is_a_complete_hub_folder_whose_upload_holds_its_tokenizer(source, request, tmp_path):
+    from vanilla_transformer.model_folder import check_model_folder, files_to_upload
+
+    folder = converted_folder(source, request, tmp_path)
+    assert check_model_folder(folder) == []
+    tokenizer_files = {"marian": {"source.spm", "target.spm", "vocab.json"}, "fsmt": {"vocab-src.json", "merges.txt"}}
+    assert tokenizer_files[source] <= set(files_to_upload(folder))
+
+
+@pytest.mark.parametrize("source", ["marian", "fsmt"])
+def test_a_converted_folders_stock_tokenizer_has_a_fingerprint_of_its_vocabulary(source, request, tmp_path):
+    """What --evaluate_only and a prepared corpus compare: the stock tokenizers have no `tokenizers` backend."""
+    import shutil
+
+    from vanilla_transformer.prepare import tokenizer_fingerprint
+
+    folder = converted_folder(source, request, tmp_path)
+    fingerprint = tokenizer_fingerprint(load_tokenizer(folder))
+    assert fingerprint == tokenizer_fingerprint(load_tokenizer(folder))
+    changed = shutil.copytree(folder, tmp_path / "changed")
+    vocabulary = changed / ("vocab.json" if source == "marian" else "vocab-src.json")
+    entries = json.loads(vocabulary.read_text())
+    first, second = list(entries)[-2:]
+    entries[first], entries[second] = entries[second], entries[first]
+    vocabulary.write_text(json.dumps(entries))
+    if source == "fsmt":
+        (changed / "vocab-tgt.json").write_text(json.dumps(entries))
+    assert tokenizer_fingerprint(load_tokenizer(changed)) != fingerprint
