@@ -30,7 +30,7 @@ Usage:
     python benchmarks/speed.py                      # small and base, every row (about 9 minutes on 2 cores)
     python benchmarks/speed.py --quick              # 2 repetitions per row
     python benchmarks/speed.py --presets small --no-memory --no-ctranslate2
-    python benchmarks/speed.py --bf16               # also: our model in bf16
+    python benchmarks/speed.py --bf16 --onednn      # also: our model in bf16, and as the commands run it
     python benchmarks/speed.py --compile            # also: training under torch.compile
 """
 
@@ -68,6 +68,7 @@ from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
 from vanilla_transformer.export_marian import check_same_function, marian_config, to_marian  # noqa: E402
 from vanilla_transformer.loss import label_smoothed_loss  # noqa: E402
+from vanilla_transformer.onednn import use_onednn_linears  # noqa: E402
 
 ENGINES = ("ours", "marian", "ct2_float32", "ct2_int8")
 TORCH_ENGINES = ("ours", "marian")
@@ -75,6 +76,7 @@ TORCH_ENGINES = ("ours", "marian")
 EXTRA_ENGINES = {
     "ours_compiled": ("ours+compile tok/s", ("train",)),
     "ours_bf16": ("ours bf16 tok/s", ("greedy", "beam4")),
+    "ours_onednn": ("ours+oneDNN tok/s", ("greedy", "beam4")),
 }
 
 
@@ -145,7 +147,8 @@ class Engines:
     """The engines of one preset; `run(engine, row, batch)` gives the callable that does the row's work once.
 
     Extra engines: ours_compiled (--compile) is our model under `torch.compile`, for the training row;
-    ours_bf16 (--bf16) is our model with bf16 weights and eager attention, for the generation rows.
+    ours_bf16 (--bf16) is our model with bf16 weights and eager attention, for the generation rows;
+    ours_onednn (--onednn) is our model as the project's commands run it (oneDNN linear layers), for the same.
     """
 
     def __init__(self, preset: str, workload: Workload, names: list[str], threads: int, check: bool = True):
@@ -170,6 +173,8 @@ class Engines:
             compiled = build_ours(preset, workload.vocab_size)
             compiled.forward = torch.compile(compiled.forward)
             self.models["ours_compiled"] = compiled
+        if "ours_onednn" in names:  # what the project's commands run: oneDNN linear layers (onednn.py)
+            self.models["ours_onednn"] = use_onednn_linears(build_ours(preset, workload.vocab_size))
         if "ours_bf16" in names:  # bf16 weights; eager attention, as torch's CPU sdpa kernels are slow in bf16
             self.models["ours_bf16"] = build_ours(preset, workload.vocab_size).to(torch.bfloat16)
             self.models["ours_bf16"].set_attn_implementation("eager")
@@ -414,6 +419,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     extra = parser.add_argument_group("extra engines")
     extra.add_argument("--compile", action="store_true", help="also time training of torch.compile(our model)")
     extra.add_argument("--bf16", action="store_true", help="also time generation with bf16 weights (ours_bf16)")
+    extra.add_argument("--onednn", action="store_true", help="also time generation as the commands run it (oneDNN)")
     parser.add_argument("--system-malloc", action="store_true", help="keep glibc's adaptive malloc thresholds")
     parser.add_argument("--memory-worker", nargs=2, metavar=("PRESET", "ENGINE"), help=argparse.SUPPRESS)
     parser.add_argument("--ct2-dir", help=argparse.SUPPRESS)
@@ -441,6 +447,7 @@ def main() -> None:
             print("ctranslate2 is not installed: no CTranslate2 rows", file=sys.stderr)
             ct2_names = []
     torch_names = list(TORCH_ENGINES) + ["ours_compiled"] * args.compile + ["ours_bf16"] * args.bf16
+    torch_names += ["ours_onednn"] * args.onednn
 
     started = datetime.now(timezone.utc)
     print(f"# {started:%Y-%m-%d %H:%M} UTC; {describe_machine(machine())}; load average at start {load()}", flush=True)

@@ -20,6 +20,7 @@ from vanilla_transformer.data import DataError
 from vanilla_transformer.loading import load_model_folder
 from vanilla_transformer.metrics import load_bleu_and_chrf
 from vanilla_transformer.names import EVALUATION_RESULTS
+from vanilla_transformer.onednn import use_onednn_linears
 from vanilla_transformer.output_folder import OutputSettings, claim_evaluation_dir
 from vanilla_transformer.prepare import DataSettings, load_or_prepare, tokenizer_fingerprint
 
@@ -185,6 +186,7 @@ def score_splits(accelerator, model, tokenizer, splits: dict, settings: Evaluati
     metric = load_bleu_and_chrf()
     generation_kwargs = {**settings.final_decoding, "do_sample": False}
     results = {}
+    use_onednn_linears(accelerator.unwrap_model(model))  # float32 inference on CPU through oneDNN (onednn.py)
     for split in ("validation", "test"):
         if split in splits:
             loader = sharded_loader(accelerator, tokenizer, splits[split], settings, model.config, split)

@@ -39,7 +39,7 @@ from vanilla_transformer.names import CODE_FILES
 
 # the library modules the demo imports, by their path in the Space (= their path in the installed package)
 LIBRARY_CODE = (
-    "__init__.py", "demo.py", "attention_maps.py", "translate.py", "loading.py", "upgrade.py", "names.py"
+    "__init__.py", "demo.py", "attention_maps.py", "translate.py", "loading.py", "upgrade.py", "onednn.py", "names.py"
 )  # fmt: skip
 SPACE_CODE = ("app.py", *CODE_FILES, *(f"vanilla_transformer/{name}" for name in LIBRARY_CODE))
 SPACE_FILES = (*SPACE_CODE, "requirements.txt", "README.md")

@@ -31,6 +31,7 @@ from configuration_vanilla_transformer import VanillaTransformerConfig
 from pipeline_vanilla_transformer import MAX_OUTPUT_TOKENS, output_length
 from vanilla_transformer.loading import load_model_folder
 from vanilla_transformer.names import CODE_FILES, WEIGHTS_NAME
+from vanilla_transformer.onednn import use_onednn_linears
 
 try:
     import fcntl
@@ -115,6 +116,7 @@ def load_model_and_tokenizer(
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=model_kwargs.get("trust_remote_code"))
         model = load_model_folder(folder, **model_kwargs).to(device).eval()  # refuses weights missing or unused
+        use_onednn_linears(model)  # float32 inference on CPU through oneDNN, where it pays (onednn.py)
     except Exception as error:  # a command-line user gets one line, not the loader's traceback
         why = str(error)
         if "above report" in why:  # transformers logged the details, which a message must not rely on

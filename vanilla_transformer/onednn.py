@@ -1,0 +1,73 @@
+"""oneDNN's linear kernel for the project's own inference (translate, the demo, attention maps, `--evaluate_only`).
+
+In float32 on CPU, `nn.Linear` multiplies with MKL's sgemm; oneDNN, in every CPU build of torch, computes the same
+products faster on some CPUs, most of all the few-row products of generation (on this project's AMD EPYC machines
+1.1-1.8x the tokens per second of the plain model: docs/BENCHMARKS.md). It is reached only through a private torch
+op, so it stays out of the model's file, which every Hub user runs: the library switches it on for the models its
+commands load (`use_onednn_linears`), where it pays, and the model itself stays plain `nn.Linear`s, as transformers
+and its tools (quantizers, peft) expect.
+
+`use_onednn_linears(model)` turns each plain `nn.Linear` of `model` into a `OneDNNLinear`, the same layer (the same
+parameters, hooks and state) whose class computes float32 inference on CPU through oneDNN and everything else (a
+gradient, bf16, autocast, a GPU, torch.compile, a quantizer's tensor) as `nn.Linear` does; if the op is missing or
+fails, `F.linear` runs from then on. `plain_linears(model)` turns them back.
+"""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers.utils import is_torchdynamo_compiling, logging
+
+logger = logging.get_logger(__name__)
+
+MIN_WEIGHT_ELEMENTS = 65536  # smaller matrices: oneDNN's fixed cost per call (~30 us vs MKL's ~10) dominates
+
+
+def onednn_available() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+ONEDNN = {"usable": onednn_available()}  # set to False for good if the op ever fails
+
+
+class OneDNNLinear(nn.Linear):
+    """nn.Linear whose float32 inference on CPU runs through oneDNN's kernel (the same product)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if (
+            ONEDNN["usable"]
+            and input.device.type == "cpu"
+            and input.dtype == weight.dtype == torch.float32
+            and type(weight) in (nn.Parameter, torch.Tensor)  # not a quantizer's tensor subclass (torchao, quanto)
+            and weight.numel() > MIN_WEIGHT_ELEMENTS
+            and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
+            and not torch.is_autocast_enabled("cpu")
+            and not is_torchdynamo_compiling()
+        ):
+            try:
+                return torch.ops.mkldnn._linear_pointwise(input, weight, self.bias, "none", [], "")
+            except Exception as error:  # a private op: any torch may change or drop it
+                ONEDNN["usable"] = False
+                logger.warning(f"oneDNN linear failed ({type(error).__name__}: {error}); using F.linear from now on")
+        return F.linear(input, weight, self.bias)
+
+
+def use_onednn_linears(model: nn.Module) -> nn.Module:
+    """`model` with each plain nn.Linear computing through oneDNN where it can (in place; returned for chaining)."""
+    if ONEDNN["usable"]:
+        for module in model.modules():
+            if type(module) is nn.Linear:
+                module.__class__ = OneDNNLinear
+    return model
+
+
+def plain_linears(model: nn.Module) -> nn.Module:
+    """`model` with its OneDNNLinear layers plain nn.Linear again (in place; returned for chaining)."""
+    for module in model.modules():
+        if type(module) is OneDNNLinear:
+            module.__class__ = nn.Linear
+    return model
