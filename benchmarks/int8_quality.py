@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import describe_machine, machine  # noqa: E402
 
 from vanilla_transformer import data, prepare  # noqa: E402
+from vanilla_transformer.onednn import plain_linears  # noqa: E402
 from vanilla_transformer.translate import load_model_and_tokenizer, translate_sentences  # noqa: E402
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "kv_proj", "qkv_proj", "out_proj")
@@ -109,6 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     sources, references = test_pairs(args)
     model, tokenizer = load_model_and_tokenizer(args.model_dir, "cpu")
+    plain_linears(model)  # the model as a Hub user has it: quantizers match nn.Linear by type
     print(f"# {describe_machine(machine())}; {len(sources)} sentences; {args.model_dir}")
     print("| variant | BLEU | chrF | seconds | linear layers quantized |")
     print("|---|---|---|---|---|")

@@ -166,7 +166,16 @@ def test_a_folder_that_is_not_a_model_gets_a_clear_message(tmp_path, capsys, mon
 @pytest.mark.parametrize(
     ("file", "field", "value", "message"),
     [
-        ("config.json", "max_position_embeddings", 20_000_000, "20,000,000 x d_model 32 would be a 2.4 GiB position"),
+        ("config.json", "max_position_embeddings", 20_000_000, "20,000,000 x d_model 32 would be a 14.3 GiB position"),
+        # 0.5 GiB in float32, but 2.9 GiB at the peak of building it in float64 (the issue's 5.4 GB to translate)
+        ("config.json", "max_position_embeddings", 4_000_000, "4,000,000 x d_model 32 would be a 2.9 GiB position"),
+        ("config.json", "encoder_layers", 20_000, "encoder_layers is 20,000; the limit is 128"),
+        (
+            "config.json",
+            "encoder_ffn_dim",
+            10**8,
+            "make 12,800,042,368 weights, 47.7 GiB in float32; the limit is 4 GiB",
+        ),
         ("config.json", "vocab_size", 10**9, "vocab_size 1,000,000,000 x d_model 32 would be a 119.2 GiB embedding"),
         ("generation_config.json", "num_beams", 1000000, "num_beams is 1,000,000; the limit is 64"),
         ("generation_config.json", "max_new_tokens", 10**9, "max_new_tokens is 1,000,000,000; the limit is 4,096"),
@@ -439,3 +448,25 @@ def test_a_setting_that_is_not_a_finite_number_is_refused_before_a_model_is_buil
     monkeypatch.setattr(sys, "stdin", io.StringIO("the house is small\n"))
     assert main([str(untrusted)]) == 1
     assert capsys.readouterr().err == f"error: {untrusted / file}: {message}\n" and built == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_position_embeddings", 4_000_000), ("decoder_layers", 20_000), ("vocab_size", 10**9)]
+)
+def test_every_loader_refuses_hostile_sizes_before_building_a_model(folder, tmp_path, monkeypatch, field, value):
+    """export-ctranslate2, --evaluate_only, attention-maps, the demo and refresh-code load through
+    `load_model_folder` (tests/test_layering.py holds that nothing else builds a model from a folder)."""
+    from vanilla_transformer.loading import ModelFolderError, load_model_folder
+    from vanilla_transformer.refresh_code import RefreshError, refresh
+
+    untrusted = shutil.copytree(folder, tmp_path / "downloaded")
+    config = json.loads((untrusted / "config.json").read_text())
+    (untrusted / "config.json").write_text(json.dumps({**config, field: value}))
+    built = []
+    monkeypatch.setattr(AutoModelForSeq2SeqLM, "from_pretrained", lambda *a, **k: built.append(a) or 1 / 0)
+    with pytest.raises(ModelFolderError, match=field):
+        load_model_folder(untrusted)
+    before = sorted(path.name for path in untrusted.iterdir())
+    with pytest.raises(RefreshError, match=field):
+        refresh(untrusted)
+    assert built == [] and sorted(path.name for path in untrusted.iterdir()) == before

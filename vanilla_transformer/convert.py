@@ -86,10 +86,9 @@ from configuration_vanilla_transformer import ACTIVATION_FUNCTIONS, VanillaTrans
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.export_ctranslate2 import move_into_place
 from vanilla_transformer.folder_files import is_disk_full
-from vanilla_transformer.loading import ModelFolderError, load_model_folder
+from vanilla_transformer.loading import MAX_CONFIG_BYTES, MAX_TABLE_BYTES, ModelFolderError, load_model_folder
 from vanilla_transformer.model_folder import save_model_folder
 from vanilla_transformer.names import UPLOADED_FILES, UPLOADED_PATTERNS
-from vanilla_transformer.translate import MAX_CONFIG_BYTES, MAX_TABLE_BYTES
 
 MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
 FSMT_TOKENIZER_FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt")

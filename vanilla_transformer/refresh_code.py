@@ -34,7 +34,7 @@ import generate_vanilla_transformer
 import modeling_vanilla_transformer
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.folder_files import describe_link, give_umask_modes, link_on_the_way
-from vanilla_transformer.loading import load_model_folder
+from vanilla_transformer.loading import ModelFolderError, check_folder_sizes, load_model_folder
 from vanilla_transformer.model_card import EXAMPLE_SOURCES
 from vanilla_transformer.model_folder import BASE_MODEL
 from vanilla_transformer.names import CODE_FILES, CUSTOM_GENERATE, RETIRED_CODE_FILES, WEIGHTS_NAME
@@ -98,6 +98,10 @@ def refresh(folder: str | Path) -> tuple[Path, list[str]]:
     """Refresh the folder (the module docstring); return the backup folder and what was changed besides the code."""
     folder = Path(folder)
     config = check_folder(folder)
+    try:
+        check_folder_sizes(folder)  # what loading it would allocate, before anything is written
+    except ModelFolderError as error:
+        raise RefreshError(str(error)) from None
     tokenizer = load_tokenizer(folder)
     with safe_open(folder / WEIGHTS_NAME, "pt") as weights:
         changes = folder_needs_upgrade(folder, weights.keys())

@@ -14,8 +14,6 @@ installed code that runs, or its generation_config.json asks for more than one t
 
 import codecs
 import contextlib
-import json
-import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -27,9 +25,15 @@ from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import modeling_vanilla_transformer  # registers the model with the Auto classes; its folder holds the installed code
-from configuration_vanilla_transformer import VanillaTransformerConfig
-from pipeline_vanilla_transformer import MAX_OUTPUT_TOKENS, output_length
-from vanilla_transformer.loading import load_model_folder
+from pipeline_vanilla_transformer import output_length
+from vanilla_transformer.loading import (
+    MAX_BEAMS,
+    ModelFolderError,
+    check_folder_sizes,
+    load_model_folder,
+    read_json_file,
+    whole_number,
+)
 from vanilla_transformer.names import CODE_FILES, WEIGHTS_NAME
 from vanilla_transformer.onednn import use_onednn_linears
 
@@ -43,9 +47,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # What a model folder (downloaded, so untrusted) may make us allocate before a single sentence is translated; checked
 # in its plain JSON before any model is built (`check_folder_sizes`). 1 GiB is 7 times the paper's big model's
 # embedding matrix (37000 x 1024 float32, 145 MiB) and 256 times its sinusoidal table at the default 1024 positions.
-MAX_TABLE_BYTES = 2**30  # a float32 table the loader builds: positions x d_model, or vocab_size x d_model
-MAX_BEAMS = 64  # 16 times the paper's beam of 4; the memory and time of a step grow with it
-MAX_CONFIG_BYTES = 2**20  # config.json and generation_config.json are a few KB
 BATCH_SIZE = 32  # sentences translated together, by default
 NO_STDIN = "there is no input: stdin is closed. Pipe the sentences in (< source.txt) or give --input FILE."
 
@@ -106,13 +107,16 @@ def load_model_and_tokenizer(
     """The model (in eval mode, on `device`) and tokenizer of a saved model folder; CommandLineError if it is none.
 
     `model_kwargs` go to `from_pretrained`, e.g. attn_implementation="eager". The folder's sizes are checked first
-    (`check_folder_sizes`): a downloaded folder must not make us allocate without bound."""
+    (`loading.check_folder_sizes`): a downloaded folder must not make us allocate without bound."""
     folder = Path(model_dir)
     if not folder.is_dir():
         raise CommandLineError(f"{model_dir} is not a folder: give the folder of a saved model.")
     if not (folder / "config.json").is_file():
         raise CommandLineError(f"{model_dir} is not a model folder: it has no config.json.")
-    check_folder_sizes(folder)
+    try:
+        check_folder_sizes(folder)  # before anything is built (load_model_folder checks again)
+    except ModelFolderError as error:
+        raise CommandLineError(str(error)) from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=model_kwargs.get("trust_remote_code"))
         model = load_model_folder(folder, **model_kwargs).to(device).eval()  # refuses weights missing or unused
@@ -197,87 +201,6 @@ def split_lines(text: str) -> list[str]:
     if len(lines) > 1 and not lines[-1]:
         lines.pop()
     return [line.removesuffix("\r") for line in lines]
-
-
-def read_json_file(path: Path) -> dict:
-    """A folder's config file as a dict ({} if it is absent); CommandLineError for one too big or not a JSON object."""
-    if not path.is_file():
-        return {}
-    if (size := path.stat().st_size) > MAX_CONFIG_BYTES:
-        raise CommandLineError(f"{path} is {size:,} bytes: a model's {path.name} is a few KB (the limit is 1 MiB).")
-    try:
-        content = json.loads(path.read_bytes())
-    except (OSError, ValueError) as error:  # unreadable, not UTF-8, not JSON
-        raise CommandLineError(f"cannot load a model and tokenizer from {path.parent}: {path.name}: {error}") from None
-    if not isinstance(content, dict):
-        raise CommandLineError(f"cannot load a model and tokenizer from {path.parent}: {path.name} is not an object.")
-    return content
-
-
-def whole_number(path: Path, content: dict, field: str, high: float) -> int | None:
-    """`content[field]` (None if absent) if it is a whole number from 1 to `high`; else CommandLineError naming the
-    file, the field and the limit."""
-    value = content.get(field)
-    if value is None:
-        return None
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not number or value != int(value) or value < 1:
-        raise CommandLineError(f"{path}: {field} must be a whole number >= 1, got {value!r}.")
-    if value > high:
-        raise CommandLineError(f"{path}: {field} is {int(value):,}; the limit is {int(high):,}.")
-    return int(value)
-
-
-def finite_number(path: Path, content: dict, field: str, positive: bool = False) -> None:
-    """CommandLineError naming the file and the field unless `content[field]` is absent or a finite number (> 0
-    where `positive`): a NaN `layer_norm_eps` or temperature decodes to empty or random output without an error."""
-    value = content.get(field)
-    if value is None:
-        return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not number or (positive and value <= 0):
-        kind = "a finite number > 0" if positive else "a finite number"
-        raise CommandLineError(f"{path}: {field} must be {kind}, got {value!r}.")
-
-
-# settings of config.json and generation_config.json that are plain numbers (True: must be > 0)
-CONFIG_NUMBERS = {"layer_norm_eps": True, "init_std": False}
-GENERATION_NUMBERS = {"temperature": False, "length_penalty": False, "top_p": False, "repetition_penalty": True}
-
-
-def check_folder_sizes(folder: Path) -> None:
-    """Refuse, from the plain JSON of config.json and generation_config.json and before any model is built, a folder
-    whose sizes would make loading or decoding allocate without bound: a sinusoidal (or learned) position table or an
-    embedding matrix over MAX_TABLE_BYTES, a default beam over MAX_BEAMS, a default output length over
-    MAX_OUTPUT_TOKENS; and a number that is not finite where one must be (CONFIG_NUMBERS, GENERATION_NUMBERS: a NaN
-    layer_norm_eps translates every line to an empty one). CommandLineError names the file, the field and the limit."""
-    config_path, generation_path = folder / "config.json", folder / "generation_config.json"
-    config = read_json_file(config_path)
-
-    def size(field: str) -> int:  # a field left out has the config class's default
-        return whole_number(config_path, config, field, math.inf) or getattr(VanillaTransformerConfig, field)
-
-    d_model, gib = size("d_model"), MAX_TABLE_BYTES / 2**30
-    for field, table in (("max_position_embeddings", "position table"), ("vocab_size", "embedding matrix")):
-        rows = size(field)
-        if rows * d_model * 4 > MAX_TABLE_BYTES:
-            raise CommandLineError(
-                f"{config_path}: {field} {rows:,} x d_model {d_model:,} would be a {rows * d_model * 4 / 2**30:,.1f} "
-                f"GiB {table} (float32); the limit is {gib:g} GiB, {field} up to {MAX_TABLE_BYTES // (4 * d_model):,} "
-                "at this d_model."
-            )
-    generation = read_json_file(generation_path)
-    for numbers, path, content in (
-        (CONFIG_NUMBERS, config_path, config),
-        (GENERATION_NUMBERS, generation_path, generation),
-    ):
-        for field, positive in numbers.items():
-            finite_number(path, content, field, positive)
-    for path, content in ((config_path, config), (generation_path, generation)):
-        whole_number(path, content, "num_beams", MAX_BEAMS)
-        whole_number(path, content, "num_return_sequences", MAX_BEAMS)
-        for field in ("max_new_tokens", "max_length"):
-            whole_number(path, content, field, MAX_OUTPUT_TOKENS)
 
 
 def decode_line(raw: bytes | str, number: int, name: str) -> str:

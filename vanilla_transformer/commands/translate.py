@@ -36,12 +36,12 @@ from pathlib import Path
 
 from transformers.utils import logging
 
+from pipeline_vanilla_transformer import MAX_OUTPUT_TOKENS
 from vanilla_transformer.commands.flags import command_parser, positive_int
+from vanilla_transformer.loading import MAX_BEAMS
 from vanilla_transformer.translate import (
     BATCH_SIZE,
     DTYPES,
-    MAX_BEAMS,
-    MAX_OUTPUT_TOKENS,
     NO_STDIN,
     CommandLineError,
     OutputFile,
