@@ -36,6 +36,9 @@ PAPER_DECODING = {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True}
 # The longest output a call or a model's generation_config.json may ask for: a sentence's translation is tens of
 # tokens, and the cache and the scores of generation grow with the length asked for (10**9 tried to allocate 32 GB).
 MAX_OUTPUT_TOKENS = 4096
+# The widest search a call or a model's generation_config.json may ask for: 16 times the paper's beam of 4 (the memory
+# and time of a step grow with it; a million beams took 6.1 GB)
+MAX_BEAMS = 64
 
 logger = logging.get_logger(__name__)
 
@@ -64,8 +67,13 @@ def output_length(
 
 
 def check_output_length(settings: dict, limit: int = MAX_OUTPUT_TOKENS) -> None:
-    """Refuse (ValueError naming it) a `max_new_tokens` or `max_length` over `limit` in `settings`, the generation
-    arguments of a call on top of the model's generation config, before anything is generated."""
+    """Refuse (ValueError naming it) a `max_new_tokens` or `max_length` over `limit`, or a `num_beams` or
+    `num_return_sequences` over MAX_BEAMS, in `settings`, the generation arguments of a call on top of the model's
+    generation config, before anything is generated."""
+    for name in ("num_beams", "num_return_sequences"):
+        value = settings.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_BEAMS:
+            raise ValueError(f"{name}={value} is over this pipeline's limit of {MAX_BEAMS}.")
     for name in ("max_new_tokens", "max_length"):
         value = settings.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit:

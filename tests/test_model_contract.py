@@ -106,7 +106,7 @@ def test_the_old_cache_name_gives_the_librarys_deprecation_warning_and_the_same_
     torch.testing.assert_close(old, new)
 
 
-def test_the_old_cache_name_in_generate_gives_the_same_tokens(tiny_model, source_batch):
+def test_generate_passes_the_cache_under_its_new_name_without_a_warning(tiny_model, source_batch):
     input_ids, attention_mask = source_batch
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # generate() itself passes `cache`: no warning
@@ -153,7 +153,7 @@ def test_return_dict_false_gives_the_librarys_tuple(tiny_model, source_batch):
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "flex_attention"])
-def test_eager_and_other_attention_implementations_give_the_same_outputs_and_attentions(source_batch, implementation):
+def test_eager_and_other_attention_implementations_give_the_same_logits(source_batch, implementation):
     eager, other = tiny("eager"), tiny(implementation)
     input_ids, attention_mask = source_batch
     inputs = dict(

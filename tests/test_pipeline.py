@@ -138,6 +138,8 @@ def test_pipeline_rejects_empty_and_non_text_inputs(folder, inputs, error, messa
         ({"max_new_tokens": 10**9}, {}, "max_new_tokens=1000000000 is over this pipeline's limit of 4096 tokens"),
         ({"max_length": 10**9}, {}, "max_length=1000000000 is over this pipeline's limit of 4096 tokens"),
         ({}, {"max_new_tokens": 5000}, "max_new_tokens=5000 is over this pipeline's limit of 4096 tokens"),
+        ({}, {"num_beams": 10**6}, "num_beams=1000000 is over this pipeline's limit of 64"),
+        ({"num_beams": 100, "num_return_sequences": 100}, {}, "num_beams=100 is over this pipeline's limit of 64"),
     ],
 )
 def test_pipeline_refuses_an_output_length_over_its_bound_before_generating(folder, given, from_the_folder, message):

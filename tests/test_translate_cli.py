@@ -470,3 +470,12 @@ def test_every_loader_refuses_hostile_sizes_before_building_a_model(folder, tmp_
     with pytest.raises(RefreshError, match=field):
         refresh(untrusted)
     assert built == [] and sorted(path.name for path in untrusted.iterdir()) == before
+
+
+def test_weights_whose_header_is_over_its_bound_are_refused_before_it_is_read(folder, tmp_path, capsys, monkeypatch):
+    untrusted = shutil.copytree(folder, tmp_path / "downloaded")
+    weights = untrusted / "model.safetensors"
+    weights.write_bytes((100 * 2**20).to_bytes(8, "little") + b'{"__metadata__": {}}')  # declares 100 MiB
+    monkeypatch.setattr(sys, "stdin", io.StringIO("the house is small\n"))
+    assert main([str(untrusted)]) == 1
+    assert f"{weights}: its header declares 104,857,600 bytes" in capsys.readouterr().err

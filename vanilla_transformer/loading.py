@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from configuration_vanilla_transformer import VanillaTransformerConfig
-from pipeline_vanilla_transformer import MAX_OUTPUT_TOKENS
+from pipeline_vanilla_transformer import MAX_BEAMS, MAX_OUTPUT_TOKENS
 from vanilla_transformer.names import WEIGHTS_NAME
 from vanilla_transformer.upgrade import has_fused_projections
 
@@ -25,8 +25,8 @@ POSITION_TABLE_BYTES = 24  # per row and feature at the peak of building a sinus
 # cosines and table (8 x (1/2 + 1/2 + 1/2 + 1)), then its float32 copy (4)
 MAX_MODEL_BYTES = 4 * 2**30  # every weight in float32: 1G weights (the paper's big model has 213M)
 MAX_LAYERS = 128  # a stack's layers (the paper's have 6): building 20,000 took more than 10 minutes
-MAX_BEAMS = 64  # 16 times the paper's beam of 4; the memory and time of a step grow with it
 MAX_CONFIG_BYTES = 2**20  # config.json and generation_config.json are a few KB
+MAX_WEIGHTS_HEADER_BYTES = 16 * 2**20  # a safetensors header names each tensor in ~100 bytes: ours hold hundreds
 
 
 class ModelFolderError(ValueError):
@@ -138,6 +138,7 @@ def check_folder_sizes(folder: Path) -> None:
     ModelFolderError names the file, the field and the limit."""
     config_path, generation_path = folder / "config.json", folder / "generation_config.json"
     config = read_json_file(config_path)
+    check_weights_headers(folder)
     if config.get("model_type", VanillaTransformerConfig.model_type) == VanillaTransformerConfig.model_type:
         check_model_sizes(config_path, config)
     generation = read_json_file(generation_path)
@@ -187,3 +188,18 @@ def check_model_sizes(config_path: Path, config: dict) -> None:
             f"{config_path}: its sizes (d_model {d_model:,}, layers, ffn dims, vocab_size) make {weights:,} weights, "
             f"{weights * 4 / 2**30:,.1f} GiB in float32; the limit is {MAX_MODEL_BYTES / 2**30:g} GiB."
         )
+
+
+def check_weights_headers(folder: Path) -> None:
+    """Refuse a .safetensors file whose header (JSON, read whole by any loader before a tensor) is over
+    MAX_WEIGHTS_HEADER_BYTES, from its first 8 bytes: an 87 MB header took 1.75 GB and 199 s to load."""
+    for path in sorted(folder.glob("*.safetensors")):
+        if not path.is_file():
+            continue
+        with path.open("rb") as weights:
+            declared = int.from_bytes(weights.read(8), "little")
+        if declared > MAX_WEIGHTS_HEADER_BYTES:
+            raise ModelFolderError(
+                f"{path}: its header declares {declared:,} bytes; a model's is a few hundred KB at most (the limit is "
+                f"{MAX_WEIGHTS_HEADER_BYTES // 2**20} MiB)."
+            )
