@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.nn import functional as F
+from tqdm.auto import tqdm
 
 from pipeline_vanilla_transformer import PAPER_DECODING, output_length
 from vanilla_transformer.batching import TokenizedPairs, TranslationCollator
@@ -86,8 +87,11 @@ def validation_loss(accelerator, model, loader) -> dict[str, float]:
 
 
 @torch.no_grad()
-def translate_for_evaluation(accelerator, model, loader, tokenizer, generation_kwargs: dict) -> list[str]:
-    """Translate every example of a prepared evaluation loader; returns hypotheses in the dataset's order.
+def translate_for_evaluation(
+    accelerator, model, loader, tokenizer, generation_kwargs: dict, description: str | None = None
+) -> list[str]:
+    """Translate every example of a prepared evaluation loader; returns hypotheses in the dataset's order. With a
+    `description`, a progress bar of the batches on the main process's stderr (the final evaluation's).
 
     Generation goes through the unwrapped model (DDP has no generate). Generated tensors differ in length
     between processes, so they are padded across processes before gathering, and `gather_for_metrics` drops
@@ -101,8 +105,9 @@ def translate_for_evaluation(accelerator, model, loader, tokenizer, generation_k
     gathered = contextlib.nullcontext()
     if isinstance(model, FullyShardedDataParallel):  # FSDP1 wraps the root: its shards gathered while decoding
         gathered = FullyShardedDataParallel.summon_full_params(model, writeback=False)
+    batches = tqdm(loader, desc=description, disable=description is None or not accelerator.is_local_main_process)
     with gathered:
-        for batch in loader:
+        for batch in batches:
             max_new_tokens = output_length(
                 batch["attention_mask"], unwrapped.config, generation_kwargs.get("max_new_tokens")
             )
@@ -164,10 +169,12 @@ def sharded_loader(accelerator, tokenizer, dataset, settings: EvaluationSettings
     return accelerator.prepare(loader)
 
 
-def evaluate_split(accelerator, model, tokenizer, dataset, loader, metric, generation_kwargs, write_to=None) -> dict:
+def evaluate_split(
+    accelerator, model, tokenizer, dataset, loader, metric, generation_kwargs, write_to=None, description=None
+) -> dict:
     """Translate a prepared split (sharded over processes), score BLEU and chrF against its `target` text on
-    detokenized text, write hypotheses."""
-    hypotheses = translate_for_evaluation(accelerator, model, loader, tokenizer, generation_kwargs)
+    detokenized text, write hypotheses; `description` names its progress bar."""
+    hypotheses = translate_for_evaluation(accelerator, model, loader, tokenizer, generation_kwargs, description)
     scores = metric.compute(predictions=hypotheses, references=[[target] for target in dataset["target"]])
     if accelerator.is_main_process and write_to:
         Path(write_to).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
@@ -192,7 +199,15 @@ def score_splits(accelerator, model, tokenizer, splits: dict, settings: Evaluati
             loader = sharded_loader(accelerator, tokenizer, splits[split], settings, model.config, split)
             hypotheses_file = Path(output_dir) / f"{split}.hyp.txt"
             result = evaluate_split(
-                accelerator, model, tokenizer, splits[split], loader, metric, generation_kwargs, hypotheses_file
+                accelerator,
+                model,
+                tokenizer,
+                splits[split],
+                loader,
+                metric,
+                generation_kwargs,
+                hypotheses_file,
+                description=f"translating {split}",
             )
             results[split] = {k: result[k] for k in ("bleu", "chrf", "signature")}
             results[split]["perplexity"] = validation_loss(accelerator, model, loader)["perplexity"]
