@@ -227,3 +227,12 @@ def prepared_folder(corpus_dir: Path, output: Path) -> Path:
         ]
     )
     return output
+
+
+def model_with_attention(attn_implementation: str, **overrides) -> VanillaTransformerForConditionalGeneration:
+    """A fresh tiny model; its own config, since `_from_config` writes the implementation into the config."""
+    torch.manual_seed(0)
+    config = VanillaTransformerConfig(**{**TINY, **overrides})
+    return VanillaTransformerForConditionalGeneration._from_config(
+        config, attn_implementation=attn_implementation
+    ).eval()

@@ -17,17 +17,13 @@ from torch import nn
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
-from .helpers import CARD_VALUES, TINY, random_ids, save_tiny_model_folder
+from .helpers import CARD_VALUES, model_with_attention, random_ids, save_tiny_model_folder
 
 GREEDY = dict(do_sample=False, num_beams=1, max_new_tokens=6)
 
 
 def tiny(attn_implementation: str = "sdpa", **overrides) -> VanillaTransformerForConditionalGeneration:
-    torch.manual_seed(0)
-    config = VanillaTransformerConfig(**{**TINY, "dropout": 0.0, **overrides})
-    return VanillaTransformerForConditionalGeneration._from_config(
-        config, attn_implementation=attn_implementation
-    ).eval()
+    return model_with_attention(attn_implementation, **{"dropout": 0.0, **overrides})
 
 
 # --- weights: one matrix, tied as the library ties, reported like any other --------------------------------------

@@ -18,17 +18,7 @@ from modeling_vanilla_transformer import (
     sinusoidal_position_table,
 )
 
-from .helpers import TINY, random_ids
-
-
-def model_with_attention(attn_implementation: str, **overrides) -> VanillaTransformerForConditionalGeneration:
-    """A fresh tiny model; its own config, since `_from_config` writes the implementation into the config."""
-    torch.manual_seed(0)
-    config = VanillaTransformerConfig(**{**TINY, **overrides})
-    return VanillaTransformerForConditionalGeneration._from_config(
-        config, attn_implementation=attn_implementation
-    ).eval()
-
+from .helpers import TINY, model_with_attention, random_ids
 
 # --- configuration -------------------------------------------------------------------------------------------
 

@@ -10,22 +10,20 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer import checkpoints, upgrade
 from vanilla_transformer.model_folder import save_model_folder
 from vanilla_transformer.refresh_code import refresh
 
 from .fixtures.old_checkpoints import fused, make_old_folder
-from .helpers import CARD_VALUES, TINY, random_ids, random_tiny_model, save_tiny_model_folder, train_tiny_tokenizer
-
-
-def model_with_attention(attn_implementation: str, **overrides) -> VanillaTransformerForConditionalGeneration:
-    torch.manual_seed(0)
-    config = VanillaTransformerConfig(**{**TINY, **overrides})
-    return VanillaTransformerForConditionalGeneration._from_config(
-        config, attn_implementation=attn_implementation
-    ).eval()
+from .helpers import (
+    CARD_VALUES,
+    model_with_attention,
+    random_ids,
+    random_tiny_model,
+    save_tiny_model_folder,
+    train_tiny_tokenizer,
+)
 
 
 def trained_a_step(model, optimizer, source_batch) -> None:
