@@ -39,7 +39,12 @@ from vanilla_transformer.model_card import EXAMPLE_SOURCES
 from vanilla_transformer.model_folder import BASE_MODEL
 from vanilla_transformer.names import CODE_FILES, CUSTOM_GENERATE, RETIRED_CODE_FILES, WEIGHTS_NAME
 from vanilla_transformer.tokenization import load_tokenizer
-from vanilla_transformer.upgrade import folder_needs_upgrade, split_fused_projections, upgrade_config
+from vanilla_transformer.upgrade import (
+    folder_needs_upgrade,
+    has_fused_projections,
+    split_fused_projections,
+    upgrade_config,
+)
 
 __doc__ = __doc__.format(supported=SUPPORTED_TRANSFORMERS)
 BACKUP_FOLDER = ".previous_code"
@@ -104,7 +109,9 @@ def refresh(folder: str | Path) -> tuple[Path, list[str]]:
         raise RefreshError(str(error)) from None
     tokenizer = load_tokenizer(folder)
     with safe_open(folder / WEIGHTS_NAME, "pt") as weights:
-        changes = folder_needs_upgrade(folder, weights.keys())
+        weight_keys = list(weights.keys())
+    fused = has_fused_projections(weight_keys)
+    changes = folder_needs_upgrade(folder, weight_keys)
     changes += [
         f"config.json's {name} rewritten to name the project's classes"
         for name in PROJECT_CODE
@@ -112,13 +119,13 @@ def refresh(folder: str | Path) -> tuple[Path, list[str]]:
     ]
     (folder / BACKUP_FOLDER).mkdir(exist_ok=True)
     backup = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-", dir=folder / BACKUP_FOLDER))
-    kept = [name for name in (*CODE_FILES, *RETIRED_CODE_FILES, CUSTOM_GENERATE, "config.json", WEIGHTS_NAME)]
+    kept = [*CODE_FILES, *RETIRED_CODE_FILES, CUSTOM_GENERATE, "config.json", WEIGHTS_NAME]
     for name in kept:
         if (folder / name).is_file():
             (backup / name).parent.mkdir(exist_ok=True)
             shutil.copy2(folder / name, backup / name)
     try:
-        _write_current_format(folder, config, upgrade_weights=any("fused" in change for change in changes))
+        _write_current_format(folder, config, upgrade_weights=fused)
         model = load_model_folder(folder, VanillaTransformerForConditionalGeneration).eval()
         if decode(model, tokenizer, use_cache=False) != decode(model, tokenizer):
             raise RefreshError("the refreshed folder decodes differently with and without its cache")
