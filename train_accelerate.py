@@ -2,7 +2,7 @@
 (`python train_accelerate.py`, `vanilla-transformer train`, `accelerate launch ... -m train_accelerate`; `--help`
 lists the flags). Reads top to bottom: settings (`vanilla_transformer.commands.arguments`), the output folder, data
 (prepared once and cached), model, optimizer, the loop, then the final model: averaged, saved, evaluated. Checkpoint
-mechanics are `vanilla_transformer.checkpoints`, evaluation `vanilla_transformer.evaluation`.
+mechanics are `vanilla_transformer.training.checkpoints`, evaluation `vanilla_transformer.training.evaluation`.
 """
 
 import contextlib
@@ -20,24 +20,32 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer import checkpoints, evaluation, hub, model_card, model_folder, prepare, streaming
-from vanilla_transformer.batching import TokenBatchSampler, TokenizedPairs, TranslationCollator, padding_statistics
-from vanilla_transformer.checkpoints import CheckpointError, RunState
 from vanilla_transformer.commands.arguments import TrainingSettings, parse_training_arguments
-from vanilla_transformer.coordination import CoordinationError, run_while_others_wait
-from vanilla_transformer.data import DataError
-from vanilla_transformer.loading import ModelFolderError
-from vanilla_transformer.loss import label_smoothed_loss
-from vanilla_transformer.names import RESULTS, TRACKER_LOGS, TRAIN_LOG
-from vanilla_transformer.output_folder import (
+from vanilla_transformer.data import prepare, streaming
+from vanilla_transformer.data.batching import (
+    TokenBatchSampler,
+    TokenizedPairs,
+    TranslationCollator,
+    padding_statistics,
+)
+from vanilla_transformer.data.readers import DataError
+from vanilla_transformer.data.streaming import StreamedSteps
+from vanilla_transformer.hub import model_card, model_folder, upload
+from vanilla_transformer.mechanics.barrier import CoordinationError, run_while_others_wait
+from vanilla_transformer.mechanics.files import on_full_disk
+from vanilla_transformer.mechanics.names import RESULTS, TRACKER_LOGS, TRAIN_LOG
+from vanilla_transformer.model.loading import ModelFolderError
+from vanilla_transformer.training import checkpoints, evaluation
+from vanilla_transformer.training.checkpoints import CheckpointError, RunState
+from vanilla_transformer.training.loss import label_smoothed_loss
+from vanilla_transformer.training.output_folder import (
     FINAL_ENTRIES,
     TRAINING_ENTRIES,
     OutputDirError,
     RunFolder,
     claim_run_folder,
 )
-from vanilla_transformer.streaming import StreamedSteps
-from vanilla_transformer.training import (
+from vanilla_transformer.training.recipe import (
     PreparedSteps,
     StopSignals,
     TrainingLog,
@@ -261,7 +269,9 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
     progress = tqdm(
         total=settings.max_steps, initial=state.step, disable=not accelerator.is_local_main_process, desc="train"
     )
-    log = TrainingLog(accelerator, Path(settings.output.output_dir) / TRAIN_LOG, progress, state.step)
+    log = TrainingLog(
+        accelerator, Path(settings.output.output_dir) / TRAIN_LOG, progress, state.step, settings.checkpoints
+    )
     start_time, last_saved_step = time.time() - state.elapsed_seconds, state.step
     steps = prefetch(
         run.steps.from_position(state.position), settings.prefetch_batches, accelerator.device.type == "cuda"
@@ -349,7 +359,7 @@ def finish(
     if accelerator.is_main_process:
         if folder is not None:
             folder.record(FINAL_ENTRIES)  # the model folder, results and hypotheses, listed before they are written
-        with checkpoints.stop_if_disk_full(settings.checkpoints, "the final model folder"):
+        with on_full_disk(checkpoints.disk_full(settings.checkpoints, "the final model folder")):
             save_final_model(model, run.tokenizer, settings, summary)
         if folder is not None:
             folder.record_model_shards()
@@ -372,7 +382,7 @@ def finish(
         )
     accelerator.log({f"final/{split}_bleu": r["bleu"] for split, r in summary["results"].items()}, step=run.state.step)
     if accelerator.is_main_process:
-        with checkpoints.stop_if_disk_full(settings.checkpoints, "the model card and results.json"):
+        with on_full_disk(checkpoints.disk_full(settings.checkpoints, "the model card and results.json")):
             write_scores(model, settings, summary)
     upload_failure = push(settings) if accelerator.is_main_process and settings.push_to_hub else None
     accelerator.wait_for_everyone()
@@ -384,8 +394,8 @@ def push(settings: TrainingSettings) -> str | None:
     """Upload the finished model folder (--push_to_hub); the message of a failed upload, else None."""
     output_dir, repo_id = settings.output.output_dir, settings.hub_model_id
     try:
-        hub.push_folder_to_hub(output_dir, repo_id, private=settings.hub_private)
-    except hub.HubUploadError as error:
+        upload.push_folder_to_hub(output_dir, repo_id, private=settings.hub_private)
+    except upload.HubUploadError as error:
         return (
             f"error: {error} The model folder {output_dir} is complete; upload it later with "
             f"vanilla-transformer push {output_dir} --hub_model_id {repo_id}"

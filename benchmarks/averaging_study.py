@@ -30,16 +30,16 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vanilla_transformer.checkpoints import (  # noqa: E402
+from vanilla_transformer.data.readers import read_parallel_text  # noqa: E402
+from vanilla_transformer.hub.model_folder import save_model_folder  # noqa: E402
+from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences  # noqa: E402
+from vanilla_transformer.training.checkpoints import (  # noqa: E402
     average_checkpoints,
     checkpoint_step,
     list_checkpoints,
     trainer_state,
 )
-from vanilla_transformer.data import read_parallel_text  # noqa: E402
-from vanilla_transformer.metrics import load_bleu_and_chrf  # noqa: E402
-from vanilla_transformer.model_folder import save_model_folder  # noqa: E402
-from vanilla_transformer.translate import load_model_and_tokenizer, translate_sentences  # noqa: E402
+from vanilla_transformer.training.metrics import load_bleu_and_chrf  # noqa: E402
 
 
 @torch.inference_mode()

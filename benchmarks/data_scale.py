@@ -56,14 +56,14 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from common import describe_machine, machine  # noqa: E402
 from timing import Stopwatch, timed  # noqa: E402
 
-from vanilla_transformer import prepare  # noqa: E402
-from vanilla_transformer.batching import (  # noqa: E402
+from vanilla_transformer.data import prepare  # noqa: E402
+from vanilla_transformer.data.batching import (  # noqa: E402
     DataPosition,
     TokenBatchSampler,
     TokenizedPairs,
     TranslationCollator,
 )
-from vanilla_transformer.training import count_target_tokens, optimizer_step_batches  # noqa: E402
+from vanilla_transformer.training.recipe import count_target_tokens, optimizer_step_batches  # noqa: E402
 
 MB = 2**20
 HELD_OUT_PAIRS = 3000  # validation and test pairs each

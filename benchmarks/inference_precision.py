@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from timing import timed  # noqa: E402
 
-from vanilla_transformer.data import read_parallel_text  # noqa: E402
-from vanilla_transformer.metrics import load_bleu_and_chrf  # noqa: E402
-from vanilla_transformer.translate import load_model_and_tokenizer, translate_sentences  # noqa: E402
+from vanilla_transformer.data.readers import read_parallel_text  # noqa: E402
+from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences  # noqa: E402
+from vanilla_transformer.training.metrics import load_bleu_and_chrf  # noqa: E402
 
 VARIANTS = {  # name: (dtype, attention)
     "float32 + sdpa": (torch.float32, "sdpa"),

@@ -13,7 +13,7 @@ Variants, each a fresh copy of the float32 model:
   installed.
 
 Decoding is the saved generation_config's (the paper's beam 4, length penalty 0.6), input length + 50, batches of 32
-sorted by length, through `vanilla_transformer.translate.translate_sentences`; sacreBLEU on the detokenized output.
+sorted by length, through `vanilla_transformer.serving.translate.translate_sentences`; sacreBLEU on the detokenized output.
 
 Usage:
     python benchmarks/int8_quality.py outputs/vanilla-transformer --embedded_test        # the README's main job
@@ -37,9 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import describe_machine, machine  # noqa: E402
 
-from vanilla_transformer import data, prepare  # noqa: E402
-from vanilla_transformer.onednn import plain_linears  # noqa: E402
-from vanilla_transformer.translate import load_model_and_tokenizer, translate_sentences  # noqa: E402
+from vanilla_transformer.data import (
+    prepare,  # noqa: E402
+    readers,
+)
+from vanilla_transformer.model.onednn import plain_linears  # noqa: E402
+from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences  # noqa: E402
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "kv_proj", "qkv_proj", "out_proj")
 FEED_FORWARD = ("fc1", "fc2")
@@ -92,7 +95,7 @@ def test_pairs(args) -> tuple[list[str], list[str]]:
     if args.embedded_test:
         pairs = prepare._synthetic_splits(args.synthetic_pairs, args.synthetic_seed)["test"]
     else:
-        pairs = list(data.iter_parallel_text(args.source, args.reference))
+        pairs = list(readers.iter_parallel_text(args.source, args.reference))
     pairs = pairs[: args.limit] if args.limit else pairs
     return [source for source, _ in pairs], [target for _, target in pairs]
 

@@ -1,4 +1,4 @@
-"""Peak memory of loading a model folder whose sizes sit at the loader's bounds (vanilla_transformer/loading.py).
+"""Peak memory of loading a model folder whose sizes sit at the loader's bounds (vanilla_transformer/model/loading.py).
 
 A downloaded folder may ask for anything; `check_folder_sizes` refuses, before anything is built, a position table
 over MAX_TABLE_BYTES at the peak of building it, an embedding matrix over MAX_TABLE_BYTES, more than MAX_LAYERS
@@ -22,7 +22,7 @@ from common import describe_machine, machine  # noqa: E402
 
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.loading import MAX_LAYERS, MAX_TABLE_BYTES, POSITION_TABLE_BYTES  # noqa: E402
+from vanilla_transformer.model.loading import MAX_LAYERS, MAX_TABLE_BYTES, POSITION_TABLE_BYTES  # noqa: E402
 
 TINY = dict(
     vocab_size=64, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
@@ -37,7 +37,7 @@ AT_THE_BOUND = {
 }
 LOAD = """
 import resource, sys, time
-from vanilla_transformer.loading import ModelFolderError, load_model_folder
+from vanilla_transformer.model.loading import ModelFolderError, load_model_folder
 start = time.time()
 try:
     load_model_folder(sys.argv[1])

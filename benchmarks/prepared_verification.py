@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import describe_machine, machine  # noqa: E402
 
-from vanilla_transformer import prepare  # noqa: E402
-from vanilla_transformer.integrity import files_problem, record_files  # noqa: E402
+from vanilla_transformer.data import prepare  # noqa: E402
+from vanilla_transformer.mechanics.integrity import files_problem, record_files  # noqa: E402
 
 SHARD_MB = 256
 

@@ -2,15 +2,15 @@
 
 Both PyTorch models get the same shape (d_model, layers, heads, FFN size, vocabulary, ReLU, post-LN, tied and
 sqrt(d_model)-scaled embeddings, same dropout) and the same weights: ours converted with
-`vanilla_transformer.export_marian.to_marian` (its features reordered so that Marian's sinusoid table is our
+`vanilla_transformer.serving.export_marian.to_marian` (its features reordered so that Marian's sinusoid table is our
 positions), and the script checks that both give the same logits before timing anything. The CTranslate2
-columns run our model converted with `vanilla_transformer.export_ctranslate2` (float32, and int8 weights), in a
+columns run our model converted with `vanilla_transformer.serving.export_ctranslate2` (float32, and int8 weights), in a
 worker process of their own (see `Ctranslate2Process`).
 
 Work, per preset (small: the recipe's CPU model, 8000 tokens; base: the paper's, 37000 tokens):
 - train: forward, backward and Adam step on one identical padded batch (train mode, dropout 0.1), 64 sentence
   pairs shaped like the recipe's length-sorted token batches; throughput counts non-padding target tokens. Marian
-  trains with its own loss (the logits' cross-entropy), ours with the training script's (vanilla_transformer/loss.py:
+  trains with its own loss (the logits' cross-entropy), ours with the training script's (vanilla_transformer/training/loss.py:
   label-smoothed, without the logits).
 - greedy / beam4: generation from identical sources (16-32 tokens) of exactly 32 new tokens per sentence: no end
   token (`eos_token_id=None`; CTranslate2 `end_token=[]`), so every engine does the same work; throughput counts
@@ -66,9 +66,9 @@ from timing import median_seconds  # noqa: E402
 
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.export_marian import check_same_function, marian_config, to_marian  # noqa: E402
-from vanilla_transformer.loss import label_smoothed_loss  # noqa: E402
-from vanilla_transformer.onednn import use_onednn_linears  # noqa: E402
+from vanilla_transformer.model.onednn import use_onednn_linears  # noqa: E402
+from vanilla_transformer.serving.export_marian import check_same_function, marian_config, to_marian  # noqa: E402
+from vanilla_transformer.training.loss import label_smoothed_loss  # noqa: E402
 
 ENGINES = ("ours", "marian", "ct2_float32", "ct2_int8")
 TORCH_ENGINES = ("ours", "marian")
@@ -99,7 +99,7 @@ def rows_for(workload: Workload) -> list[Row]:
 
 def training_step(model, batch, recipe_loss: bool = False) -> Callable[[], None]:
     """One optimizer step: with the model's own loss (the logits' mean cross-entropy), or `recipe_loss`, our training
-    script's (vanilla_transformer/loss.py: label-smoothed, summed, without the logits)."""
+    script's (vanilla_transformer/training/loss.py: label-smoothed, summed, without the logits)."""
     input_ids, attention_mask, labels = batch
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
@@ -211,7 +211,7 @@ class Engines:
 
 
 def export_ctranslate2(model: VanillaTransformerForConditionalGeneration, folder: Path) -> None:
-    from vanilla_transformer.export_ctranslate2 import convert_to_ctranslate2
+    from vanilla_transformer.serving.export_ctranslate2 import convert_to_ctranslate2
 
     model.save_pretrained(folder / "hf")
     convert_to_ctranslate2(folder / "hf", folder / "float32")

@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from timing import timed  # noqa: E402
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.batching import TokenBatchSampler, TranslationCollator  # noqa: E402
-from vanilla_transformer.data import read_parallel_text  # noqa: E402
-from vanilla_transformer.tokenization import train_shared_tokenizer  # noqa: E402
-from vanilla_transformer.training import config_for_tokenizer, count_target_tokens  # noqa: E402
+from vanilla_transformer.data.batching import TokenBatchSampler, TranslationCollator  # noqa: E402
+from vanilla_transformer.data.readers import read_parallel_text  # noqa: E402
+from vanilla_transformer.data.tokenization import train_shared_tokenizer  # noqa: E402
+from vanilla_transformer.training.recipe import config_for_tokenizer, count_target_tokens  # noqa: E402
 
 VARIANTS = [("float32", "sdpa"), ("float32", "eager"), ("bf16", "sdpa"), ("bf16", "eager")]
 

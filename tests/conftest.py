@@ -91,8 +91,8 @@ def memorising_folder(memorising_model, tmp_path_factory):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from vanilla_transformer.model_folder import save_model_folder
-    from vanilla_transformer.tokenization import SPECIAL_TOKENS
+    from vanilla_transformer.data.tokenization import SPECIAL_TOKENS
+    from vanilla_transformer.hub.model_folder import save_model_folder
 
     model, sources, targets = memorising_model
     vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}

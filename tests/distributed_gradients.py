@@ -9,8 +9,8 @@ from safetensors.torch import save_file
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from train_accelerate import forward_backward
-from vanilla_transformer.batching import TranslationCollator
-from vanilla_transformer.training import count_target_tokens, make_accelerator
+from vanilla_transformer.data.batching import TranslationCollator
+from vanilla_transformer.training.recipe import count_target_tokens, make_accelerator
 
 accelerator = make_accelerator()
 assert accelerator.num_processes == int(sys.argv[2]), (

@@ -18,9 +18,9 @@ from safetensors.torch import save_file
 
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer import checkpoints
-from vanilla_transformer.model_folder import save_model_folder
-from vanilla_transformer.tokenization import train_shared_tokenizer
+from vanilla_transformer.data.tokenization import train_shared_tokenizer
+from vanilla_transformer.hub.model_folder import save_model_folder
+from vanilla_transformer.training import checkpoints
 
 TINY = dict(
     vocab_size=61,

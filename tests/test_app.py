@@ -1,4 +1,4 @@
-"""The demo (vanilla_transformer/demo.py) as a person and a script use it: a real browser on the page, gradio_client
+"""The demo (vanilla_transformer/serving/demo.py) as a person and a script use it: a real browser on the page, gradio_client
 on /translate; and the Space that `vanilla-transformer space` writes. The model is the session's memorising model, whose four
 sentences have known translations (their reverses), so what the page shows can be checked word for word."""
 
@@ -20,10 +20,10 @@ import torch
 import yaml
 
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
-from vanilla_transformer import demo as app
-from vanilla_transformer import space
 from vanilla_transformer.commands import space as space_command
-from vanilla_transformer.translate import read_lines
+from vanilla_transformer.serving import demo as app
+from vanilla_transformer.serving import space
+from vanilla_transformer.serving.translate import read_lines
 
 PROJECT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -177,7 +177,7 @@ def test_the_page_offers_the_cards_languages_and_the_folders_decoding(
 ):
     from transformers import PreTrainedTokenizerFast
 
-    from vanilla_transformer.model_folder import save_model_folder
+    from vanilla_transformer.hub.model_folder import save_model_folder
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(memorising_folder[0])
     card_values = {"source_lang": "fr", "target_lang": "en"}
@@ -196,7 +196,7 @@ def test_the_models_decoding_defaults_are_clamped_to_the_limits_and_the_page_say
 ):
     from transformers import PreTrainedTokenizerFast
 
-    from vanilla_transformer.model_folder import save_model_folder
+    from vanilla_transformer.hub.model_folder import save_model_folder
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(memorising_folder[0])
     folder = save_model_folder(memorising_model[0], tokenizer, tmp_path / "model", None, {"num_beams": 32})
@@ -446,7 +446,7 @@ sys.meta_path.insert(0, OnlyTheSpace)
 def test_the_spaces_app_runs_its_own_copies_and_reads_the_model_from_its_card(tmp_path):
     space.write_space("someone/vanilla-en-de", tmp_path)
     code = ONLY_THE_SPACES_COPIES
-    code += "import app, vanilla_transformer.demo as d, vanilla_transformer.translate as t, modeling_vanilla_transformer as m\n"
+    code += "import app, vanilla_transformer.serving.demo as d, vanilla_transformer.serving.translate as t, modeling_vanilla_transformer as m\n"
     code += "from pathlib import Path\n"
     code += "print(d.space_model(Path(app.__file__).with_name('README.md')), app.__file__, d.__file__, t.__file__, "
     code += "m.__file__, sep='\\n')"

@@ -9,7 +9,6 @@ import dataclasses
 import pytest
 from huggingface_hub import constants as hub_constants
 
-from vanilla_transformer import prepare
 from vanilla_transformer.commands import prepare as prepare_command
 from vanilla_transformer.commands.arguments import (
     EMBEDDED_TASK_DEFAULTS,
@@ -17,7 +16,8 @@ from vanilla_transformer.commands.arguments import (
     data_settings,
     parse_training_arguments,
 )
-from vanilla_transformer.training import config_for_tokenizer
+from vanilla_transformer.data import prepare
+from vanilla_transformer.training.recipe import config_for_tokenizer
 
 from .helpers import prepared_folder
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from vanilla_transformer import attention_maps
 from vanilla_transformer.commands import attention_maps as attention_maps_command
+from vanilla_transformer.serving import attention_maps
 
 from .helpers import ENGLISH, GERMAN, save_tiny_model_folder
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from vanilla_transformer.batching import TokenBatchSampler, TranslationCollator, padding_statistics
+from vanilla_transformer.data.batching import TokenBatchSampler, TranslationCollator, padding_statistics
 
 MAX_TOKENS = 64
 

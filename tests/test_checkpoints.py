@@ -1,4 +1,4 @@
-"""Checkpoints (vanilla_transformer/checkpoints.py): saved whole or not at all, found in step order, pruned, averaged
+"""Checkpoints (vanilla_transformer/training/checkpoints.py): saved whole or not at all, found in step order, pruned, averaged
 (section 6.1); in a run, resumed only into the same model, checked before anything is loaded, never unpickled."""
 
 import errno
@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vanilla_transformer import checkpoints
-from vanilla_transformer.checkpoints import (
+from vanilla_transformer.training import checkpoints
+from vanilla_transformer.training.checkpoints import (
     WEIGHTS_NAME,
     average_checkpoints,
     checkpoint_dir,

@@ -39,12 +39,12 @@ from transformers import (
 )
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer import convert as conversion
 from vanilla_transformer.commands.convert import main
-from vanilla_transformer.convert import ConversionError, convert, hub_patterns
-from vanilla_transformer.data import synthetic_translation_pairs
-from vanilla_transformer.tokenization import load_tokenizer
-from vanilla_transformer.translate import load_model_and_tokenizer, translate_sentences
+from vanilla_transformer.data.tokenization import load_tokenizer
+from vanilla_transformer.data.toy_task import synthetic_translation_pairs
+from vanilla_transformer.hub import convert as conversion
+from vanilla_transformer.hub.convert import ConversionError, convert, hub_patterns
+from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences
 
 # Multi30k-like sentences with punctuation, digits, accents, quotes, dashes and abbreviations
 MULTI30K_LIKE = [
@@ -827,7 +827,7 @@ def test_a_converted_model_that_computes_otherwise_than_the_source_is_refused_be
 
 def test_the_ctranslate2_export_of_a_converted_opus_mt_decodes_marians_tokens(marian, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from vanilla_transformer.export_ctranslate2 import convert_to_ctranslate2
+    from vanilla_transformer.serving.export_ctranslate2 import convert_to_ctranslate2
 
     source, tokenizer, _, _, folder = marian
     translator = ctranslate2.Translator(convert_to_ctranslate2(folder, tmp_path / "ct2"), device="cpu")
@@ -851,7 +851,7 @@ def converted_folder(source: str, request, tmp_path) -> Path:
 
 @pytest.mark.parametrize("source", ["marian", "fsmt"])
 def test_a_converted_folder_is_a_complete_hub_folder_whose_upload_holds_its_tokenizer(source, request, tmp_path):
-    from vanilla_transformer.model_folder import check_model_folder, files_to_upload
+    from vanilla_transformer.hub.model_folder import check_model_folder, files_to_upload
 
     folder = converted_folder(source, request, tmp_path)
     assert check_model_folder(folder) == []
@@ -864,7 +864,7 @@ def test_a_converted_folders_stock_tokenizer_has_a_fingerprint_of_its_vocabulary
     """What --evaluate_only and a prepared corpus compare: the stock tokenizers have no `tokenizers` backend."""
     import shutil
 
-    from vanilla_transformer.prepare import tokenizer_fingerprint
+    from vanilla_transformer.data.prepare import tokenizer_fingerprint
 
     folder = converted_folder(source, request, tmp_path)
     fingerprint = tokenizer_fingerprint(load_tokenizer(folder))

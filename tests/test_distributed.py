@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-from vanilla_transformer import checkpoints
-from vanilla_transformer.evaluation import bare_model, sharded_generation_kwargs
-from vanilla_transformer.training import UnsupportedSetup, check_distributed_setup, make_accelerator
+from vanilla_transformer.training import checkpoints
+from vanilla_transformer.training.evaluation import bare_model, sharded_generation_kwargs
+from vanilla_transformer.training.recipe import UnsupportedSetup, check_distributed_setup, make_accelerator
 
 from .helpers import ROOT, TINY_RUN, train
 

@@ -1,7 +1,7 @@
-"""BLEU during and after training (vanilla_transformer/evaluation.py): the evaluation batches."""
+"""BLEU during and after training (vanilla_transformer/training/evaluation.py): the evaluation batches."""
 
-from vanilla_transformer.batching import TranslationCollator
-from vanilla_transformer.evaluation import evaluation_loader
+from vanilla_transformer.data.batching import TranslationCollator
+from vanilla_transformer.training.evaluation import evaluation_loader
 
 from .helpers import train
 

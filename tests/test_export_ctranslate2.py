@@ -15,7 +15,7 @@ import torch
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.commands.export_ctranslate2 import main
-from vanilla_transformer.export_ctranslate2 import ExportError, convert_to_ctranslate2, vocabulary
+from vanilla_transformer.serving.export_ctranslate2 import ExportError, convert_to_ctranslate2, vocabulary
 
 from .fixtures.old_checkpoints import make_old_folder
 from .helpers import TINY
@@ -179,7 +179,7 @@ def test_command_line_writes_an_int8_model_that_translates(reversal_model, conve
 
 
 def tiny_tokenizer():
-    from vanilla_transformer.tokenization import MIN_VOCAB_SIZE, train_shared_tokenizer
+    from vanilla_transformer.data.tokenization import MIN_VOCAB_SIZE, train_shared_tokenizer
 
     return train_shared_tokenizer(["ein kleiner Satz", "a small sentence"] * 4, vocab_size=MIN_VOCAB_SIZE + 4)
 
@@ -307,7 +307,7 @@ def test_exporting_a_model_over_itself_leaves_it_whole(tmp_path):
     """`export_ctranslate2 model model --force` in a fresh process: a message, no traceback, the model still there."""
     files = saved_model(tmp_path / "model")
     result = subprocess.run(
-        [sys.executable, "-m", "vanilla_transformer.export_ctranslate2", "model", "model", "--force"],
+        [sys.executable, "-m", "vanilla_transformer", "export-ctranslate2", "model", "model", "--force"],
         capture_output=True,
         text=True,
         cwd=tmp_path,

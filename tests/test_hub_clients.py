@@ -19,7 +19,7 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
-from vanilla_transformer.model_folder import save_model_folder
+from vanilla_transformer.hub.model_folder import save_model_folder
 
 from .helpers import (
     BLOCK_PROJECT_IMPORTS,

@@ -16,11 +16,11 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from safetensors.torch import save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from vanilla_transformer import hub
-from vanilla_transformer.commands import push_to_hub
-from vanilla_transformer.model_card import MODEL_ID_PLACEHOLDER
-from vanilla_transformer.model_folder import check_model_folder, files_to_upload, save_model_folder
-from vanilla_transformer.names import CODE_FILES, CUSTOM_GENERATE
+from vanilla_transformer.commands import push as push_command
+from vanilla_transformer.hub import upload
+from vanilla_transformer.hub.model_card import MODEL_ID_PLACEHOLDER
+from vanilla_transformer.hub.model_folder import check_model_folder, files_to_upload, save_model_folder
+from vanilla_transformer.mechanics.names import CODE_FILES, CUSTOM_GENERATE
 
 from .helpers import CARD_VALUES, ENGLISH, random_tiny_model, save_tiny_model_folder, train_tiny_tokenizer
 
@@ -41,7 +41,7 @@ def test_saved_folder_has_every_file_and_config_entry(model_folder):
         *CODE_FILES,
     ):
         assert (model_folder / name).is_file(), name
-    project_root = Path(hub.__file__).resolve().parent.parent
+    project_root = Path(upload.__file__).resolve().parents[2]
     for name in CODE_FILES:  # the Hub gets the project's current code
         assert (model_folder / name).read_text() == (project_root / name).read_text()
 
@@ -136,7 +136,7 @@ class RecordingHfApi:
 @pytest.fixture
 def recording_api(monkeypatch):
     monkeypatch.setattr(RecordingHfApi, "calls", [])
-    monkeypatch.setattr(hub, "HfApi", RecordingHfApi)
+    monkeypatch.setattr(upload, "HfApi", RecordingHfApi)
     return RecordingHfApi
 
 
@@ -147,7 +147,7 @@ def uploaded(recording_api) -> dict:
 
 
 def test_push_folder_to_hub_creates_the_repo_and_uploads_the_model_files(model_folder, recording_api):
-    url = hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de", token="hf_x", private=True)
+    url = upload.push_folder_to_hub(model_folder, "someone/vanilla-en-de", token="hf_x", private=True)
 
     assert url == "https://huggingface.co/someone/vanilla-en-de"
     (_, init), (_, create), (_, commit) = recording_api.calls
@@ -181,7 +181,7 @@ def test_push_uploads_only_the_model_repository_files_never_secrets_logs_or_resu
     (model_folder / "checkpoints" / "step_000100").mkdir(parents=True)
     (model_folder / "checkpoints" / "step_000100" / "model.safetensors").write_bytes(b"not uploaded")
 
-    hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+    upload.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
     assert set(uploaded(recording_api)) == model_files
     printed = capsys.readouterr().out
     assert "model.safetensors" in printed and ".env" not in printed and "results.json" not in printed
@@ -192,7 +192,7 @@ def test_a_sharded_model_uploads_its_shards_and_index(model_folder, recording_ap
     save_file({"shard": torch.zeros(2)}, model_folder / "model-00002-of-00002.safetensors")
     (model_folder / "model.safetensors.index.json").write_text("{}")
     assert check_model_folder(model_folder) == []
-    hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+    upload.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
     files = uploaded(recording_api)
     assert {
         "model-00001-of-00002.safetensors",
@@ -208,8 +208,8 @@ def test_a_linked_file_is_never_uploaded_and_is_named_in_the_error(model_folder,
     (model_folder / name).unlink(missing_ok=True)
     (model_folder / name).symlink_to(token)
     assert name not in files_to_upload(model_folder)
-    with pytest.raises(hub.FolderNotReadyError, match=f"{name} is a symbolic link \\(to {token}\\)"):
-        hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+    with pytest.raises(upload.FolderNotReadyError, match=f"{name} is a symbolic link \\(to {token}\\)"):
+        upload.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
     assert recording_api.calls == [] and token.read_text() == "hf_secret_token\n"
 
 
@@ -222,7 +222,7 @@ def test_a_file_that_is_not_what_its_name_says_is_refused_before_the_upload(mode
     assert any(problem.startswith("model-00002-of-00002.safetensors is not valid safetensors") for problem in problems)
     assert any(problem.startswith("pipeline_vanilla_transformer.py is not valid Python") for problem in problems)
     with pytest.raises(ValueError, match="is not ready for the Hub"):
-        hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+        upload.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
     assert recording_api.calls == []
 
 
@@ -237,8 +237,8 @@ def test_the_card_is_rewritten_after_the_upload_by_replacing_it_never_through_a_
             (model_folder / "README.md").unlink()
             (model_folder / "README.md").symlink_to(outside)
 
-    monkeypatch.setattr(hub, "HfApi", LinkingHfApi)
-    hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+    monkeypatch.setattr(upload, "HfApi", LinkingHfApi)
+    upload.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
     assert outside.read_text() == "the user's own card"
     readme = model_folder / "README.md"
     assert not readme.is_symlink() and 'model="someone/vanilla-en-de"' in readme.read_text()
@@ -276,10 +276,10 @@ def hub_client_error(name: str, message: str) -> Exception:
 )
 def test_a_failed_upload_says_why_and_changes_nothing_locally(model_folder, monkeypatch, error, says):
     monkeypatch.setattr(UnreachableHfApi, "error", error)
-    monkeypatch.setattr(hub, "HfApi", UnreachableHfApi)
+    monkeypatch.setattr(upload, "HfApi", UnreachableHfApi)
     before = {path.name: path.read_bytes() for path in model_folder.iterdir() if path.is_file()}
-    with pytest.raises(hub.HubUploadError, match="Nothing was uploaded") as failed:
-        hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+    with pytest.raises(upload.HubUploadError, match="Nothing was uploaded") as failed:
+        upload.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
     assert says in str(failed.value)
     assert {path.name: path.read_bytes() for path in model_folder.iterdir() if path.is_file()} == before
 
@@ -287,7 +287,7 @@ def test_a_failed_upload_says_why_and_changes_nothing_locally(model_folder, monk
 def test_offline_the_push_command_ends_in_a_clear_error_not_a_traceback(model_folder, monkeypatch, capsys):
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)  # the real HfApi, stopped before any request
     readme = (model_folder / "README.md").read_text()
-    assert push_to_hub.main([str(model_folder), "--hub_model_id", "someone/x"]) == 1
+    assert push_command.main([str(model_folder), "--hub_model_id", "someone/x"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: could not upload") and "offline mode is on" in err and "Traceback" not in err
     assert (model_folder / "README.md").read_text() == readme
@@ -296,7 +296,7 @@ def test_offline_the_push_command_ends_in_a_clear_error_not_a_traceback(model_fo
 def test_push_refuses_an_incomplete_folder(model_folder, recording_api):
     (model_folder / "generation_config.json").unlink()
     with pytest.raises(ValueError, match="missing generation_config.json"):
-        hub.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
+        upload.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
     assert recording_api.calls == []
 
 
@@ -304,11 +304,11 @@ def test_push_command_checks_then_uploads(model_folder, tmp_path, recording_api,
     incomplete = tmp_path / "incomplete"
     shutil.copytree(model_folder, incomplete)
     (incomplete / "README.md").unlink()
-    assert push_to_hub.main([str(incomplete), "--hub_model_id", "someone/x"]) == 1
+    assert push_command.main([str(incomplete), "--hub_model_id", "someone/x"]) == 1
     assert "missing README.md" in capsys.readouterr().err
     assert recording_api.calls == []
 
-    assert push_to_hub.main([str(model_folder), "--hub_model_id", "someone/x", "--private"]) == 0
+    assert push_command.main([str(model_folder), "--hub_model_id", "someone/x", "--private"]) == 0
     assert [name for name, _ in recording_api.calls] == ["init", "create_repo", "create_commit"]
     assert recording_api.calls[1][1]["private"] is True
     assert "https://huggingface.co/someone/x" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Section 5.4's training loss (vanilla_transformer/loss.py): label-smoothed, summed over the targets, computed
+"""Section 5.4's training loss (vanilla_transformer/training/loss.py): label-smoothed, summed over the targets, computed
 without the logits, with the value and gradients of the cross-entropy of the logits; and the model's own loss, the
 library's plain cross-entropy."""
 
@@ -7,8 +7,8 @@ import torch
 from torch.nn import functional as F
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer import loss as loss_module
-from vanilla_transformer.loss import label_smoothed_cross_entropy, label_smoothed_loss
+from vanilla_transformer.training import loss as loss_module
+from vanilla_transformer.training.loss import label_smoothed_cross_entropy, label_smoothed_loss
 
 
 def random_labels(shape, vocab_size: int, generator: torch.Generator) -> torch.Tensor:

@@ -5,7 +5,7 @@ import evaluate
 import pytest
 import sacrebleu
 
-from vanilla_transformer.metrics import SACREBLEU_CHRF_PATH, load_bleu_and_chrf
+from vanilla_transformer.training.metrics import SACREBLEU_CHRF_PATH, load_bleu_and_chrf
 
 HYPOTHESES = ["the cat sat on the mat", "a quick brown fox jumps over the dog", "hello world !"]
 REFERENCES = ["the cat sat on a mat", "the quick brown fox jumped over the lazy dog", "hello , world !"]

@@ -11,8 +11,8 @@ from huggingface_hub import ModelCard
 import train_accelerate
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from vanilla_transformer.commands.arguments import parse_training_arguments
-from vanilla_transformer.data import SYNTHETIC_EXAMPLE, synthetic_translation_pairs
-from vanilla_transformer.model_card import MODEL_ID_PLACEHOLDER
+from vanilla_transformer.data.toy_task import SYNTHETIC_EXAMPLE, synthetic_translation_pairs
+from vanilla_transformer.hub.model_card import MODEL_ID_PLACEHOLDER
 
 from .helpers import CARD_VALUES, run_without_the_project, save_tiny_model_folder
 

@@ -1,4 +1,4 @@
-"""oneDNN's linear kernel for the project's own inference (vanilla_transformer/onednn.py): the same products for
+"""oneDNN's linear kernel for the project's own inference (vanilla_transformer/model/onednn.py): the same products for
 float32 inference on CPU, the plain path for everything else, and a fallback when the private op is gone."""
 
 import pytest
@@ -7,9 +7,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.profiler import profile
 
-from vanilla_transformer import onednn
-from vanilla_transformer.onednn import OneDNNLinear, plain_linears, use_onednn_linears
-from vanilla_transformer.translate import load_model_and_tokenizer
+from vanilla_transformer.model import onednn
+from vanilla_transformer.model.onednn import OneDNNLinear, plain_linears, use_onednn_linears
+from vanilla_transformer.serving.translate import load_model_and_tokenizer
 
 from .helpers import save_tiny_model_folder
 

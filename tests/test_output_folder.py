@@ -1,6 +1,6 @@
-"""A user's work is never lost: the output folder (vanilla_transformer/output_folder.py) is claimed before anything is
+"""A user's work is never lost: the output folder (vanilla_transformer/training/output_folder.py) is claimed before anything is
 written, an earlier run is replaced only on request and only with what it recorded, no link is written through, one
-run per folder (folder_lock.py). End to end through the real script (tiny runs) where it matters."""
+run per folder (mechanics/lock.py). End to end through the real script (tiny runs) where it matters."""
 
 import errno
 import json
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from vanilla_transformer import checkpoints, folder_lock, output_folder
-from vanilla_transformer.folder_lock import LOCK_NAME
-from vanilla_transformer.names import CODE_FILES, TRAIN_LOG
-from vanilla_transformer.output_folder import (
+from vanilla_transformer.mechanics import lock
+from vanilla_transformer.mechanics.lock import LOCK_NAME
+from vanilla_transformer.mechanics.names import CODE_FILES, TRAIN_LOG
+from vanilla_transformer.training import checkpoints, output_folder
+from vanilla_transformer.training.output_folder import (
     RUN_RECORD,
     OutputDirError,
     OutputSettings,
@@ -245,7 +246,7 @@ def test_a_second_run_is_refused_while_a_live_process_holds_the_folders_lock(tmp
     before = snapshot(run)
     holder = subprocess.Popen(["sleep", "300"])
     try:
-        write_lock(run, **folder_lock.holder_record(holder.pid))
+        write_lock(run, **lock.holder_record(holder.pid))
         locked = snapshot(run)
         result = train(run, "--max_steps", "6", "--resume_from_checkpoint", "latest", check=False)
     finally:
@@ -258,7 +259,7 @@ def test_a_second_run_is_refused_while_a_live_process_holds_the_folders_lock(tmp
 
 def test_a_lock_left_by_a_process_that_ended_is_taken_over_with_a_note(tmp_path, capsys):
     holder = subprocess.Popen(["sleep", "300"])
-    record = folder_lock.holder_record(holder.pid)  # with its start time, as the run wrote it
+    record = lock.holder_record(holder.pid)  # with its start time, as the run wrote it
     holder.kill()
     holder.wait()
     write_lock(tmp_path / "run", **record)
@@ -272,7 +273,7 @@ def test_a_lock_left_by_a_process_that_ended_is_taken_over_with_a_note(tmp_path,
 
 
 def test_a_lock_whose_pid_now_runs_another_program_is_taken_over(tmp_path):
-    record = folder_lock.holder_record(os.getpid())
+    record = lock.holder_record(os.getpid())
     write_lock(tmp_path / "run", **{**record, "process_start": record["process_start"] - 1})  # a reused pid
     folder = claim_run_folder(OutputSettings(str(tmp_path / "run")))
     assert json.loads((tmp_path / "run" / LOCK_NAME).read_text())["token"] != record["token"]
@@ -280,7 +281,7 @@ def test_a_lock_whose_pid_now_runs_another_program_is_taken_over(tmp_path):
 
 
 def test_a_lock_from_another_host_is_refused_naming_the_host_pid_and_lock_file(tmp_path):
-    write_lock(tmp_path / "run", **{**folder_lock.holder_record(12345), "host": "gpu-node-7"})
+    write_lock(tmp_path / "run", **{**lock.holder_record(12345), "host": "gpu-node-7"})
     with pytest.raises(OutputDirError) as refused:
         claim_run_folder(OutputSettings(str(tmp_path / "run")))
     message = str(refused.value)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vanilla_transformer.names import REQUIRED_FILES, WEIGHTS_NAME
+from vanilla_transformer.mechanics.names import REQUIRED_FILES, WEIGHTS_NAME
 
 from .helpers import ENGLISH, ROOT, TINY_RUN, run_without_the_project
 
@@ -123,7 +123,9 @@ def test_every_command_answers_help_and_version_from_the_installed_package(insta
     assert "--max_tokens" in helps["train"] and "--num_beams" in helps["translate"]
     version = run([installed / "vanilla-transformer", "translate", "--version"], tmp_path).stdout
     assert version.startswith("vanilla-transformer 0.") and "transformers 5." in version and "torch 2." in version
-    assert run([installed / "python", "-m", "vanilla_transformer.translate", "--version"], tmp_path).stdout == version
+    assert (
+        run([installed / "python", "-m", "vanilla_transformer", "translate", "--version"], tmp_path).stdout == version
+    )
 
 
 def test_accelerate_launch_starts_the_installed_training_module(installed, tmp_path):

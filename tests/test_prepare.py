@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from vanilla_transformer import prepare
-from vanilla_transformer.batching import DataPosition, TokenBatchSampler, TokenizedPairs, TranslationCollator
 from vanilla_transformer.commands import prepare as prepare_command
 from vanilla_transformer.commands.arguments import add_data_arguments, data_settings
-from vanilla_transformer.data import DataError
-from vanilla_transformer.tokenization import train_shared_tokenizer
-from vanilla_transformer.training import optimizer_step_batches
+from vanilla_transformer.data import prepare
+from vanilla_transformer.data.batching import DataPosition, TokenBatchSampler, TokenizedPairs, TranslationCollator
+from vanilla_transformer.data.readers import DataError
+from vanilla_transformer.data.tokenization import train_shared_tokenizer
+from vanilla_transformer.training.recipe import optimizer_step_batches
 
 from .helpers import SOURCES, TARGETS, prepared_folder
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from modeling_vanilla_transformer import __file__ as MODELING_FILE
-from vanilla_transformer import refresh_code
 from vanilla_transformer.commands import refresh_code as refresh_code_command
-from vanilla_transformer.names import CODE_FILES, CUSTOM_GENERATE
-from vanilla_transformer.tokenization import load_tokenizer
+from vanilla_transformer.data.tokenization import load_tokenizer
+from vanilla_transformer.hub import refresh_code
+from vanilla_transformer.mechanics.names import CODE_FILES, CUSTOM_GENERATE
 
 from .fixtures.old_checkpoints import make_old_folder
 from .helpers import CARD_VALUES, save_tiny_model_folder

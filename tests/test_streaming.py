@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from vanilla_transformer import prepare, streaming
-from vanilla_transformer.batching import DataPosition, TranslationCollator
 from vanilla_transformer.commands.arguments import parse_training_arguments
-from vanilla_transformer.data import DataError
-from vanilla_transformer.tokenization import train_shared_tokenizer
+from vanilla_transformer.data import prepare, streaming
+from vanilla_transformer.data.batching import DataPosition, TranslationCollator
+from vanilla_transformer.data.readers import DataError
+from vanilla_transformer.data.tokenization import train_shared_tokenizer
 
 from .helpers import SOURCES, TARGETS, train
 

@@ -3,7 +3,7 @@ import json
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from vanilla_transformer.tokenization import SPECIAL_TOKENS, train_shared_tokenizer
+from vanilla_transformer.data.tokenization import SPECIAL_TOKENS, train_shared_tokenizer
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",

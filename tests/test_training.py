@@ -1,4 +1,4 @@
-"""The training loop's pieces (vanilla_transformer/training.py) and train_accelerate.py end to end: multi-process runs,
+"""The training loop's pieces (vanilla_transformer/training/recipe.py) and train_accelerate.py end to end: multi-process runs,
 gradient equivalence, exact resume, signals, the final evaluation after the model is saved, bad data."""
 
 import errno
@@ -22,12 +22,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import train_accelerate
-from vanilla_transformer import checkpoints, evaluation
-from vanilla_transformer.batching import DataPosition, TokenBatchSampler, TranslationCollator
-from vanilla_transformer.data import DataError
-from vanilla_transformer.evaluation import bare_model
-from vanilla_transformer.output_folder import final_model_problem
-from vanilla_transformer.training import (
+from vanilla_transformer.data.batching import DataPosition, TokenBatchSampler, TranslationCollator
+from vanilla_transformer.data.readers import DataError
+from vanilla_transformer.training import checkpoints, evaluation
+from vanilla_transformer.training.evaluation import bare_model
+from vanilla_transformer.training.output_folder import final_model_problem
+from vanilla_transformer.training.recipe import (
     StopSignals,
     TrainingLog,
     inverse_sqrt_learning_rate,
@@ -209,7 +209,16 @@ def test_resume_continues_exactly_and_a_prepared_folder_trains_like_the_cached_c
     common = ["--save_steps", "3", "--average_last", "1", "--preset", "tiny"]
     train(straight, "--max_steps", "6", *common)
     prepared = tmp_path / "prepared"
-    command = [sys.executable, "-m", "vanilla_transformer.prepare", "--synthetic_pairs", "400", "--vocab_size", "300"]
+    command = [
+        sys.executable,
+        "-m",
+        "vanilla_transformer",
+        "prepare",
+        "--synthetic_pairs",
+        "400",
+        "--vocab_size",
+        "300",
+    ]
     subprocess.run([*command, "--output_dir", str(prepared)], check=True, cwd=ROOT, capture_output=True)
     common += ["--prepared_data", str(prepared)]
     train(interrupted, "--max_steps", "3", *common)
@@ -406,7 +415,8 @@ def test_a_log_line_cut_by_a_kill_leaves_every_later_record_a_line_of_its_own(tm
     accelerator = SimpleNamespace(
         is_main_process=True, reduce=lambda value, op: value, log=lambda *a, **k: None, print=print
     )
-    log = TrainingLog(accelerator, log_file, SimpleNamespace(set_postfix=lambda **kwargs: None), start_step=2)
+    progress = SimpleNamespace(set_postfix=lambda **kwargs: None)
+    log = TrainingLog(accelerator, log_file, progress, start_step=2, run=checkpoints.CheckpointSettings(str(tmp_path)))
     log.add(torch.tensor(6.0), 3.0)
     log.write(3, 1e-3, 0)
     assert [json.loads(line)["step"] for line in log_file.read_text().splitlines()] == steps
@@ -423,7 +433,10 @@ def test_a_full_disk_while_logging_is_one_error_naming_the_log_and_the_checkpoin
     run = tmp_path / "run"
     fake_checkpoint(run / "checkpoints", 2, "the-run")
     accelerator = SimpleNamespace(is_main_process=True, reduce=lambda value, op: value, log=lambda *a, **k: None)
-    log = TrainingLog(accelerator, FullDisk(run / "train_log.jsonl"), SimpleNamespace(set_postfix=dict), 2)
+    log_file = FullDisk(run / "train_log.jsonl")
+    log = TrainingLog(
+        accelerator, log_file, SimpleNamespace(set_postfix=dict), 2, checkpoints.CheckpointSettings(str(run))
+    )
     log.add(torch.tensor(6.0), 3.0)
     with pytest.raises(checkpoints.CheckpointError) as refused:
         log.write(3, 1e-3, 0)
@@ -507,9 +520,9 @@ def test_a_failed_upload_at_the_end_names_the_complete_folder_and_the_command_to
     monkeypatch, tmp_path
 ):
     def refused(*args, **kwargs):
-        raise train_accelerate.hub.HubUploadError("could not upload: the Hub refused it.")
+        raise train_accelerate.upload.HubUploadError("could not upload: the Hub refused it.")
 
-    monkeypatch.setattr(train_accelerate.hub, "push_folder_to_hub", refused)
+    monkeypatch.setattr(train_accelerate.upload, "push_folder_to_hub", refused)
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
     flags = ["--output_dir", str(tmp_path / "run"), "--push_to_hub", "--hub_model_id", "someone/x"]
     message = train_accelerate.push(train_accelerate.parse_training_arguments(flags))

@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from vanilla_transformer import translate
 from vanilla_transformer.commands import translate as translate_command
 from vanilla_transformer.commands.translate import main, parse_args
-from vanilla_transformer.translate import read_lines, translate_sentences
+from vanilla_transformer.serving import translate
+from vanilla_transformer.serving.translate import read_lines, translate_sentences
 
 from .helpers import ENGLISH, save_tiny_model_folder
 
@@ -47,7 +47,17 @@ def test_batched_translation_keeps_the_input_order(model_and_tokenizer):
 
 def test_stdin_to_stdout_in_a_fresh_process(folder, model_and_tokenizer):
     result = subprocess.run(
-        [sys.executable, "-m", "vanilla_transformer.translate", str(folder), "--num_beams", "2", "--device", "cpu"],
+        [
+            sys.executable,
+            "-m",
+            "vanilla_transformer",
+            "translate",
+            str(folder),
+            "--num_beams",
+            "2",
+            "--device",
+            "cpu",
+        ],
         input="".join(source + "\n" for source in SOURCES[:2]),
         capture_output=True,
         text=True,
@@ -63,7 +73,7 @@ def test_stdin_to_stdout_in_a_fresh_process(folder, model_and_tokenizer):
 
 def run_translator(folder: Path, stdin: bytes, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "vanilla_transformer.translate", str(folder), "--device", "cpu", *flags],
+        [sys.executable, "-m", "vanilla_transformer", "translate", str(folder), "--device", "cpu", *flags],
         input=stdin,
         capture_output=True,
         cwd=PROJECT_ROOT,
@@ -219,7 +229,7 @@ def test_an_empty_input_and_a_bad_device_are_errors(folder, capsys, monkeypatch)
 
 
 def test_bf16_with_eager_attention_translates_with_that_model(folder, tmp_path, monkeypatch):
-    import vanilla_transformer.translate as translate
+    import vanilla_transformer.serving.translate as translate
 
     loaded = {}
 
@@ -304,7 +314,7 @@ def test_translations_are_written_a_buffer_at_a_time_and_an_interruption_keeps_t
 
 def test_a_learned_position_model_translates_input_it_accepts_with_its_output_cut_at_its_table(tmp_path, caplog):
     from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
-    from vanilla_transformer.attention_maps import compute_attentions
+    from vanilla_transformer.serving.attention_maps import compute_attentions
 
     folder = save_tiny_model_folder(
         tmp_path / "learned", position_embedding_type="learned", max_position_embeddings=40
@@ -456,8 +466,8 @@ def test_a_setting_that_is_not_a_finite_number_is_refused_before_a_model_is_buil
 def test_every_loader_refuses_hostile_sizes_before_building_a_model(folder, tmp_path, monkeypatch, field, value):
     """export-ctranslate2, --evaluate_only, attention-maps, the demo and refresh-code load through
     `load_model_folder` (tests/test_layering.py holds that nothing else builds a model from a folder)."""
-    from vanilla_transformer.loading import ModelFolderError, load_model_folder
-    from vanilla_transformer.refresh_code import RefreshError, refresh
+    from vanilla_transformer.hub.refresh_code import RefreshError, refresh
+    from vanilla_transformer.model.loading import ModelFolderError, load_model_folder
 
     untrusted = shutil.copytree(folder, tmp_path / "downloaded")
     config = json.loads((untrusted / "config.json").read_text())

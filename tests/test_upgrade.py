@@ -1,4 +1,4 @@
-"""Formats of earlier releases, upgraded in one place (vanilla_transformer/upgrade.py): folders and checkpoints saved
+"""Formats of earlier releases, upgraded in one place (vanilla_transformer/model/upgrade.py): folders and checkpoints saved
 before the attention's projections were separate layers (issue 33), and config fields that are gone."""
 
 import copy
@@ -11,9 +11,10 @@ import torch
 from safetensors.torch import save_file
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer import checkpoints, upgrade
-from vanilla_transformer.model_folder import save_model_folder
-from vanilla_transformer.refresh_code import refresh
+from vanilla_transformer.hub.model_folder import save_model_folder
+from vanilla_transformer.hub.refresh_code import refresh
+from vanilla_transformer.model import upgrade
+from vanilla_transformer.training import checkpoints
 
 from .fixtures.old_checkpoints import fused, make_old_folder
 from .helpers import (

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from vanilla_transformer.variants import table3_variants
+from vanilla_transformer.training.sweep import table3_variants
 
 from .helpers import ROOT
 
@@ -15,7 +15,7 @@ SWEEP += ["--num_beams", "2"]
 
 
 def variants(output_dir, *arguments: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "vanilla_transformer.variants", "--output_dir", str(output_dir), *arguments]
+    command = [sys.executable, "-m", "vanilla_transformer", "sweep", "--output_dir", str(output_dir), *arguments]
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=environment)
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from huggingface_hub import constants as hub_constants
 
 from configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from vanilla_transformer.checkpoints import CheckpointSettings
 from vanilla_transformer.commands.flags import (
     add_deprecated_alias,
     at_least,
@@ -24,11 +23,12 @@ from vanilla_transformer.commands.flags import (
     positive_int,
     probability,
 )
-from vanilla_transformer.data import DataError
-from vanilla_transformer.evaluation import EvaluationSettings
-from vanilla_transformer.output_folder import OutputSettings
-from vanilla_transformer.prepare import Corpus, DataSettings, LengthFilter, TokenizerSettings, read_manifest
-from vanilla_transformer.streaming import StreamSettings
+from vanilla_transformer.data.prepare import Corpus, DataSettings, LengthFilter, TokenizerSettings, read_manifest
+from vanilla_transformer.data.readers import DataError
+from vanilla_transformer.data.streaming import StreamSettings
+from vanilla_transformer.training.checkpoints import CheckpointSettings
+from vanilla_transformer.training.evaluation import EvaluationSettings
+from vanilla_transformer.training.output_folder import OutputSettings
 
 
 @dataclass(frozen=True)

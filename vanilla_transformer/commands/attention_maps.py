@@ -4,7 +4,7 @@ appendix shows them.
     vanilla-transformer attention-maps MODEL_DIR --source "The house is small." --output_dir maps/
     vanilla-transformer attention-maps MODEL_DIR --source "..." --target "Das Haus ist klein." --output_dir maps/
 
-Writes three PNG files, one per kind of attention (vanilla_transformer/attention_maps.py says what they show).
+Writes three PNG files, one per kind of attention (vanilla_transformer/serving/attention_maps.py says what they show).
 """
 
 import sys
@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline_vanilla_transformer import PAPER_DECODING
-from vanilla_transformer.attention_maps import PictureTooLarge, draw_attention_maps
 from vanilla_transformer.commands.flags import command_parser, positive_int
 from vanilla_transformer.commands.translate import beam_size, output_tokens
-from vanilla_transformer.translate import CommandLineError, code_note, load_model_and_tokenizer
+from vanilla_transformer.serving.attention_maps import PictureTooLarge, draw_attention_maps
+from vanilla_transformer.serving.translate import CommandLineError, code_note, load_model_and_tokenizer
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,14 +11,14 @@ A fairseq checkpoint's dictionary (dict.txt, or dict.SRC.txt and dict.TGT.txt, w
 paper's model cannot represent exactly (separate vocabularies, pre-LN layers, extra LayerNorms, learned positions, ...)
 is refused naming the field and its value, and so is a fairseq checkpoint that would unpickle a class other than
 argparse.Namespace. OUTPUT_DIR must be new or empty; --overwrite replaces a previous conversion there, nothing else.
-Nothing is written before every check passed. What converts and how: vanilla_transformer/convert.py.
+Nothing is written before every check passed. What converts and how: vanilla_transformer/hub/convert.py.
 """
 
 import sys
 from collections.abc import Sequence
 
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.convert import ConversionError, convert
+from vanilla_transformer.hub.convert import ConversionError, convert
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,7 @@
     vanilla-transformer demo your-name/vanilla-en-de           # or a model on the Hub
     GRADIO_SERVER_PORT=8080 GRADIO_SERVER_NAME=0.0.0.0 vanilla-transformer demo MODEL   # Gradio's own settings apply
 
-Without MODEL, the model comes from the MODEL_ID variable. What the page does: vanilla_transformer/demo.py.
+Without MODEL, the model comes from the MODEL_ID variable. What the page does: vanilla_transformer/serving/demo.py.
 """
 
 import os
@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         print('error: the demo needs gradio: pip install "vanilla-transformer[demo]"', file=sys.stderr)
         return 1
-    from vanilla_transformer.demo import serve
+    from vanilla_transformer.serving.demo import serve
 
     serve(args.model)
     return 0

@@ -5,14 +5,14 @@
 
 The output folder may not be the model folder, nor inside it, nor hold it. If it exists, --force replaces it only
 when it is a previous CTranslate2 export. The export is moved into place only once complete: a failed one (a full disk)
-leaves the output folder as it was. How the model maps onto CTranslate2: vanilla_transformer/export_ctranslate2.py.
+leaves the output folder as it was. How the model maps onto CTranslate2: vanilla_transformer/serving/export_ctranslate2.py.
 """
 
 import sys
 from collections.abc import Sequence
 
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.export_ctranslate2 import QUANTIZATIONS, ExportError, convert_to_ctranslate2
+from vanilla_transformer.serving.export_ctranslate2 import QUANTIZATIONS, ExportError, convert_to_ctranslate2
 
 
 def main(argv: Sequence[str] | None = None) -> int:

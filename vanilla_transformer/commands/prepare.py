@@ -5,7 +5,7 @@
         --preprocessing_num_workers 16 --output_dir data-bin/wmt14-en-de
     vanilla-transformer train --prepared_data data-bin/wmt14-en-de ...      # any number of experiments
 
-What a prepared folder holds: vanilla_transformer/prepare.py.
+What a prepared folder holds: vanilla_transformer/data/prepare.py.
 """
 
 import sys
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from vanilla_transformer.commands.arguments import add_data_arguments, data_settings
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.data import DataError
-from vanilla_transformer.prepare import corpus_key, prepare_corpus, split_sources
+from vanilla_transformer.data.prepare import corpus_key, prepare_corpus, split_sources
+from vanilla_transformer.data.readers import DataError
 
 
 def main(argv=None) -> int:

@@ -4,7 +4,7 @@ the current weights format, then check with the installed code (never the folder
     vanilla-transformer refresh-code outputs/vanilla-transformer [MORE_FOLDERS ...]
 
 The old files are kept in `.previous_code/<time>/` inside each folder; if the check fails, they are put back and
-the command exits with an error. What is checked, and why: vanilla_transformer/refresh_code.py.
+the command exits with an error. What is checked, and why: vanilla_transformer/hub/refresh_code.py.
 """
 
 import sys
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.refresh_code import RefreshError, refresh
+from vanilla_transformer.hub.refresh_code import RefreshError, refresh
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,7 @@ optionally upload it.
     vanilla-transformer space your-name/vanilla-en-de --output_dir outputs/vanilla-transformer/space \
         --space_id your-name/vanilla-en-de-demo [--private] [--token TOKEN]
 
-What the Space's folder holds: vanilla_transformer/space.py. Upload the model first (`vanilla-transformer push`):
+What the Space's folder holds: vanilla_transformer/serving/space.py. Upload the model first (`vanilla-transformer push`):
 the Space loads it from the Hub when it starts. An --output_dir that holds anything is refused, naming what it holds;
 --overwrite replaces the files a previous `vanilla-transformer space` wrote there (unchanged since), nothing else.
 """
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.space import SpaceError, upload_space, write_space
+from vanilla_transformer.serving.space import SpaceError, upload_space, write_space
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,8 +38,8 @@ from transformers.utils import logging
 
 from pipeline_vanilla_transformer import MAX_OUTPUT_TOKENS
 from vanilla_transformer.commands.flags import command_parser, positive_int
-from vanilla_transformer.loading import MAX_BEAMS
-from vanilla_transformer.translate import (
+from vanilla_transformer.model.loading import MAX_BEAMS
+from vanilla_transformer.serving.translate import (
     BATCH_SIZE,
     DTYPES,
     NO_STDIN,

@@ -1,0 +1,234 @@
+"""Write a Hugging Face Space (Gradio) that runs the demo (vanilla_transformer/serving/demo.py) for a model on the Hub;
+optionally upload it. The command is `vanilla-transformer space` (vanilla_transformer/commands/space.py).
+
+The Space's folder holds app.py (`SPACE_APP`: it serves the demo), the code it runs (the model's files and the few
+library modules the demo imports, copied from this installation: no training code), requirements.txt and a
+README.md whose YAML header is the Space's configuration, naming the model under `models:`, where app.py reads it (a
+MODEL_ID variable in the Space's settings overrides it). A subfolder of the model folder, such as MODEL_DIR/space,
+stays local when the model is uploaded. The Space loads the model from the Hub when it starts: upload the model
+first (`vanilla-transformer push`). Offline or unreachable, the upload fails with a message and the written files
+stay.
+
+The folder is the user's until we write it: a folder that holds anything is refused, naming what it holds; with
+`overwrite`, the files a previous export wrote (listed with their sha256 in `SPACE_RECORD`, each listed before it
+is written) are replaced, and only while unchanged since; other files stay. Files are written by replacing them,
+never through a symbolic link (a link where a Space file goes is refused). The upload sends `SPACE_FILES` only, as
+regular files inside the folder (never a link's target), each checked first: Python that parses, UTF-8 text, the
+card's `sdk: gradio` header.
+"""
+
+import json
+from importlib import resources
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from huggingface_hub import CommitOperationAdd, HfApi
+
+import modeling_vanilla_transformer
+from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
+from vanilla_transformer.hub.upload import hub_failure
+from vanilla_transformer.mechanics.files import (
+    content_problem,
+    describe_link,
+    file_problem,
+    link_on_the_way,
+    replace_file,
+)
+from vanilla_transformer.mechanics.integrity import sha256_of
+from vanilla_transformer.mechanics.names import CODE_FILES
+
+# the library modules the demo imports, by their path in the Space (= their path in the installed package)
+LIBRARY_CODE = (  # what the demo imports, as paths inside the package
+    "__init__.py",
+    "serving/__init__.py", "serving/demo.py", "serving/attention_maps.py", "serving/translate.py",
+    "model/__init__.py", "model/loading.py", "model/upgrade.py", "model/onednn.py",
+    "mechanics/__init__.py", "mechanics/names.py",
+)  # fmt: skip
+SPACE_CODE = ("app.py", *CODE_FILES, *(f"vanilla_transformer/{name}" for name in LIBRARY_CODE))
+SPACE_FILES = (*SPACE_CODE, "requirements.txt", "README.md")
+SPACE_RECORD = ".vanilla_transformer_space.json"  # what the export wrote: {"files": {name: sha256}}; never uploaded
+SPACE_APP = '''"""The Space's page: vanilla-transformer's demo (vanilla_transformer/serving/demo.py) for the model in README.md's `models:`
+(or the MODEL_ID variable of the Space's settings). Written by `vanilla-transformer space`."""
+
+from pathlib import Path
+
+from vanilla_transformer.serving.demo import serve, space_model
+
+if __name__ == "__main__":  # a Space runs `python app.py`
+    serve(space_model(Path(__file__).with_name("README.md")))
+'''
+REQUIREMENTS = ("torch", f"transformers{SUPPORTED_TRANSFORMERS}", "matplotlib>=3.8.4", "huggingface_hub")
+GRADIO_TESTED = "6.31.0"  # the Space's gradio when none is installed here: the release the demo was tested with
+README_TEMPLATE = """---
+title: {title}
+emoji: 🔤
+colorFrom: indigo
+colorTo: green
+sdk: gradio
+sdk_version: {gradio}
+app_file: app.py
+models:
+- {model_id}
+license: apache-2.0
+short_description: Translate with the 2017 Transformer and see its attention
+---
+
+# {title}
+
+The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) from the model
+[{model_id}](https://huggingface.co/{model_id}): type one sentence per line, pick the beam size and length penalty,
+and look at the attention weights of any layer and head. The page is the demo of the vanilla-transformer project
+(`vanilla-transformer demo {model_id}` runs it locally); `gradio_client.Client("{space_id}").predict(text,
+api_name="/translate")` calls it from Python. Another model: set the variable MODEL_ID in the Space's settings.
+"""
+
+
+class SpaceError(Exception):
+    """A Space that could not be written or uploaded, with the reason in one message."""
+
+
+def write_space(
+    model_id: str, output_dir: str | Path, space_id: str | None = None, overwrite: bool = False
+) -> list[Path]:
+    """Write the Space's files for the Hub model `model_id` into `output_dir`; return their paths. A folder that
+    holds anything is refused (`check_space_folder`), a model folder or a README.md that is not a Space's card
+    whatever `overwrite` says; with `overwrite`, a previous export's files are replaced (module docstring)."""
+    output_dir = Path(output_dir)
+    check_space_folder(output_dir, overwrite)
+    model_code = Path(modeling_vanilla_transformer.__file__).parent  # the installed Hub-facing files
+    library = resources.files("vanilla_transformer")
+    title = f"{model_id.split('/')[-1]} demo"
+    card = README_TEMPLATE.format(
+        title=title, gradio=gradio_version(), model_id=model_id, space_id=space_id or "SPACE_ID"
+    )
+    contents = {
+        "app.py": SPACE_APP.encode("utf-8"),
+        **{name: (model_code / name).read_bytes() for name in CODE_FILES},
+        **{f"vanilla_transformer/{name}": library.joinpath(*name.split("/")).read_bytes() for name in LIBRARY_CODE},
+        "requirements.txt": ("\n".join(REQUIREMENTS) + "\n").encode("utf-8"),
+        "README.md": card.encode("utf-8"),
+    }
+    record = {name: None for name in contents}  # listed before written: a crash leaves none of ours unlisted
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _write_record(output_dir, record)
+    for name, data in contents.items():
+        (output_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        replace_file(output_dir / name, data)
+        record[name] = sha256_of(output_dir / name)
+    _write_record(output_dir, record)
+    return [output_dir / name for name in contents]  # = SPACE_FILES
+
+
+def _write_record(folder: Path, files: dict) -> None:
+    text = json.dumps({"written_by": "vanilla-transformer space", "files": files}, indent=1)
+    replace_file(folder / SPACE_RECORD, text + "\n")
+
+
+def read_space_record(folder: Path) -> dict:
+    """{name: sha256 or None (listed, being written)} of the files a previous export wrote into `folder`; {} without
+    a record. SpaceError when the record is a link or damaged."""
+    path = folder / SPACE_RECORD
+    if path.is_symlink():
+        raise SpaceError(f"{describe_link(path)}, not the record of a Space export: remove the link")
+    if not path.exists():
+        return {}
+    try:
+        files = json.loads(path.read_text(encoding="utf-8"))["files"]
+        if not all(
+            name in SPACE_FILES and (digest is None or isinstance(digest, str)) for name, digest in files.items()
+        ):
+            raise ValueError("it lists files a Space export does not write")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise SpaceError(
+            f"{path} is damaged ({type(error).__name__}: {str(error)[:200]}): move the Space's files away yourself "
+            "or choose another --output_dir"
+        ) from error
+    return files
+
+
+def check_space_folder(output_dir: Path, overwrite: bool) -> None:
+    """Refuse (SpaceError, before anything is written) a file, a model folder, another README.md, any symbolic link
+    where a Space file goes, and a folder holding anything unless `overwrite` and every Space file there is one a
+    previous export wrote and nobody changed since."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise SpaceError(f"--output_dir {output_dir} is a file, not a folder")
+    names = sorted(path.name for path in output_dir.iterdir()) if output_dir.is_dir() else []
+    if not [name for name in names if name != SPACE_RECORD]:
+        return
+    if links := sorted({str(link) for name in SPACE_FILES if (link := link_on_the_way(output_dir, name))}):
+        raise SpaceError(
+            f"{'; '.join(describe_link(Path(link)) for link in links)}: the Space writer never writes through a "
+            "link; remove it, or choose another --output_dir"
+        )
+    readme = output_dir / "README.md"
+    if (output_dir / "config.json").is_file():
+        raise SpaceError(f"{output_dir} is a model folder: its model card would be replaced; use {output_dir}/space")
+    if readme.is_file() and "\nsdk: gradio\n" not in readme.read_text(encoding="utf-8", errors="replace"):
+        raise SpaceError(f"{readme} exists and is not a Space's card: choose another --output_dir")
+    recorded = read_space_record(output_dir)
+    shown = ", ".join(name for name in names if name != SPACE_RECORD)
+    if not overwrite:
+        previous = (
+            "a Space that `vanilla-transformer space` wrote: replace it with --overwrite"
+            if recorded
+            else (
+                "files no Space export wrote: choose an empty or new --output_dir (--overwrite replaces only the files "
+                "of a Space this command wrote)"
+            )
+        )
+        raise SpaceError(f"--output_dir {output_dir} already holds {shown}; {previous}")
+    foreign = []
+    if (output_dir / "vanilla_transformer").exists() and not (output_dir / "vanilla_transformer").is_dir():
+        foreign.append("vanilla_transformer (a file where the Space's code folder goes)")
+    for name in SPACE_FILES:
+        path = output_dir / name
+        if not path.exists():
+            continue
+        if name not in recorded:
+            foreign.append(f"{name} (not written by vanilla-transformer space)")
+        elif recorded[name] is not None and (not path.is_file() or sha256_of(path) != recorded[name]):
+            foreign.append(f"{name} (changed since vanilla-transformer space wrote it)")
+    if foreign:
+        raise SpaceError(
+            f"--overwrite replaces only the files a previous Space export wrote, and {output_dir} holds "
+            f"{', '.join(foreign)}: move them away or choose another --output_dir"
+        )
+
+
+def gradio_version() -> str:
+    try:
+        return version("gradio")
+    except PackageNotFoundError:
+        return GRADIO_TESTED
+
+
+def space_upload_problems(folder: str | Path) -> list[str]:
+    """Why `folder`'s Space files cannot go up: each of SPACE_FILES must be a regular file inside the folder (a
+    symbolic link is never followed) and what its name says (Python that parses, UTF-8 text, a Space's card)."""
+    folder = Path(folder)
+    problems = [problem for name in SPACE_FILES if (problem := file_problem(folder, name))]
+    present = [name for name in SPACE_FILES if not file_problem(folder, name)]
+    problems += [problem for name in present if (problem := content_problem(folder / name))]
+    readme = folder / "README.md"
+    if "README.md" in present and not content_problem(readme) and "\nsdk: gradio\n" not in readme.read_text("utf-8"):
+        problems.append("README.md is not a Space's card (no `sdk: gradio` in its header)")
+    return problems
+
+
+def upload_space(folder: str | Path, space_id: str, token: str | None = None, private: bool = False) -> str:
+    """Create the Gradio Space `space_id` if needed and upload `folder`'s SPACE_FILES to it (never the folder's caches
+    or anything else it holds); return its URL. Files that cannot go up (`space_upload_problems`): SpaceError naming
+    them, before any Hub call. Offline, unreachable or refused: SpaceError saying which; nothing local is changed."""
+    folder = Path(folder)
+    if problems := space_upload_problems(folder):
+        raise SpaceError(f"{folder} is not ready to upload as a Space: {'; '.join(problems)}")
+    operations = [CommitOperationAdd(name, folder / name) for name in SPACE_FILES]
+    try:
+        api = HfApi(token=token)
+        url = api.create_repo(space_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True)
+        api.create_commit(
+            repo_id=space_id, repo_type="space", operations=operations, commit_message="vanilla-transformer demo"
+        )
+    except Exception as error:  # noqa: BLE001 - each failure of the Hub calls becomes one message
+        raise SpaceError(hub_failure(error, f"upload {folder} to the Space {space_id}")) from error
+    return str(url)
