@@ -31,7 +31,7 @@ from vanilla_transformer.data.batching import (
 from vanilla_transformer.data.readers import DataError
 from vanilla_transformer.data.streaming import StreamedSteps
 from vanilla_transformer.hub import model_card, model_folder, upload
-from vanilla_transformer.mechanics.barrier import CoordinationError, run_while_others_wait
+from vanilla_transformer.mechanics.barrier import CoordinationError
 from vanilla_transformer.mechanics.files import on_full_disk
 from vanilla_transformer.mechanics.names import RESULTS, TRACKER_LOGS, TRAIN_LOG
 from vanilla_transformer.model.loading import ModelFolderError
@@ -43,7 +43,7 @@ from vanilla_transformer.training.output_folder import (
     TRAINING_ENTRIES,
     OutputDirError,
     RunFolder,
-    claim_run_folder,
+    claim_for_training,
 )
 from vanilla_transformer.training.recipe import (
     PreparedSteps,
@@ -59,15 +59,8 @@ from vanilla_transformer.training.recipe import (
 
 Steps = PreparedSteps | StreamedSteps  # the optimizer steps' batches, from any data position
 # what ends the command with one message: a refused setting, bad data, a damaged checkpoint, an occupied folder
-REFUSALS = (
-    DataError,
-    FileNotFoundError,
-    CheckpointError,
-    CoordinationError,
-    OutputDirError,
-    UnsupportedSetup,
-    ModelFolderError,
-)
+REFUSALS = (DataError, FileNotFoundError, CheckpointError, CoordinationError, OutputDirError, UnsupportedSetup)
+REFUSALS += (ModelFolderError,)
 
 
 def train(argv=None) -> None:
@@ -82,7 +75,7 @@ def train(argv=None) -> None:
         scoring = (settings.data, settings.evaluation, settings.output, settings.trust_remote_code)
         evaluation.evaluate_saved_model(accelerator, settings.model_to_evaluate, *scoring)
         return
-    folder = claim_the_output_folder(accelerator, settings)  # before any data is prepared; holds the folder's lock
+    folder = claim_for_training(accelerator, settings.output)  # before any data is prepared; holds its lock
     try:
         set_seed(settings.seed)
         run = set_up_run(settings, accelerator)
@@ -108,32 +101,6 @@ def train(argv=None) -> None:
         folder.close()  # the lock goes; the record keeps what the run wrote
 
 
-def claim_the_output_folder(accelerator, settings: TrainingSettings) -> RunFolder:
-    """The output folder is this run's (or refused), on every machine that writes one: with no filesystem shared
-    by every process, each machine keeps its own copy of every checkpoint. Returns the folder, locked by the process
-    that claimed it (one run per folder), to record what the run writes and to close at the end.
-
-    The lock: on one filesystem shared by every process, only the main process writes the folder, and only it takes
-    the lock. Without one, each machine's first process writes that machine's own copy of the folder and claims it,
-    lock included: a second run can only write into a machine's copy through that machine's first process, which
-    then meets the lock there (on other machines' folders nobody else writes)."""
-    save_on_each_node = not checkpoints.output_dir_is_shared(accelerator, settings.output.output_dir)
-    accelerator.project_configuration.save_on_each_node = save_on_each_node
-    if save_on_each_node:
-        accelerator.print("[output] --output_dir is not shared between the machines: each keeps its own checkpoints")
-    claimed = [RunFolder(settings.output.output_dir)]  # unlocked: a process that does not write the folder
-
-    def claim():
-        claimed[0] = claim_run_folder(settings.output)
-
-    try:
-        run_while_others_wait(accelerator, claim, "checking --output_dir", checkpoints.writes_checkpoints(accelerator))
-    except BaseException:  # refused on another machine: this one's lock goes too
-        claimed[0].close()
-        raise
-    return claimed[0]
-
-
 # --- data --------------------------------------------------------------------------------------------------------
 
 
@@ -148,8 +115,9 @@ def load_training_data(settings: TrainingSettings, accelerator) -> tuple[PreTrai
     if settings.stream:
         tokenizer = streaming.load_or_train_tokenizer(data, settings.stream.shuffle_buffer_size, accelerator)
         corpus = prepare.load_or_prepare(data, accelerator, splits=("validation", "test"), tokenizer=tokenizer)
+        rank, processes = accelerator.process_index, accelerator.num_processes
         epoch_batches = streaming.epoch_batches_factory(
-            data.corpus, data.filters, settings.stream, tokenizer, accelerator.process_index, accelerator.num_processes
+            data, settings.stream, tokenizer, settings.max_tokens, settings.seed, rank, processes
         )
         accelerator.print("[data] streaming the training pairs")
         steps = StreamedSteps(epoch_batches, TranslationCollator(tokenizer.pad_token_id), accumulation)
@@ -248,20 +216,6 @@ def set_up_run(settings: TrainingSettings, accelerator) -> Run:
 # --- the loop ----------------------------------------------------------------------------------------------------
 
 
-def forward_backward(accelerator, model, step_batches: list[dict], global_tokens: float, label_smoothing: float):
-    """One optimizer step's gradients: the label-smoothed loss (5.4) summed over every target token of the step, on
-    all processes, divided by their count. Returns this process's summed loss (a tensor: no host sync)."""
-    step_loss = torch.zeros((), device=accelerator.device)
-    for index, batch in enumerate(step_batches):  # micro-batches: gradients are synchronised on the last only
-        batch = {name: tensor.to(accelerator.device, non_blocking=True) for name, tensor in batch.items()}
-        with accelerator.no_sync(model) if index < len(step_batches) - 1 else contextlib.nullcontext():
-            loss = label_smoothed_loss(model, batch, label_smoothing)  # the sum over this micro-batch's targets
-            # the mean over the step's targets on every process: DDP averages the processes' gradients
-            accelerator.backward(loss / (global_tokens / accelerator.num_processes))
-        step_loss += loss.detach()
-    return step_loss
-
-
 def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: StopSignals) -> str:
     """Section 5: optimizer steps until `stop_reason` gives one; returns it. `run.state` advances in place and is
     checkpointed every --save_steps and at the end."""
@@ -278,12 +232,18 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
     )
     while not (reason := stop_reason(accelerator, settings, state, stop_signals, start_time)):
         step_batches, position_after_step = next(steps)
+        # the loss's one normalisation (5.4): by the step's target tokens, every micro-batch's on every process
         local_tokens = torch.tensor(float(sum(count_target_tokens(b) for b in step_batches)), dtype=torch.float64)
-        global_tokens = accelerator.reduce(local_tokens.to(accelerator.device)).item()  # the step's, every process's
+        step_tokens = accelerator.reduce(local_tokens.to(accelerator.device)).item()
         model.train()
-        log.add(
-            forward_backward(accelerator, model, step_batches, global_tokens, settings.label_smoothing), global_tokens
-        )
+        step_loss = torch.zeros((), device=accelerator.device)
+        for index, batch in enumerate(step_batches):  # micro-batches: gradients are synchronised on the last only
+            batch = {name: tensor.to(accelerator.device, non_blocking=True) for name, tensor in batch.items()}
+            with accelerator.no_sync(model) if index < len(step_batches) - 1 else contextlib.nullcontext():
+                loss = label_smoothed_loss(model, batch, settings.label_smoothing)  # summed over the batch's targets
+                # DDP averages the processes' gradients: this gives the mean over the step's target tokens
+                accelerator.backward(loss / (step_tokens / accelerator.num_processes))
+            step_loss += loss.detach()  # no host sync: read only every --logging_steps
         if settings.max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
         optimizer.step()
@@ -292,6 +252,7 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
         state.step, state.position = state.step + 1, position_after_step
         state.elapsed_seconds = time.time() - start_time
         progress.update(1)
+        log.add(step_loss, step_tokens)
         if state.step % settings.logging_steps == 0:
             log.write(state.step, schedule.get_last_lr()[0], state.position.epoch)
         if state.step % settings.evaluation.every_steps == 0 and run.validation is not None:

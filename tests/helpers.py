@@ -3,19 +3,26 @@ fixtures are in conftest.py. A tiny config and model (as transformers' own model
 in a subprocess, code run without the project, a saved model folder, checkpoints and prepared folders as our code
 writes them, a small corpus."""
 
+import contextlib
 import hashlib
+import io
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 import torch
+from accelerate.state import AcceleratorState
 from safetensors.torch import save_file
 
+import train_accelerate
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.data.tokenization import train_shared_tokenizer
@@ -35,7 +42,7 @@ TINY = dict(
 )
 
 
-# --- the training script in a subprocess ----------------------------------------------------------------------
+# --- the training script ----------------------------------------------------------------------
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,23 +52,80 @@ TINY_RUN = (
 ).split()
 
 
-def train(output_dir, *arguments, processes: int = 1, timeout: int = 300, check: bool = True):
-    """Run the training script in a subprocess (through `accelerate launch` for several processes)."""
-    if processes > 1:
-        # `--cpu` would run ONE process whatever --num_processes says (accelerate 1.x); without GPUs,
-        # `--multi_gpu` starts torchrun and Accelerate falls back to CPU processes with the gloo backend.
-        port = str(29500 + os.getpid() % 1000)
-        one_machine = "--num_machines 1 --mixed_precision no --dynamo_backend no".split()
-        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
-        launcher += ["--num_processes", str(processes), *one_machine, "--main_process_port", port]
+def train(output_dir, *arguments, processes: int = 1, timeout: int = 300, check: bool = True, fresh: bool = False):
+    """The training script on a tiny run; a CompletedProcess. One process runs in this one (`run_in_this_process`:
+    the same `main` as the command, without a new interpreter's 4-5 s of imports and exit); several, or `fresh`, in
+    a new interpreter (through `accelerate launch` for several processes)."""
+    arguments = ["--output_dir", str(output_dir), *TINY_RUN, *map(str, arguments)]
+    if processes == 1 and not fresh:
+        result = run_in_this_process(train_accelerate.main, arguments)
     else:
-        launcher = [sys.executable]
-    command = [*launcher, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN, *arguments]
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=environment)
+        result = subprocess.run(
+            [*launcher(processes), str(ROOT / "train_accelerate.py"), *arguments],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+            env={**os.environ, **SUBPROCESS_ENVIRONMENT},
+        )
     if check:
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return result
+
+
+SUBPROCESS_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def launcher(processes: int) -> list[str]:
+    if processes == 1:
+        return [sys.executable]
+    # `--cpu` would run ONE process whatever --num_processes says (accelerate 1.x); without GPUs,
+    # `--multi_gpu` starts torchrun and Accelerate falls back to CPU processes with the gloo backend.
+    port = str(29500 + os.getpid() % 1000)
+    one_machine = "--num_machines 1 --mixed_precision no --dynamo_backend no".split()
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
+    return [*command, "--num_processes", str(processes), *one_machine, "--main_process_port", port]
+
+
+def run_in_this_process(main, argv: list[str]) -> subprocess.CompletedProcess:
+    """A command's `main(argv)` run here as a subprocess would run it: its exit status, and what it wrote to stdout
+    and stderr (prints, progress bars, warnings and the libraries' log lines, an uncaught error's traceback). The
+    accelerator's state and the signal handlers it set are reset afterwards."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    previous = {handler: handler.setStream(stderr) for handler in stream_handlers()}
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), warnings.catch_warnings():
+            warnings.simplefilter("default")  # as a fresh interpreter shows them: once per place
+            try:
+                returncode = main(argv) or 0
+            except SystemExit as exit:
+                returncode = exit.code if isinstance(exit.code, int) else 1
+                if isinstance(exit.code, str):
+                    print(exit.code, file=sys.stderr)
+            except Exception:  # noqa: BLE001 - as the interpreter reports an uncaught error
+                traceback.print_exc()
+                returncode = 1
+    finally:
+        for handler, stream in previous.items():
+            handler.setStream(stream)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
+
+
+def stream_handlers() -> list[logging.StreamHandler]:
+    """The log handlers that hold a stream of their own (the libraries' handlers to stderr, bound when created)."""
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
+    handlers = dict.fromkeys(handler for logger in loggers for handler in getattr(logger, "handlers", []))
+    return [
+        handler
+        for handler in handlers
+        if isinstance(handler, logging.StreamHandler)
+        and not isinstance(handler, logging.FileHandler)
+        and not isinstance(getattr(type(handler), "stream", None), property)  # logging's last resort: sys.stderr
+    ]
 
 
 # A run whose only regular checkpoint is its last step's (averaged alone): a stop checkpoint at any earlier step that
@@ -73,7 +137,7 @@ def train_until_signalled(output_dir, *arguments, signals=(signal.SIGTERM,), aft
     """Run the training script in a subprocess and send it `signals` (0.1 s apart) once it has logged `after_steps`
     steps; returns the step it stopped at (its newest checkpoint's) and its output. It must exit 0 (a stop)."""
     command = [sys.executable, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN]
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    environment = {**os.environ, **SUBPROCESS_ENVIRONMENT}
     process = subprocess.Popen(
         [*command, *arguments], cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -16,10 +16,10 @@ from vanilla_transformer.mechanics import lock
 from vanilla_transformer.mechanics.lock import LOCK_NAME
 from vanilla_transformer.mechanics.names import CODE_FILES, TRAIN_LOG
 from vanilla_transformer.training import checkpoints, output_folder
+from vanilla_transformer.training.checkpoints import OutputSettings
 from vanilla_transformer.training.output_folder import (
     RUN_RECORD,
     OutputDirError,
-    OutputSettings,
     claim_evaluation_dir,
     claim_output_dir,
     claim_run_folder,

@@ -37,7 +37,9 @@ def stream_settings(corpus_dir, tmp_path):
 def batches_of(settings, tokenizer, rank: int, world_size: int):
     """The stream's epoch -> batches function for one of `world_size` processes."""
     data = settings.data
-    return streaming.epoch_batches_factory(data.corpus, data.filters, settings.stream, tokenizer, rank, world_size)
+    return streaming.epoch_batches_factory(
+        data, settings.stream, tokenizer, settings.max_tokens, settings.seed, rank, world_size
+    )
 
 
 def rows(examples) -> list[tuple]:

@@ -39,8 +39,10 @@ from vanilla_transformer.training.recipe import (
 from .helpers import (
     ROOT,
     SIGNALLED_RUN,
+    SUBPROCESS_ENVIRONMENT,
     TINY_RUN,
     fake_checkpoint,
+    launcher,
     logged_losses,
     run_without_the_project,
     train,
@@ -187,15 +189,13 @@ def test_bf16_run_records_its_precision_and_scores_the_saved_float32_model(tmp_p
 
 def test_one_step_on_two_processes_equals_one_step_on_one_process(tmp_path):
     """The same global batch, two batches accumulated on one process or one on each of two: same gradients."""
-    script = str(ROOT / "tests" / "distributed_gradients.py")
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = ["-m", "tests.distributed_gradients"]
+    environment = {**os.environ, **SUBPROCESS_ENVIRONMENT}
     subprocess.run(
-        [sys.executable, script, str(tmp_path / "one.safetensors"), "1"], check=True, cwd=ROOT, env=environment
+        [sys.executable, *script, str(tmp_path / "one.safetensors"), "1"], check=True, cwd=ROOT, env=environment
     )
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-    launch += "--num_machines 1 --mixed_precision no --dynamo_backend no".split()
-    launch += ["--main_process_port", str(29600 + os.getpid() % 1000)]
-    subprocess.run([*launch, script, str(tmp_path / "two.safetensors"), "2"], check=True, cwd=ROOT, env=environment)
+    command = [*launcher(2), *script, str(tmp_path / "two.safetensors"), "2"]
+    subprocess.run(command, check=True, cwd=ROOT, env=environment)
     one, two = load_file(tmp_path / "one.safetensors"), load_file(tmp_path / "two.safetensors")
     assert one.keys() == two.keys() and len(one) > 10
     assert torch.allclose(one["loss"], two["loss"], rtol=1e-6)
@@ -416,7 +416,13 @@ def test_a_log_line_cut_by_a_kill_leaves_every_later_record_a_line_of_its_own(tm
         is_main_process=True, reduce=lambda value, op: value, log=lambda *a, **k: None, print=print
     )
     progress = SimpleNamespace(set_postfix=lambda **kwargs: None)
-    log = TrainingLog(accelerator, log_file, progress, start_step=2, run=checkpoints.CheckpointSettings(str(tmp_path)))
+    log = TrainingLog(
+        accelerator,
+        log_file,
+        progress,
+        start_step=2,
+        run=checkpoints.CheckpointSettings(checkpoints.OutputSettings(str(tmp_path))),
+    )
     log.add(torch.tensor(6.0), 3.0)
     log.write(3, 1e-3, 0)
     assert [json.loads(line)["step"] for line in log_file.read_text().splitlines()] == steps
@@ -435,7 +441,11 @@ def test_a_full_disk_while_logging_is_one_error_naming_the_log_and_the_checkpoin
     accelerator = SimpleNamespace(is_main_process=True, reduce=lambda value, op: value, log=lambda *a, **k: None)
     log_file = FullDisk(run / "train_log.jsonl")
     log = TrainingLog(
-        accelerator, log_file, SimpleNamespace(set_postfix=dict), 2, checkpoints.CheckpointSettings(str(run))
+        accelerator,
+        log_file,
+        SimpleNamespace(set_postfix=dict),
+        2,
+        checkpoints.CheckpointSettings(checkpoints.OutputSettings(str(run))),
     )
     log.add(torch.tensor(6.0), 3.0)
     with pytest.raises(checkpoints.CheckpointError) as refused:
@@ -445,39 +455,25 @@ def test_a_full_disk_while_logging_is_one_error_naming_the_log_and_the_checkpoin
     assert f"checkpoint, {run / 'checkpoints' / 'step_000002'}, with --resume_from_checkpoint latest" in message
 
 
-def train_in_process(argv: list[str]) -> int:
-    """`vanilla-transformer train` in this process (for a monkeypatch to reach it); its exit status."""
-    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    try:
-        return train_accelerate.main(argv)
-    finally:  # leave no accelerator state or signal handler behind
-        AcceleratorState._reset_state(reset_partial_state=True)
-        signal.signal(signal.SIGINT, handlers[0])
-        signal.signal(signal.SIGTERM, handlers[1])
-
-
-def test_a_full_disk_during_the_final_save_is_one_error_and_resume_latest_then_saves_the_model(
-    tmp_path, monkeypatch, capsys
-):
+def test_a_full_disk_during_the_final_save_is_one_error_and_resume_latest_then_saves_the_model(tmp_path, monkeypatch):
     folder = tmp_path / "run"
-    argv = ["--output_dir", str(folder), *TINY_RUN, "--max_steps", "2"]
 
     def fill_the_disk(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"the first bytes of the weights")
         raise OSError(errno.ENOSPC, "No space left on device", filename)
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with monkeypatch.context() as full_disk:
         full_disk.setattr(transformers.modeling_utils, "safe_save_file", fill_the_disk)
-        assert train_in_process(argv) == 1
-    stderr = capsys.readouterr().err
+        result = train(folder, "--max_steps", "2", check=False)  # in this process: the monkeypatch reaches it
+    assert result.returncode == 1
+    stderr = result.stderr
     assert f"error: no space left on device while writing the final model folder into {folder}. " in stderr
     last_checkpoint = folder / "checkpoints" / "step_000002"
     assert f"continue from the last complete checkpoint, {last_checkpoint}, with --resume_from_checkpoint latest" in (
         stderr
     )
     assert "Traceback" not in stderr and final_model_problem(folder) is not None
-    assert train_in_process([*argv, "--resume_from_checkpoint", "latest"]) == 0
+    train(folder, "--max_steps", "2", "--resume_from_checkpoint", "latest")
     assert final_model_problem(folder) is None
 
 

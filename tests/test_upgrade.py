@@ -129,7 +129,7 @@ def test_an_old_checkpoints_adam_state_resumes_as_it_was(tiny_config, source_bat
 
 def test_averaging_and_checking_old_and_new_checkpoints_of_one_run(tmp_path, tiny_model):
     """A run resumed after the change holds old checkpoints and new ones: they average by the current names."""
-    settings = checkpoints.CheckpointSettings(str(tmp_path), average_last=2)
+    settings = checkpoints.CheckpointSettings(checkpoints.OutputSettings(str(tmp_path)), average_last=2)
     other = VanillaTransformerForConditionalGeneration(tiny_model.config)
     for step, weights in ((1, fused(tiny_model.state_dict())), (2, other.state_dict())):
         folder = checkpoints.checkpoint_dir(settings.root, step)

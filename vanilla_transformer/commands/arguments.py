@@ -26,9 +26,8 @@ from vanilla_transformer.commands.flags import (
 from vanilla_transformer.data.prepare import Corpus, DataSettings, LengthFilter, TokenizerSettings, read_manifest
 from vanilla_transformer.data.readers import DataError
 from vanilla_transformer.data.streaming import StreamSettings
-from vanilla_transformer.training.checkpoints import CheckpointSettings
+from vanilla_transformer.training.checkpoints import CheckpointSettings, OutputSettings
 from vanilla_transformer.training.evaluation import EvaluationSettings
-from vanilla_transformer.training.output_folder import OutputSettings
 
 
 @dataclass(frozen=True)
@@ -478,7 +477,7 @@ def training_settings(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error(f"--preset {filled['preset']} with the model flags given: {error}")
     stream = None
     if args.streaming:
-        stream = StreamSettings(args.max_tokens, args.seed, args.shuffle_buffer_size, args.stream_pool_batches)
+        stream = StreamSettings(args.shuffle_buffer_size, args.stream_pool_batches)
     evaluation = EvaluationSettings(
         batch_size=args.eval_batch_size,
         max_eval_tokens=args.max_eval_tokens,
@@ -487,16 +486,15 @@ def training_settings(parser: argparse.ArgumentParser, args: argparse.Namespace)
         max_sentences=args.eval_max_sentences,
         every_steps=filled["eval_steps"],
     )
-    checkpoints = CheckpointSettings(
-        args.output_dir, filled["save_steps"], args.save_total_limit, args.average_last, args.resume_from_checkpoint
-    )
+    output = OutputSettings(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
+    checkpoints = CheckpointSettings(output, filled["save_steps"], args.save_total_limit, args.average_last)
     copied = ("max_tokens", "gradient_accumulation_steps", "learning_rate_scale", "label_smoothing", "max_grad_norm")
     copied += ("seed", "max_epochs", "max_minutes", "mixed_precision", "ddp_timeout", "prefetch_batches")
     copied += ("logging_steps", "report_to", "push_to_hub", "hub_model_id", "hub_private", "trust_remote_code")
     return TrainingSettings(
         data=data,
         stream=stream,
-        output=OutputSettings(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint),
+        output=output,
         checkpoints=checkpoints,
         evaluation=evaluation,
         preset=filled["preset"],

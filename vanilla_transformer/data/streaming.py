@@ -45,8 +45,6 @@ from vanilla_transformer.mechanics.files import move_into_place, on_full_disk, s
 class StreamSettings:
     """How the stream is shuffled and cut into batches (per process)."""
 
-    max_tokens: int  # source and target tokens per batch (the training's --max_tokens)
-    seed: int  # the training's --seed
     shuffle_buffer_size: int = 100_000  # pairs
     pool_batches: int = 100  # batches' worth of tokens sorted and cut together
 
@@ -192,17 +190,16 @@ def training_data_fingerprint(settings: DataSettings) -> dict:
 
 
 def epoch_batches_factory(
-    corpus: Corpus, filters: LengthFilter, settings: StreamSettings, tokenizer, rank: int, world_size: int
+    data: DataSettings, settings: StreamSettings, tokenizer, max_tokens: int, seed: int, rank: int, world_size: int
 ) -> Callable[[int], Iterator[list]]:
-    """epoch -> this process's token batches (lists of examples) of that epoch of the stream."""
-    stream = shuffled_shard(raw_stream(corpus), settings.seed, settings.shuffle_buffer_size, rank, world_size)
+    """epoch -> this process's token batches (lists of examples, `max_tokens` source and target tokens each) of that
+    epoch of the stream, shuffled with the training's `seed`."""
+    stream = shuffled_shard(raw_stream(data.corpus), seed, settings.shuffle_buffer_size, rank, world_size)
 
     def epoch_batches(epoch: int) -> Iterator[list]:
         stream.set_epoch(epoch)
-        examples = tokenized_examples(iter(stream), tokenizer, filters)
-        yield from pooled_token_batches(
-            examples, settings.max_tokens, settings.pool_batches, seed=settings.seed + epoch
-        )
+        examples = tokenized_examples(iter(stream), tokenizer, data.filters)
+        yield from pooled_token_batches(examples, max_tokens, settings.pool_batches, seed=seed + epoch)
 
     return epoch_batches
 

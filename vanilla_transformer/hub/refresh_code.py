@@ -36,7 +36,14 @@ from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS, VanillaTransfor
 from vanilla_transformer.data.tokenization import load_tokenizer
 from vanilla_transformer.hub.model_card import EXAMPLE_SOURCES
 from vanilla_transformer.hub.model_folder import BASE_MODEL
-from vanilla_transformer.mechanics.files import describe_link, give_umask_modes, link_on_the_way
+from vanilla_transformer.mechanics.files import (
+    describe_link,
+    give_umask_modes,
+    link_on_the_way,
+    move_into_place,
+    replace_file,
+    staging_path,
+)
 from vanilla_transformer.mechanics.names import CODE_FILES, CUSTOM_GENERATE, RETIRED_CODE_FILES, WEIGHTS_NAME
 from vanilla_transformer.model.loading import ModelFolderError, check_folder_sizes, load_model_folder
 from vanilla_transformer.model.upgrade import (
@@ -138,26 +145,20 @@ def refresh(folder: str | Path) -> tuple[Path, list[str]]:
 def _write_current_format(folder: Path, config: dict, upgrade_weights: bool) -> None:
     source = Path(modeling_vanilla_transformer.__file__).resolve().parent
     for name in CODE_FILES:
-        _replace(folder / name, (source / name).read_bytes())
+        replace_file(folder / name, (source / name).read_bytes())
     (folder / CUSTOM_GENERATE).parent.mkdir(exist_ok=True)
-    _replace(folder / CUSTOM_GENERATE, Path(generate_vanilla_transformer.__file__).read_bytes())
+    replace_file(folder / CUSTOM_GENERATE, Path(generate_vanilla_transformer.__file__).read_bytes())
     for name in RETIRED_CODE_FILES:
         (folder / name).unlink(missing_ok=True)  # kept in the backup
     config = {**upgrade_config(config), **PROJECT_CODE}
-    _replace(folder / "config.json", (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+    replace_file(folder / "config.json", (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
     if upgrade_weights:
         model_config = modeling_vanilla_transformer.VanillaTransformerConfig.from_pretrained(folder)
         weights = split_fused_projections(load_file(folder / WEIGHTS_NAME), model_config)
-        staged = folder / f".{WEIGHTS_NAME}.new"
+        staged = staging_path(folder / WEIGHTS_NAME)
         save_file({key: tensor.contiguous() for key, tensor in weights.items()}, staged, metadata={"format": "pt"})
-        staged.replace(folder / WEIGHTS_NAME)
+        move_into_place(staged, folder / WEIGHTS_NAME)
         give_umask_modes([folder / WEIGHTS_NAME])
-
-
-def _replace(path: Path, content: bytes) -> None:
-    staged = path.with_name(f".{path.name}.new")
-    staged.write_bytes(content)
-    staged.replace(path)
 
 
 def restore(folder: Path, backup: Path, names: list[str]) -> None:

@@ -401,12 +401,28 @@ NOT_MODEL_IDENTITY = {"transformers_version", "use_cache", *OBSOLETE_CONFIG_FIEL
 
 
 @dataclass(frozen=True)
-class CheckpointSettings:
+class OutputSettings:
+    """A run's folder, and what the run may do with an earlier run's files there (`output_folder.py`)."""
+
     output_dir: str
+    overwrite: bool = False  # delete the earlier run's files first (--overwrite_output_dir)
+    resume_from: str | None = None  # a checkpoint folder, or "latest" (--resume_from_checkpoint)
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    output: OutputSettings  # the run's folder: the checkpoints go into its checkpoints/
     save_steps: int = 1000
     keep_last: int = 5  # 0: all (--save_total_limit)
     average_last: int = 5  # averaged into the final model (paper: 5 for base, 20 for big)
-    resume_from: str | None = None  # a checkpoint folder, or "latest"
+
+    @property
+    def output_dir(self) -> str:
+        return self.output.output_dir
+
+    @property
+    def resume_from(self) -> str | None:
+        return self.output.resume_from
 
     @property
     def root(self) -> Path:

@@ -22,8 +22,9 @@ from vanilla_transformer.mechanics.barrier import run_while_others_wait
 from vanilla_transformer.mechanics.names import EVALUATION_RESULTS
 from vanilla_transformer.model.loading import load_model_folder
 from vanilla_transformer.model.onednn import use_onednn_linears
+from vanilla_transformer.training.checkpoints import OutputSettings
 from vanilla_transformer.training.metrics import load_bleu_and_chrf
-from vanilla_transformer.training.output_folder import OutputSettings, claim_evaluation_dir
+from vanilla_transformer.training.output_folder import claim_evaluation_dir
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vanilla_transformer.mechanics.barrier import run_while_others_wait
 from vanilla_transformer.mechanics.files import describe_link, is_disk_full, on_full_disk, replace_file
 from vanilla_transformer.mechanics.lock import LOCK_NAME, FolderLock, FolderLockError
 from vanilla_transformer.mechanics.names import (
@@ -52,6 +53,7 @@ from vanilla_transformer.mechanics.names import (
     WEIGHTS_NAME,
 )
 from vanilla_transformer.training import checkpoints
+from vanilla_transformer.training.checkpoints import OutputSettings
 
 RUN_RECORD = ".vanilla_transformer_run.json"  # what the runs in a folder wrote (never uploaded: not on the allow-list)
 BOOKKEEPING = (RUN_RECORD, LOCK_NAME)  # ours, and never counted as what a folder holds
@@ -67,15 +69,6 @@ RUN_FILES = (*TRAINING_ENTRIES, TRACKER_LOGS, *FINAL_ENTRIES)
 def is_run_file(name: str) -> bool:
     """Whether a run writes an entry of this name into its folder (model shards included)."""
     return name in RUN_FILES or any(fnmatch.fnmatchcase(name, pattern) for pattern in UPLOADED_PATTERNS)
-
-
-@dataclass(frozen=True)
-class OutputSettings:
-    """A run's folder, and what the run may do with an earlier run's files there."""
-
-    output_dir: str
-    overwrite: bool = False  # delete the earlier run's files first (--overwrite_output_dir)
-    resume_from: str | None = None  # a checkpoint folder, or "latest" (--resume_from_checkpoint)
 
 
 class OutputDirError(Exception):
@@ -469,6 +462,33 @@ def refused_for_full_disk(folder: Path) -> Callable[[BaseException], OutputDirEr
     return lambda cause: OutputDirError(
         f"--output_dir {folder}: no space left on device ({cause}); free space on that disk, then run the command again"
     )
+
+
+def claim_for_training(accelerator, settings: OutputSettings) -> RunFolder:
+    """The output folder is this run's (or refused), on every machine that writes one: with no filesystem shared
+    by every process, each machine keeps its own copy of every checkpoint. Returns the folder, locked by the process
+    that claimed it (one run per folder), to record what the run writes and to close at the end.
+
+    The lock: on one filesystem shared by every process, only the main process writes the folder, and only it takes
+    the lock. Without one, each machine's first process writes that machine's own copy of the folder and claims it,
+    lock included: a second run can only write into a machine's copy through that machine's first process, which
+    then meets the lock there (on other machines' folders nobody else writes)."""
+    save_on_each_node = not checkpoints.output_dir_is_shared(accelerator, settings.output_dir)
+    accelerator.project_configuration.save_on_each_node = save_on_each_node
+    if save_on_each_node:
+        accelerator.print("[output] --output_dir is not shared between the machines: each keeps its own checkpoints")
+    claimed = [RunFolder(settings.output_dir)]  # unlocked: a process that does not write the folder
+
+    def claim():
+        claimed[0] = claim_run_folder(settings)
+
+    try:
+        writes = checkpoints.writes_checkpoints(accelerator)
+        run_while_others_wait(accelerator, claim, "checking --output_dir", writes)
+    except BaseException:  # refused on another machine: this one's lock goes too
+        claimed[0].close()
+        raise
+    return claimed[0]
 
 
 def claim_evaluation_dir(output_dir: str | Path, overwrite: bool) -> FolderLock:
