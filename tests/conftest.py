@@ -13,7 +13,7 @@ import torch
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
-from .helpers import SIGNALLED_RUN, SOURCES, TARGETS, TINY, save_tiny_model_folder, train
+from .helpers import CARD_VALUES, SIGNALLED_RUN, SOURCES, TARGETS, TINY, save_tiny_model_folder, train
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -107,6 +107,22 @@ def memorising_folder(memorising_model, tmp_path_factory):
     save_model_folder(model, tokenizer, folder, card_values, decoding={"num_beams": 1})
     spell = lambda ids: " ".join(f"w{index}" for index in ids if index != model.config.eos_token_id)  # noqa: E731
     return folder, [spell(row.tolist()) for row in sources], [spell(row.tolist()) for row in targets]
+
+
+@pytest.fixture(scope="session")
+def folder(tmp_path_factory) -> Path:
+    """A saved model folder of a random tiny model (save_tiny_model_folder) with a model card's values. Its embeddings
+    have unit variance (init_std 1), so that its outputs depend on its inputs."""
+    return save_tiny_model_folder(tmp_path_factory.mktemp("saved") / "model", CARD_VALUES, init_std=1.0)
+
+
+@pytest.fixture(scope="session")
+def model_and_tokenizer(folder):
+    """`folder` loaded as users load it, with eager attention (whose weights attention maps draw)."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, attn_implementation="eager").eval()
+    return model, AutoTokenizer.from_pretrained(folder)
 
 
 @pytest.fixture(scope="session")

@@ -66,14 +66,15 @@ def train(output_dir, *arguments, processes: int = 1, timeout: int = 300, check:
             text=True,
             timeout=timeout,
             cwd=ROOT,
-            env={**os.environ, **SUBPROCESS_ENVIRONMENT},
+            env={**os.environ, **OFFLINE},
         )
     if check:
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return result
 
 
-SUBPROCESS_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+# what every process a test starts runs with: never the network, one thread (2 cores shared by 2 test workers)
+OFFLINE = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def launcher(processes: int) -> list[str]:
@@ -137,7 +138,7 @@ def train_until_signalled(output_dir, *arguments, signals=(signal.SIGTERM,), aft
     """Run the training script in a subprocess and send it `signals` (0.1 s apart) once it has logged `after_steps`
     steps; returns the step it stopped at (its newest checkpoint's) and its output. It must exit 0 (a stop)."""
     command = [sys.executable, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN]
-    environment = {**os.environ, **SUBPROCESS_ENVIRONMENT}
+    environment = {**os.environ, **OFFLINE}
     process = subprocess.Popen(
         [*command, *arguments], cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -182,7 +183,7 @@ def run_without_the_project(code: str, cwd) -> str:
         capture_output=True,
         text=True,
         timeout=300,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(cwd), "OMP_NUM_THREADS": "1"},
+        env={**OFFLINE, "PATH": "/usr/bin:/bin", "HOME": str(cwd), "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout

@@ -6,32 +6,15 @@ import shutil
 import matplotlib.image
 import pytest
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from vanilla_transformer.commands import attention_maps as attention_maps_command
 from vanilla_transformer.serving import attention_maps
 
-from .helpers import ENGLISH, GERMAN, save_tiny_model_folder
+from .helpers import ENGLISH, GERMAN, TINY
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-LAYERS, HEADS = 3, 2  # different numbers, so a transposed grid would show
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return save_tiny_model_folder(
-        tmp_path_factory.mktemp("attention") / "model",
-        encoder_layers=LAYERS,
-        decoder_layers=LAYERS,
-        encoder_attention_heads=HEADS,
-        decoder_attention_heads=HEADS,
-    )
-
-
-@pytest.fixture(scope="module")
-def model_and_tokenizer(folder):
-    model = AutoModelForSeq2SeqLM.from_pretrained(folder, attn_implementation="eager").eval()
-    return model, AutoTokenizer.from_pretrained(folder)
+LAYERS, HEADS = TINY["decoder_layers"], TINY["decoder_attention_heads"]  # `folder`'s: a transposed grid would show
 
 
 def test_attentions_have_one_map_per_layer_and_head_over_the_tokens(model_and_tokenizer):

@@ -143,6 +143,7 @@ def test_average_rejects_mismatches(tmp_path: Path) -> None:
 # own checkpoints, a damaged file named, no pickle executed (end to end through the script) -----------------------
 
 
+@pytest.mark.slow
 def test_resuming_with_another_model_or_tokenizer_is_refused_before_anything_is_touched(tmp_path):
     output_dir = tmp_path / "run"
     train(output_dir, "--max_steps", "4", "--save_steps", "2")
@@ -157,6 +158,7 @@ def test_resuming_with_another_model_or_tokenizer_is_refused_before_anything_is_
     assert snapshot(output_dir) == before
 
 
+@pytest.mark.slow
 def test_resuming_on_other_training_data_is_refused_naming_what_changed_before_anything_is_touched(
     tmp_path, corpus_dir
 ):
@@ -181,6 +183,7 @@ def test_resuming_on_other_training_data_is_refused_naming_what_changed_before_a
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_a_crafted_trainer_state_is_named_with_its_field_before_anything_is_loaded(tmp_path, finished_run):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
@@ -202,6 +205,7 @@ def test_a_crafted_trainer_state_is_named_with_its_field_before_anything_is_load
     assert "trainer_state.json: field 'epoch' holds None" in result.stderr
 
 
+@pytest.mark.slow
 def test_resuming_with_other_batches_or_schedule_says_the_continuation_is_not_exact_and_logs_each_step_once(
     tmp_path, finished_run
 ):
@@ -249,6 +253,7 @@ def test_pruning_and_listing_touch_only_the_runs_own_checkpoints(tmp_path):
     assert len(checkpoints.list_checkpoints(tmp_path, "other")) == 3
 
 
+@pytest.mark.slow
 def test_a_damaged_file_is_named_and_latest_falls_back_to_the_newest_intact_checkpoint(tmp_path):
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     common = ["--save_steps", "2", "--average_last", "1", "--preset", "tiny"]
@@ -270,6 +275,7 @@ def test_a_damaged_file_is_named_and_latest_falls_back_to_the_newest_intact_chec
         assert losses[step] == pytest.approx(expected[step], rel=1e-5), step
 
 
+@pytest.mark.slow
 def test_checkpoints_hold_no_pickle_of_ours_and_a_crafted_pickle_is_never_executed(tmp_path):
     output_dir = tmp_path / "run"
     train(output_dir, "--max_steps", "2", "--save_steps", "2")

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .helpers import ROOT
 
 
+@pytest.mark.slow
 def test_every_imported_package_is_declared_directly():
     deptry = Path(sys.executable).with_name("deptry")
     result = subprocess.run([str(deptry), "."], cwd=ROOT, capture_output=True, text=True, timeout=300)

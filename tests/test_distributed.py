@@ -22,9 +22,9 @@ from vanilla_transformer.training import checkpoints
 from vanilla_transformer.training.evaluation import bare_model, sharded_generation_kwargs
 from vanilla_transformer.training.recipe import UnsupportedSetup, check_distributed_setup, make_accelerator
 
-from .helpers import ROOT, TINY_RUN, train
+from .helpers import OFFLINE, ROOT, TINY_RUN, train
 
-ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENVIRONMENT = {**os.environ, **OFFLINE}
 
 
 def launch_machine(tmp_path: Path, rank: int, port: int, *arguments: str) -> subprocess.Popen:
@@ -61,6 +61,7 @@ def two_machines(tmp_path: Path, port: int, *arguments: str, stop_machine_1_afte
     return codes, [(tmp_path / f"machine{rank}.log").read_text() for rank in (0, 1)]
 
 
+@pytest.mark.slow
 def test_two_machines_without_a_shared_filesystem_stop_together_and_resume_from_the_same_step(tmp_path):
     port = 29700 + os.getpid() % 200
     codes, outputs = two_machines(
@@ -102,6 +103,7 @@ def test_two_machines_without_a_shared_filesystem_stop_together_and_resume_from_
         assert code != 0 and "that every process holds" in output, output[-3000:]
 
 
+@pytest.mark.slow
 def test_a_process_waiting_past_ddp_timeout_gets_a_clear_error(tmp_path):
     """The flag reaches the process group: with 1 s, the process waiting while the other prepares gives up."""
     arguments = "--synthetic_pairs 60000 --ddp_timeout 1 --max_steps 1".split()
@@ -110,6 +112,7 @@ def test_a_process_waiting_past_ddp_timeout_gets_a_clear_error(tmp_path):
     assert "waited longer than --ddp_timeout for preparing the data" in result.stderr, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_deepspeed_is_refused_before_anything_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     with pytest.raises(UnsupportedSetup, match="would step the optimizer after every micro-batch"):

@@ -1,5 +1,7 @@
 """BLEU during and after training (vanilla_transformer/training/evaluation.py): the evaluation batches."""
 
+import pytest
+
 from vanilla_transformer.data.batching import TranslationCollator
 from vanilla_transformer.training.evaluation import evaluation_loader
 
@@ -14,6 +16,7 @@ def test_an_over_long_evaluation_line_is_truncated_and_counted():
     assert batch["input_ids"][1, -1].item() == 10_002  # the last token (</s>) is kept
 
 
+@pytest.mark.slow
 def test_evaluate_only_refuses_a_config_with_more_layers_than_the_weights_naming_the_missing_keys(
     folder_with_a_layer_too_many, tmp_path
 ):

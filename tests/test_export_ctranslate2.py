@@ -18,7 +18,7 @@ from vanilla_transformer.commands.export_ctranslate2 import main
 from vanilla_transformer.serving.export_ctranslate2 import ExportError, convert_to_ctranslate2, vocabulary
 
 from .fixtures.old_checkpoints import make_old_folder
-from .helpers import TINY
+from .helpers import OFFLINE, TINY
 
 try:
     import ctranslate2
@@ -303,6 +303,7 @@ def test_a_model_with_d_k_other_than_d_v_is_refused_before_anything_is_written(t
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_exporting_a_model_over_itself_leaves_it_whole(tmp_path):
     """`export_ctranslate2 model model --force` in a fresh process: a message, no traceback, the model still there."""
     files = saved_model(tmp_path / "model")
@@ -312,7 +313,7 @@ def test_exporting_a_model_over_itself_leaves_it_whole(tmp_path):
         text=True,
         cwd=tmp_path,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT), **OFFLINE},
     )
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]  # not the libraries' notes

@@ -26,6 +26,7 @@ from .helpers import (
     CARD_VALUES,
     ENGLISH,
     GERMAN,
+    OFFLINE,
     run_without_the_project,
     save_tiny_model_folder,
 )
@@ -58,6 +59,7 @@ def stock_trainer(model, tokenizer, arguments, **datasets_and_metrics) -> Seq2Se
     )
 
 
+@pytest.mark.slow
 def test_a_loaded_model_saved_again_carries_its_pipeline(tmp_path):
     folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
     code = f"""
@@ -74,6 +76,7 @@ def test_a_loaded_model_saved_again_carries_its_pipeline(tmp_path):
     assert result["class"] == "VanillaTransformerTranslationPipeline" and "translation_text" in result["output"][0]
 
 
+@pytest.mark.slow
 def test_the_stock_seq2seq_trainer_fine_tunes_a_saved_model_whose_checkpoint_translates(tmp_path):
     folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
@@ -153,6 +156,7 @@ def test_the_loss_divided_by_the_trainers_item_count_sums_to_the_whole_batch_mea
     assert torch.allclose(halves[0] + halves[1], whole, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_documented_tokenizer_loading_asks_nothing_and_saves_no_machine_settings(tmp_path):
     first = save_tiny_model_folder(tmp_path / "first", CARD_VALUES)
     model = AutoModelForSeq2SeqLM.from_pretrained(first, trust_remote_code=True)
@@ -167,7 +171,7 @@ def test_the_documented_tokenizer_loading_asks_nothing_and_saves_no_machine_sett
         stdin=subprocess.DEVNULL,
         text=True,
         timeout=300,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        env={**OFFLINE, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]

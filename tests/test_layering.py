@@ -44,6 +44,7 @@ def imported_modules(tree: ast.Module) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_the_import_contracts_hold():
     """pyproject.toml's [tool.importlinter]: commands above the library's layers, every import counted, no cycle."""
     lint_imports = Path(sys.executable).with_name("lint-imports")

@@ -47,6 +47,7 @@ def test_card_without_measurements_says_so_and_has_no_model_index(tmp_path):
     assert "| training steps | not recorded |" in card.text
 
 
+@pytest.mark.slow
 def test_card_python_code_runs_against_a_saved_model_without_the_project(tmp_path):
     folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
     blocks = python_blocks((folder / "README.md").read_text())

@@ -17,7 +17,7 @@ from torch import nn
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
-from .helpers import CARD_VALUES, model_with_attention, random_ids, save_tiny_model_folder
+from .helpers import CARD_VALUES, OFFLINE, model_with_attention, random_ids, save_tiny_model_folder
 
 GREEDY = dict(do_sample=False, num_beams=1, max_new_tokens=6)
 
@@ -148,7 +148,9 @@ def test_return_dict_false_gives_the_librarys_tuple(tiny_model, source_batch):
     torch.testing.assert_close(as_tuple[0], tiny_model(**inputs).logits)
 
 
-@pytest.mark.parametrize("implementation", ["sdpa", "flex_attention"])
+@pytest.mark.parametrize(
+    "implementation", ["sdpa", pytest.param("flex_attention", marks=pytest.mark.slow)]
+)  # compiled
 def test_eager_and_other_attention_implementations_give_the_same_logits(source_batch, implementation):
     eager, other = tiny("eager"), tiny(implementation)
     input_ids, attention_mask = source_batch
@@ -249,11 +251,12 @@ def run_fresh(code: str, cwd) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         cwd=cwd,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        env={**os.environ, **OFFLINE},
         timeout=300,
     )
 
 
+@pytest.mark.slow
 def test_importing_the_hub_facing_modules_registers_nothing(tmp_path):
     result = run_fresh(
         """
@@ -274,6 +277,7 @@ def test_importing_the_hub_facing_modules_registers_nothing(tmp_path):
     assert "nothing registered" in result.stdout, result.stderr
 
 
+@pytest.mark.slow
 def test_every_auto_class_loads_a_saved_folder_in_a_fresh_process(tmp_path):
     folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
     assert json.loads((folder / "config.json").read_text())["auto_map"]["AutoModel"]

@@ -40,6 +40,7 @@ from .helpers import (
 # --- output folders ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_new_run_into_a_finished_runs_folder_is_refused_and_changes_nothing(tmp_path):
     output_dir = tmp_path / "run"
     train(output_dir, "--max_steps", "4", "--save_steps", "2")
@@ -52,6 +53,7 @@ def test_a_new_run_into_a_finished_runs_folder_is_refused_and_changes_nothing(tm
     assert snapshot(output_dir) == before
 
 
+@pytest.mark.slow
 def test_overwrite_output_dir_replaces_the_earlier_run_and_keeps_other_files(tmp_path):
     output_dir = tmp_path / "run"
     train(output_dir, "--max_steps", "6", "--save_steps", "2")
@@ -91,6 +93,7 @@ def test_claiming_an_output_folder(tmp_path):
         claim_output_dir(output(finished))
 
 
+@pytest.mark.slow
 def test_resuming_another_runs_checkpoint_into_a_folder_holding_a_run_is_refused_and_changes_nothing(
     tmp_path, finished_run
 ):
@@ -164,6 +167,7 @@ def test_evaluation_never_writes_through_a_link(tmp_path):
 # --- what --overwrite_output_dir deletes: only what a run of ours recorded -------------------------------------
 
 
+@pytest.mark.slow
 def test_overwrite_keeps_a_downloaded_model_that_no_run_wrote(tmp_path):
     downloaded = save_tiny_model_folder(tmp_path / "downloaded", CARD_VALUES)  # config, weights, tokenizer, card, .py
     before = snapshot(downloaded)
@@ -189,6 +193,7 @@ def test_overwrite_in_a_copy_of_the_project_deletes_none_of_its_files(tmp_path):
     assert not (project / LOCK_NAME).exists() and not (project / RUN_RECORD).exists()
 
 
+@pytest.mark.slow
 def test_a_runs_record_lists_every_entry_it_wrote_and_its_lock_is_gone_at_the_end(finished_run):
     record = json.loads((finished_run / RUN_RECORD).read_text())
     assert sorted(record["entries"]) == contents(finished_run)
@@ -196,6 +201,7 @@ def test_a_runs_record_lists_every_entry_it_wrote_and_its_lock_is_gone_at_the_en
     assert not (finished_run / LOCK_NAME).exists()
 
 
+@pytest.mark.slow
 def test_overwrite_deletes_the_recorded_run_unlinks_links_and_keeps_everything_else(tmp_path, finished_run, capsys):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
@@ -220,6 +226,7 @@ def test_overwrite_deletes_the_recorded_run_unlinks_links_and_keeps_everything_e
     assert "notes.txt (not written by a run of ours)" in printed and ".py files are never deleted" in printed
 
 
+@pytest.mark.slow
 def test_a_link_where_the_run_writes_is_refused_not_written_through(tmp_path, finished_run):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
@@ -240,6 +247,7 @@ def write_lock(folder: Path, **holder) -> None:
     (folder / LOCK_NAME).write_text(json.dumps(holder))
 
 
+@pytest.mark.slow
 def test_a_second_run_is_refused_while_a_live_process_holds_the_folders_lock(tmp_path, finished_run):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
@@ -257,6 +265,7 @@ def test_a_second_run_is_refused_while_a_live_process_holds_the_folders_lock(tmp
     assert snapshot(run) == locked and {**before, LOCK_NAME: locked[LOCK_NAME]} == locked
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_process_that_ended_is_taken_over_with_a_note(tmp_path, capsys):
     holder = subprocess.Popen(["sleep", "300"])
     record = lock.holder_record(holder.pid)  # with its start time, as the run wrote it

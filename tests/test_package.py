@@ -19,7 +19,7 @@ import pytest
 
 from vanilla_transformer.mechanics.names import REQUIRED_FILES, WEIGHTS_NAME
 
-from .helpers import ENGLISH, ROOT, TINY_RUN, run_without_the_project
+from .helpers import ENGLISH, OFFLINE, ROOT, TINY_RUN, run_without_the_project
 
 NOT_SOURCE = (
     ".git",
@@ -37,7 +37,7 @@ NOT_SOURCE = (
 
 def run(command: list, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
     environment = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    environment |= {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    environment |= OFFLINE
     result = subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=600, **kwargs)
     assert result.returncode == 0, f"{command}:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     return result
@@ -73,6 +73,7 @@ def trained(installed, tmp_path_factory) -> Path:
     return outside
 
 
+@pytest.mark.slow
 def test_the_installed_train_command_writes_a_complete_model_folder_with_its_card(trained):
     folder = trained / "model"
     assert [name for name in (*REQUIRED_FILES, WEIGHTS_NAME) if not (folder / name).is_file()] == []
@@ -80,6 +81,7 @@ def test_the_installed_train_command_writes_a_complete_model_folder_with_its_car
     assert card.startswith("---\n") and "Attention Is All You Need" in card and "$" not in card.split("---")[1]
 
 
+@pytest.mark.slow
 def test_the_installed_translate_command_translates_line_by_line(installed, trained):
     result = run(
         [installed / "vanilla-transformer", "translate", "model"], trained, input="\n".join(ENGLISH[:3]) + "\n"
@@ -87,6 +89,7 @@ def test_the_installed_translate_command_translates_line_by_line(installed, trai
     assert len(result.stdout.splitlines()) == 3 and "translated 3 sentence(s)" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_folder_loads_with_transformers_alone_in_a_clean_process(trained):
     printed = run_without_the_project(
         """
@@ -114,6 +117,7 @@ print(json.dumps(helps))
 """
 
 
+@pytest.mark.slow
 def test_every_command_answers_help_and_version_from_the_installed_package(installed, tmp_path):
     main_help = run([installed / "vanilla-transformer", "--help"], tmp_path).stdout
     listed = [line.split()[1] for line in main_help.splitlines() if line.startswith("    vanilla-transformer ")]
@@ -128,6 +132,7 @@ def test_every_command_answers_help_and_version_from_the_installed_package(insta
     )
 
 
+@pytest.mark.slow
 def test_accelerate_launch_starts_the_installed_training_module(installed, tmp_path):
     launch = [installed / "python", "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1"]
     launch += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "train_accelerate"]

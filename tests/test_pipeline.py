@@ -18,7 +18,7 @@ from pipeline_vanilla_transformer import (
     output_length,
 )
 
-from .helpers import CARD_VALUES, ENGLISH, run_without_the_project, save_tiny_model_folder
+from .helpers import ENGLISH, run_without_the_project
 
 ONE = ENGLISH[0]
 THREE = [ENGLISH[1], ENGLISH[3], ENGLISH[10]]  # different lengths: the first batch of two is padded
@@ -65,11 +65,7 @@ def generate_and_decode(model, tokenizer, sentences: list[str], **generate_kwarg
     return tokenizer.batch_decode(output_ids, skip_special_tokens=True)
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return save_tiny_model_folder(tmp_path_factory.mktemp("pipeline") / "model", CARD_VALUES)
-
-
+@pytest.mark.slow
 def test_pipeline_from_a_folder_in_a_process_without_the_project(folder):
     constants = f"FOLDER, ONE, THREE = {str(folder)!r}, {ONE!r}, {THREE!r}\n"
     stdout = run_without_the_project(constants + PIPELINE_SCRIPT, cwd=folder.parent)

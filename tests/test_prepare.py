@@ -219,6 +219,7 @@ def digests(folder: Path) -> dict[str, bytes]:
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
+@pytest.mark.slow
 def test_staging_folders_of_killed_preparations_are_removed_and_live_ones_kept(corpus_dir, tmp_path):
     folder = tmp_path / "prepared"
     host = socket.gethostname()

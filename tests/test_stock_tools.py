@@ -20,6 +20,7 @@ from .helpers import (
     BLOCK_PROJECT_IMPORTS,
     CARD_VALUES,
     ENGLISH,
+    OFFLINE,
     random_ids,
     random_tiny_model,
     run_without_the_project,
@@ -73,6 +74,7 @@ def test_a_length_the_user_sets_is_used_as_given(loaded_model):
     assert model.generate(sources, bad_words_ids=never_ending).shape == (1, 10)
 
 
+@pytest.mark.slow
 def test_a_saved_folder_loaded_by_transformers_alone_decodes_the_papers_length(tmp_path):
     save_tiny_model_folder(tmp_path / "model")
     printed = run_without_the_project(
@@ -123,12 +125,13 @@ def test_the_pipeline_checks_src_lang_and_tgt_lang_against_the_models_languages(
         translator(ENGLISH[0], src_lang="en", tgt_lang="fr")
 
 
+@pytest.mark.slow
 def test_building_the_pipeline_in_a_users_process_logs_nothing(translator):
     """The folder's code registers the "translation" task twice in a fresh process (as the model's sibling and as
     the pipeline transformers loads): transformers' "already registered. Overwriting" warning must not show."""
     code = BLOCK_PROJECT_IMPORTS + "from transformers import pipeline\n"
     code += f"pipeline('translation', model={translator.model.name_or_path!r}, trust_remote_code=True)\n"
-    environment = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    environment = {**OFFLINE, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     built = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=environment)
     assert built.returncode == 0, built.stderr[-3000:]
     assert "already registered" not in built.stderr
@@ -154,6 +157,7 @@ def test_quantize_dynamic_converts_every_linear_layer_and_the_model_still_transl
 # --- static cache and torch.compile, as the model declares (_can_compile_fullgraph) ---------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_compiled_static_cache_decoding_gives_the_tokens_of_eager_dynamic_cache_decoding(num_beams):
     """fullgraph=True fails at any graph break; the "eager" backend runs the traced graph without code generation
@@ -245,6 +249,7 @@ def test_lora_trains_only_its_own_weights_saves_reloads_and_merges_into_plain_li
 # --- ONNX: torch.onnx.export, run by onnxruntime (the `onnx` extra; CI installs it in its demo run) ----------------
 
 
+@pytest.mark.slow
 def test_the_onnx_export_run_by_onnxruntime_gives_the_models_logits(tmp_path):
     onnxruntime = pytest.importorskip(
         "onnxruntime", reason="the ONNX check needs the onnx extra: pip install -e '.[onnx]'"

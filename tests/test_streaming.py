@@ -86,6 +86,7 @@ def test_streaming_tokenizer_is_trained_once_on_the_stream_and_cached(corpus_dir
     assert streaming.load_or_train_tokenizer(settings.data, 7).get_vocab() == tokenizer.get_vocab()
 
 
+@pytest.mark.slow
 def test_two_processes_stream_for_equal_steps_across_uneven_epochs(corpus_dir, tmp_path):
     output_dir = tmp_path / "run"
     splits = ["--data_dir", str(corpus_dir), "--validation_split", "val", "--test_split", "none"]

@@ -37,9 +37,9 @@ from vanilla_transformer.training.recipe import (
 )
 
 from .helpers import (
+    OFFLINE,
     ROOT,
     SIGNALLED_RUN,
-    SUBPROCESS_ENVIRONMENT,
     TINY_RUN,
     fake_checkpoint,
     launcher,
@@ -126,6 +126,7 @@ def test_bf16_training_ends_with_a_float32_model_for_evaluation(tiny_model, sour
 # --- end to end ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
     output_dir = tmp_path / "run"
     arguments = [*"--max_steps 4 --save_steps 2 --average_last 2".split(), "--data_cache_dir", str(tmp_path / "cache")]
@@ -176,6 +177,7 @@ def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
     assert "named.tsv: kept 2 pairs" in run.stdout
 
 
+@pytest.mark.slow
 def test_bf16_run_records_its_precision_and_scores_the_saved_float32_model(tmp_path):
     output_dir = tmp_path / "run"
     arguments = "--max_steps 60 --save_steps 30 --average_last 2 --mixed_precision bf16 --attn_implementation eager"
@@ -187,10 +189,11 @@ def test_bf16_run_records_its_precision_and_scores_the_saved_float32_model(tmp_p
     assert (tmp_path / "evaluation" / "test.hyp.txt").read_text() == (output_dir / "test.hyp.txt").read_text()
 
 
+@pytest.mark.slow
 def test_one_step_on_two_processes_equals_one_step_on_one_process(tmp_path):
     """The same global batch, two batches accumulated on one process or one on each of two: same gradients."""
     script = ["-m", "tests.distributed_gradients"]
-    environment = {**os.environ, **SUBPROCESS_ENVIRONMENT}
+    environment = {**os.environ, **OFFLINE}
     subprocess.run(
         [sys.executable, *script, str(tmp_path / "one.safetensors"), "1"], check=True, cwd=ROOT, env=environment
     )
@@ -204,6 +207,7 @@ def test_one_step_on_two_processes_equals_one_step_on_one_process(tmp_path):
     assert one["model.decoder.layers.0.feed_forward.fc1.weight"].abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly_and_a_prepared_folder_trains_like_the_cached_corpus(tmp_path):
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     common = ["--save_steps", "3", "--average_last", "1", "--preset", "tiny"]
@@ -229,6 +233,7 @@ def test_resume_continues_exactly_and_a_prepared_folder_trains_like_the_cached_c
         assert resumed[step] == pytest.approx(expected[step], rel=1e-5), step
 
 
+@pytest.mark.slow
 def test_a_checkpoint_state_written_before_the_training_refactor_resumes_exactly(tmp_path):
     """tests/fixtures holds what our code wrote at step 2 of a 4-step run before issue 25's redesign
     (trainer_state.json: step, data position, schedule, run id, model config, tokenizer fingerprint). The tensors
@@ -254,6 +259,7 @@ def test_a_checkpoint_state_written_before_the_training_refactor_resumes_exactly
         assert resumed[step] == pytest.approx(before[step], rel=1e-5), step
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path):
     output_dir = tmp_path / "run"
     command = [sys.executable, str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN]
@@ -273,6 +279,7 @@ def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path):
     assert not (output_dir / "results.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make_data, message",
     [
@@ -294,6 +301,7 @@ def test_bad_data_gets_a_clear_error_without_a_traceback(tmp_path, make_data, me
     assert f"error: {message.format(d=tmp_path)}" in result.stderr, result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_bad_data_stops_every_process_instead_of_leaving_them_waiting(tmp_path):
     """One process prepares while the other waits: its error must end both, not leave one at the barrier."""
     (tmp_path / "train.en").write_text("a\nb\n")
@@ -304,6 +312,7 @@ def test_bad_data_stops_every_process_instead_of_leaving_them_waiting(tmp_path):
     assert "has 2 lines but" in result.stderr and "failed on another process" in result.stderr, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_greedy_run_saves_a_valid_generation_config_a_greedy_card_and_checkpoints_without_warnings(tmp_path):
     result = train(tmp_path / "run", "--max_steps", "2", "--save_steps", "1", "--num_beams", "1")
     folder = tmp_path / "run"
@@ -317,6 +326,7 @@ def test_a_greedy_run_saves_a_valid_generation_config_a_greedy_card_and_checkpoi
 # --- the final evaluation: after the model is saved, stopped by a signal, over-long lines, missing splits -----
 
 
+@pytest.mark.slow
 def test_an_over_long_validation_line_does_not_stop_the_run(tmp_path):
     (tmp_path / "train.tsv").write_text("".join(f"a{i} b c\tx{i} y z\n" for i in range(200)))
     (tmp_path / "valid.tsv").write_text("a b c\tx y z\n" + " ".join(["a"] * 10_000) + "\t" + "x y\n")
@@ -359,11 +369,12 @@ def test_signals_are_requests_while_training_and_stop_the_program_once_defaults_
         signal.signal(signal.SIGTERM, previous[1])
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_final_evaluation_stops_the_program_after_the_model_is_saved(tmp_path):
     output_dir = tmp_path / "run"
     command = [sys.executable, "-u", str(ROOT / "train_accelerate.py"), "--output_dir", str(output_dir), *TINY_RUN]
     command += "--synthetic_pairs 60000 --max_steps 2 --num_beams 4".split()  # 1500 + 1500 pairs: seconds to score
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    environment = {**os.environ, **OFFLINE}
     process = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment
     )
@@ -380,6 +391,7 @@ def test_ctrl_c_during_the_final_evaluation_stops_the_program_after_the_model_is
     assert (output_dir / "model.safetensors").is_file() and not (output_dir / "test.hyp.txt").exists()
 
 
+@pytest.mark.slow
 def test_training_data_without_validation_or_test_split_trains_and_says_so(tmp_path):
     (tmp_path / "train.tsv").write_text("".join(f"a{i} b c\tx{i} y z\n" for i in range(200)))
     result = train(
@@ -455,6 +467,7 @@ def test_a_full_disk_while_logging_is_one_error_naming_the_log_and_the_checkpoin
     assert f"checkpoint, {run / 'checkpoints' / 'step_000002'}, with --resume_from_checkpoint latest" in message
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_the_final_save_is_one_error_and_resume_latest_then_saves_the_model(tmp_path, monkeypatch):
     folder = tmp_path / "run"
 
@@ -505,6 +518,7 @@ def test_the_run_stops_before_the_step_that_would_pass_a_limit_or_at_a_signal(fl
     assert stop_reason_of(*flags, **where) == reason
 
 
+@pytest.mark.slow
 def test_max_epochs_trains_every_step_of_the_epochs_and_no_more(tmp_path):
     result = train(tmp_path / "run", "--max_epochs", "1", "--save_steps", "1000", "--average_last", "1")
     results = json.loads((tmp_path / "run" / "results.json").read_text())
@@ -531,6 +545,7 @@ def test_a_failed_upload_at_the_end_names_the_complete_folder_and_the_command_to
 # --- a run stopped by a signal resumes to the uninterrupted run's model -------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "signals", [(signal.SIGTERM,), (signal.SIGINT, signal.SIGINT)], ids=["sigterm", "double-ctrl-c"]
 )
@@ -547,6 +562,7 @@ def test_a_run_stopped_by_a_signal_and_resumed_saves_the_byte_identical_model_of
     assert (run / weights).read_bytes() == (uninterrupted_run / weights).read_bytes()
 
 
+@pytest.mark.slow
 def test_a_run_resumed_from_a_stop_checkpoint_and_ending_there_averages_it_as_a_regular_checkpoint(tmp_path):
     run = tmp_path / "run"
     stopped_at, _ = train_until_signalled(run, *SIGNALLED_RUN)

@@ -1,7 +1,5 @@
-"""The Hub-ready folder: every file and config entry, the problems check_model_folder finds, the upload (no network).
-
-Also home of the tiny trained tokenizer and saved model folder that the pipeline, card, CLI and attention tests use.
-"""
+"""The Hub-ready folder: every file and config entry, the problems check_model_folder finds, the upload (no
+network)."""
 
 import json
 import shutil

@@ -18,21 +18,10 @@ from vanilla_transformer.commands.translate import main, parse_args
 from vanilla_transformer.serving import translate
 from vanilla_transformer.serving.translate import read_lines, translate_sentences
 
-from .helpers import ENGLISH, save_tiny_model_folder
+from .helpers import ENGLISH, OFFLINE, save_tiny_model_folder
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ENGLISH[2], ENGLISH[0], ENGLISH[14], ENGLISH[10]]  # lengths differ: sorting must not reorder the output
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    """Embeddings of unit variance (init_std 1): the random model's outputs then depend on its inputs."""
-    return save_tiny_model_folder(tmp_path_factory.mktemp("translate") / "model", init_std=1.0)
-
-
-@pytest.fixture(scope="module")
-def model_and_tokenizer(folder):
-    return AutoModelForSeq2SeqLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
 
 
 def test_batched_translation_keeps_the_input_order(model_and_tokenizer):
@@ -45,6 +34,7 @@ def test_batched_translation_keeps_the_input_order(model_and_tokenizer):
     assert with_empty_lines == ["", one_by_one[0], ""]
 
 
+@pytest.mark.slow
 def test_stdin_to_stdout_in_a_fresh_process(folder, model_and_tokenizer):
     result = subprocess.run(
         [
@@ -62,7 +52,7 @@ def test_stdin_to_stdout_in_a_fresh_process(folder, model_and_tokenizer):
         capture_output=True,
         text=True,
         cwd=PROJECT_ROOT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        env={**os.environ, **OFFLINE},
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -77,11 +67,12 @@ def run_translator(folder: Path, stdin: bytes, *flags: str) -> subprocess.Comple
         input=stdin,
         capture_output=True,
         cwd=PROJECT_ROOT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        env={**os.environ, **OFFLINE},
         timeout=120,
     )
 
 
+@pytest.mark.slow
 def test_undecodable_bytes_on_stdin_are_a_clear_error_naming_the_line(folder):
     result = run_translator(
         folder, f"{SOURCES[0]}\n{SOURCES[1]}\n".encode() + b"caf\xe9 au lait\n", "--num_beams", "1"

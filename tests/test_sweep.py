@@ -5,9 +5,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from vanilla_transformer.training.sweep import table3_variants
 
-from .helpers import ROOT
+from .helpers import OFFLINE, ROOT
 
 SWEEP = ["--rows", "base,B1,E1", "--scale", "tiny", "--steps", "3", "--synthetic_pairs", "400", "--vocab_size", "300"]
 SWEEP += ["--max_tokens", "600", "--warmup_steps", "10", "--save_steps", "3", "--eval_batch_size", "16"]
@@ -16,7 +18,7 @@ SWEEP += ["--num_beams", "2"]
 
 def variants(output_dir, *arguments: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "vanilla_transformer", "sweep", "--output_dir", str(output_dir), *arguments]
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    environment = {**os.environ, **OFFLINE}
     return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=environment)
 
 
@@ -34,6 +36,7 @@ def test_the_base_scale_gives_the_papers_rows():
     assert table3_variants("big")[0].dropout == 0.3  # big's base row keeps its P_drop
 
 
+@pytest.mark.slow
 def test_a_three_row_sweep_writes_the_table_and_plots_and_resumes_without_rerunning(tmp_path):
     first = variants(tmp_path, *SWEEP)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
@@ -58,11 +61,13 @@ def test_a_three_row_sweep_writes_the_table_and_plots_and_resumes_without_rerunn
     assert results.stat().st_mtime_ns == written
 
 
+@pytest.mark.slow
 def test_flags_that_each_row_sets_are_refused(tmp_path):
     result = variants(tmp_path, "--steps", "3", "--d_model", "64")
     assert result.returncode == 2 and "--d_model: set by each row of the table" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_row_trained_under_other_settings_is_refused_until_restarted_and_a_row_that_died_early_starts_again(
     tmp_path,
 ):

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
@@ -47,6 +48,7 @@ def test_saved_folder_carries_auto_map_and_the_code(tmp_path, tiny_model):
     assert (tmp_path / "configuration_vanilla_transformer.py").is_file()
 
 
+@pytest.mark.slow
 def test_trust_remote_code_load_in_a_process_without_the_project(tmp_path, tiny_model, source_batch):
     input_ids, attention_mask = source_batch
     model_dir = tmp_path / "model"

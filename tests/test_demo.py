@@ -25,10 +25,12 @@ from vanilla_transformer.serving import demo as app
 from vanilla_transformer.serving import space
 from vanilla_transformer.serving.translate import read_lines
 
+from .helpers import OFFLINE
+
 PROJECT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-SERVER_ENV = {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
+SERVER_ENV = {**OFFLINE, "GRADIO_ANALYTICS_ENABLED": "False"}
 
 
 @pytest.fixture(scope="module")
@@ -298,6 +300,7 @@ def server(gr, memorising_folder, tmp_path_factory):
     process.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_the_translate_endpoint_answers_gradio_client_with_optional_settings(server, memorising_folder):
     from gradio_client import Client
 
@@ -311,6 +314,7 @@ def test_the_translate_endpoint_answers_gradio_client_with_optional_settings(ser
         client.predict(" ".join(sources * 2), api_name="/translate")
 
 
+@pytest.mark.slow
 def test_a_short_request_is_answered_while_a_long_one_is_translating(gr, memorising_folder, monkeypatch):
     from gradio_client import Client
 
@@ -381,6 +385,7 @@ def translation_on_page(browser, timeout: float = 60) -> str:
     return box.get_attribute("value")
 
 
+@pytest.mark.slow
 def test_typing_a_sentence_and_clicking_translate_shows_its_translation(server, browser, memorising_folder):
     from selenium.webdriver.common.by import By
 
@@ -391,6 +396,7 @@ def test_typing_a_sentence_and_clicking_translate_shows_its_translation(server, 
     assert "Source (English)" in browser.page_source and "Translation (German)" in browser.page_source
 
 
+@pytest.mark.slow
 def test_asking_for_attention_draws_its_image_on_the_page(server, browser, memorising_folder):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -443,6 +449,7 @@ sys.meta_path.insert(0, OnlyTheSpace)
 """
 
 
+@pytest.mark.slow
 def test_the_spaces_app_runs_its_own_copies_and_reads_the_model_from_its_card(tmp_path):
     space.write_space("someone/vanilla-en-de", tmp_path)
     code = ONLY_THE_SPACES_COPIES
