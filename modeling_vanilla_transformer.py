@@ -16,6 +16,7 @@ loss is transformers' cross-entropy. How the project trains (label smoothing, th
 training library, and folders saved by its earlier releases are upgraded by `vanilla-transformer refresh-code`.
 """
 
+import inspect
 import math
 from collections.abc import Callable
 
@@ -665,6 +666,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
         )
+
+    # generate() reads this signature at every step of a model with remote code (whether it takes `cache_position`):
+    # read once here instead, the same signature (inspect's own, through the decorators)
+    forward.__signature__ = inspect.signature(forward)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

@@ -175,6 +175,32 @@ def test_the_library_sees_that_the_model_takes_its_keyword_arguments():
         assert TransformersKwargs in getattr(annotation, "__args__", ()), annotation
 
 
+def test_generate_reads_the_forward_signature_without_deriving_it_at_every_step(tiny_model, source_batch, monkeypatch):
+    """generate() asks for the signature of a remote-code model's forward at each step (transformers 5.24): the model
+    gives the one inspect derives, derived once, so longer outputs derive it no more often."""
+    import inspect
+
+    derived = []
+    from_function = inspect._signature_from_function
+
+    def deriving(cls, function, *args, **kwargs):
+        derived.extend([function.__qualname__] if function.__qualname__.startswith("VanillaTransformer") else [])
+        return from_function(cls, function, *args, **kwargs)
+
+    monkeypatch.setattr(inspect, "_signature_from_function", deriving)
+    counts = []
+    for new_tokens in (2, 12):
+        derived.clear()
+        input_ids, attention_mask = source_batch
+        tiny_model.generate(
+            input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens
+        )
+        counts.append(len(derived))
+    assert counts[0] == counts[1]
+    forward = type(tiny_model).forward
+    assert inspect.signature(forward) == inspect.signature(inspect.unwrap(forward))  # the function's own
+
+
 def test_gradient_checkpointing_gives_the_same_gradients(source_batch):
     input_ids, attention_mask = source_batch
     labels = random_ids(tiny().config, (2, 5), seed=4)
