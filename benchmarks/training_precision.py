@@ -52,7 +52,7 @@ def recipe_batches(data_dir: Path, pairs_used: int, vocab_size: int, max_tokens:
 
 
 def training_pass(model, optimizer, batches, precision: str) -> int:
-    """One optimizer step per batch, as `forward_backward` computes it; returns the target tokens trained on."""
+    """One optimizer step per batch, as `train_accelerate.train_loop` computes it; returns the target tokens trained on."""
     for batch in batches:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             loss = model(**batch).loss  # mean label-smoothed loss over the batch's targets, without logits

@@ -1,5 +1,5 @@
 """The training recipe's pieces (paper section 5) used by `train_accelerate.py`: the Accelerator, the model's
-config, Adam with the learning-rate schedule, the token-normalised loss, the stream of optimizer steps and stop
+config, Adam with the learning-rate schedule, the stream of optimizer steps, the training log and stop
 signals. Evaluation is `evaluation.py`, checkpoints `checkpoints.py`."""
 
 import json
