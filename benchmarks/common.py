@@ -6,8 +6,11 @@ Run from a checkout, `benchmarks/` is the script's folder and so on `sys.path`: 
 """
 
 import ctypes
+import json
 import os
 import platform
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -136,3 +139,31 @@ def describe_machine(info: dict) -> str:
         f"{info['cpu']}, {info['cpus']} CPUs, {info['threads']} threads, {info['memory_gb']} GB; {versions}; "
         f"Python {info['python']}"
     )
+
+
+class WorkerProcess:
+    """A benchmark's engines in a process of their own (`python SCRIPT ARGUMENTS`), driven over a pipe: the worker
+    prints "ready" once loaded, then does one piece of work per JSON line of stdin and prints "done". `work(*request)`
+    gives a callable that has it do that work once and returns when it is done, so the main process can interleave
+    and time it like its own engines (the pipe round trip is microseconds)."""
+
+    def __init__(self, script: str, arguments: list[str]):
+        command = [sys.executable, script, *arguments]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._expect("ready")
+
+    def _expect(self, word: str) -> None:
+        if (line := self.process.stdout.readline().strip()) != word:
+            raise RuntimeError(f"worker: expected {word!r}, got {line!r} (exit code {self.process.poll()})")
+
+    def work(self, *request) -> Callable[[], None]:
+        def run() -> None:
+            self.process.stdin.write(json.dumps(list(request)) + "\n")
+            self.process.stdin.flush()
+            self._expect("done")
+
+        return run
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()

@@ -24,7 +24,6 @@ import argparse
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -34,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from common import describe_machine, fix_malloc_thresholds, machine  # noqa: E402
+from common import WorkerProcess, describe_machine, fix_malloc_thresholds, machine  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
 SIZES = {
@@ -146,34 +145,6 @@ def ct2_worker(ct2_dir: str, vocab_size: int, threads: int) -> None:
         print("done", flush=True)
 
 
-class Ct2Process:
-    """The CTranslate2 engines in a worker process; `run(name, num_beams, batch)` gives a callable that has the
-    worker do that row's work once and returns when it is done (the pipe round trip is microseconds)."""
-
-    def __init__(self, ct2_dir: Path, vocab_size: int, threads: int):
-        command = [sys.executable, __file__, "--ct2-worker", str(ct2_dir), "--vocab-size", str(vocab_size)]
-        self.process = subprocess.Popen(
-            [*command, "--threads", str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        self._expect("ready")
-
-    def _expect(self, word: str) -> None:
-        if (line := self.process.stdout.readline().strip()) != word:
-            raise RuntimeError(f"CTranslate2 worker: expected {word!r}, got {line!r} (exit {self.process.poll()})")
-
-    def run(self, name: str, num_beams: int, batch: int) -> Callable[[], None]:
-        def generate() -> None:
-            self.process.stdin.write(json.dumps([name, num_beams, batch]) + "\n")
-            self.process.stdin.flush()
-            self._expect("done")
-
-        return generate
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait()
-
-
 def build_engines(work_dir: Path, size: dict, ctranslate2: bool, threads: int):
     """The source Marian model, the converted model and (optionally) the CTranslate2 worker; the first two are checked
     to generate the same tokens."""
@@ -197,7 +168,8 @@ def build_engines(work_dir: Path, size: dict, ctranslate2: bool, threads: int):
         from vanilla_transformer.serving.export_ctranslate2 import convert_to_ctranslate2
 
         ct2_dir = Path(convert_to_ctranslate2(converted, work_dir / "ct2"))
-        worker = Ct2Process(ct2_dir, size["vocab_size"], threads)
+        arguments = ["--ct2-worker", str(ct2_dir), "--vocab-size", str(size["vocab_size"]), "--threads", str(threads)]
+        worker = WorkerProcess(__file__, arguments)  # the CTranslate2 engines, away from PyTorch's
     return models, worker
 
 
@@ -208,7 +180,7 @@ def measure(models: dict, worker, vocab_size: int) -> list[dict]:
         data = source_batch(vocab_size, batch, seed=batch)
         runs = {name: generation(model, data, num_beams) for name, model in models.items()}
         if worker is not None:
-            runs |= {name: worker.run(name, num_beams, batch) for name in CT2_ENGINES}
+            runs |= {name: worker.work(name, num_beams, batch) for name in CT2_ENGINES}
         seconds = median_seconds(runs, REPETITIONS)
         tokens = {name: batch * NEW_TOKENS / value for name, value in seconds.items()}
         results.append({"num_beams": num_beams, "batch": batch, "tokens_per_second": tokens})

@@ -5,7 +5,7 @@ sqrt(d_model)-scaled embeddings, same dropout) and the same weights: ours conver
 `vanilla_transformer.serving.export_marian.to_marian` (its features reordered so that Marian's sinusoid table is our
 positions), and the script checks that both give the same logits before timing anything. The CTranslate2
 columns run our model converted with `vanilla_transformer.serving.export_ctranslate2` (float32, and int8 weights), in a
-worker process of their own (see `Ctranslate2Process`).
+worker process of their own (see `ctranslate2_process`).
 
 Work, per preset (small: the recipe's CPU model, 8000 tokens; base: the paper's, 37000 tokens):
 - train: forward, backward and Adam step on one identical padded batch (train mode, dropout 0.1), 64 sentence
@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from common import (  # noqa: E402
     WORKLOADS,
+    WorkerProcess,
     Workload,
     build_ours,
     describe_machine,
@@ -156,7 +157,7 @@ class Engines:
         self.threads = threads
         self.models = {}
         self.translators = {}  # CTranslate2 engines loaded in this process (memory and CTranslate2 workers)
-        self.external = {}  # CTranslate2 engines in a process of their own (timing): name -> Ctranslate2Process
+        self.external = {}  # CTranslate2 engines in a process of their own (timing): name -> its WorkerProcess
         if "ours" in names or check:
             ours = build_ours(preset, workload.vocab_size)
             if "ours" in names:
@@ -195,7 +196,7 @@ class Engines:
 
     def run(self, name: str, row: Row, batch) -> Callable[[], None]:
         if name in self.external:
-            return self.external[name].run(name, row)
+            return self.external[name].work(name, row.work, row.batch, row.num_beams)
         if name in self.translators:
             return ctranslate2_generation(self.translators[name], batch, row.num_beams, self.workload.new_tokens)
         model = self.models[name]
@@ -246,37 +247,13 @@ def peak_extra_memory_mib(run: Callable[[], None]) -> float:
     return _status_mib("VmHWM") - before
 
 
-class Ctranslate2Process:
+def ctranslate2_process(preset: str, names: list[str], ct2_dir: Path, threads: int) -> WorkerProcess:
     """The CTranslate2 engines of one preset, timed in a process of their own: in the PyTorch engines' process,
     CTranslate2 (which brings its own OpenMP runtime and oneDNN) changed their speed: our model's small greedy
-    batch-1 row measured 1.27x Marian without it loaded, 0.92-0.95x with it (docs/BENCHMARKS.md). `run(name, row)` gives
-    a callable that has the worker do the row's work once and returns when it is done, so the main process can
-    interleave and time it like the other engines (the pipe round trip is microseconds)."""
-
-    def __init__(self, preset: str, names: list[str], ct2_dir: Path, threads: int):
-        command = [sys.executable, __file__, "--ct2-worker", preset, *names, "--ct2-dir", str(ct2_dir)]
-        command += ["--threads", str(threads)]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._expect("ready")
-
-    def _expect(self, word: str) -> None:
-        line = self.process.stdout.readline().strip()
-        if line != word:
-            raise RuntimeError(
-                f"CTranslate2 worker: expected {word!r}, got {line!r} (exit code {self.process.poll()})"
-            )
-
-    def run(self, name: str, row: Row) -> Callable[[], None]:
-        def generate() -> None:
-            self.process.stdin.write(json.dumps([name, row.work, row.batch, row.num_beams]) + "\n")
-            self.process.stdin.flush()
-            self._expect("done")
-
-        return generate
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait()
+    batch-1 row measured 1.27x Marian without it loaded, 0.92-0.95x with it (docs/BENCHMARKS.md). The worker takes
+    [name, work, batch, num_beams] per row (`ctranslate2_worker`)."""
+    arguments = ["--ct2-worker", preset, *names, "--ct2-dir", str(ct2_dir), "--threads", str(threads)]
+    return WorkerProcess(__file__, arguments)
 
 
 def ctranslate2_worker(preset: str, names: list[str], ct2_dir: str, threads: int) -> None:
@@ -392,7 +369,7 @@ def time_presets(args, torch_names: list[str], ct2_names: list[str]) -> tuple[di
             ct2_dir = Path(scratch) / preset
             if ct2_names:
                 export_ctranslate2(engines.models["ours"], ct2_dir)
-                ct2_process = Ctranslate2Process(preset, ct2_names, ct2_dir, args.threads)
+                ct2_process = ctranslate2_process(preset, ct2_names, ct2_dir, args.threads)
                 engines.external = dict.fromkeys(ct2_names, ct2_process)
             for row in rows_for(workload):
                 # batch-1 rows take a fraction of a second per run and vary the most: three times the repetitions
