@@ -59,8 +59,8 @@ from vanilla_transformer.training.recipe import (
 
 Steps = PreparedSteps | StreamedSteps  # the optimizer steps' batches, from any data position
 # what ends the command with one message: a refused setting, bad data, a damaged checkpoint, an occupied folder
-REFUSALS = (DataError, FileNotFoundError, CheckpointError, CoordinationError, OutputDirError, UnsupportedSetup)
-REFUSALS += (ModelFolderError,)
+REFUSALS = (DataError, FileNotFoundError, CheckpointError, CoordinationError, OutputDirError, UnsupportedSetup,
+            ModelFolderError)  # fmt: skip
 
 
 def train(argv=None) -> None:

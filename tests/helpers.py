@@ -1,7 +1,7 @@
 """Shared test helpers: plain functions and constants that test modules import (`from .helpers import ...`); the
 fixtures are in conftest.py. A tiny config and model (as transformers' own model testers use), the training script run
-in a subprocess, code run without the project, a saved model folder, checkpoints and prepared folders as our code
-writes them, a small corpus."""
+in this process or a new one, code run without the project, a saved model folder, checkpoints and prepared folders as
+our code writes them, a small corpus."""
 
 import contextlib
 import hashlib
