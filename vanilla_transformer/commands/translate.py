@@ -1,57 +1,55 @@
-"""Translate sentences with a saved model: one sentence per line in, its translation on the same line out.
+"""Translate a corpus with a saved model: a file, stdin, a document or a dataset, on one process or many.
 
     vanilla-transformer translate MODEL_DIR < source.txt > hypotheses.txt
-    vanilla-transformer translate MODEL_DIR --input source.txt --output hypotheses.txt \
-        --batch_size 64 --num_beams 4 --device cuda
-    vanilla-transformer translate MODEL_DIR --dtype bfloat16 --attn_implementation eager < source.txt
+    vanilla-transformer translate MODEL_DIR --input source.txt --output hypotheses.txt
+    accelerate launch -m vanilla_transformer translate MODEL_DIR --input source.txt --output hypotheses.txt
+    vanilla-transformer translate MODEL_DIR --input book.txt --output book.de.txt --split_sentences --paragraphs
+    vanilla-transformer translate MODEL_DIR --data_files reviews.parquet --column text --output reviews.de.parquet
+    vanilla-transformer translate MODEL_DIR --input source.txt --output hyp.txt --backend ctranslate2 --compute_type int8
 
-bf16 with eager attention translated Multi30k 1.5-1.7x as fast as float32 on a CPU with AVX512-BF16, with the same
-BLEU (docs/BENCHMARKS.md); torch's CPU sdpa kernels are slow in bf16, hence eager there.
+Unit i of the output translates unit i of the input: a line (an empty line gives an empty line), a paragraph with
+--paragraphs (blank lines kept), or a dataset row (the output is the dataset with a `translation` column). The input
+is translated --buffer_size units at a time (a chunk: sorted by length, batched by --max_tokens source tokens x beams,
+or by --batch_size sentences), and written in input order.
 
-Line i of the output translates line i of the input, so the output can be scored against references: an empty input
-line gives an empty output line (with a warning). The input is read, checked, translated and written --buffer_size
-lines at a time, in input order, so memory stays bounded on any file and an interruption (Ctrl-C, an error) keeps
-every translation written so far; the output path is checked before the model is loaded. The input is UTF-8 (a
-byte-order mark at its start is dropped); undecodable bytes stop the run, naming their line. Lines longer than
---max_source_tokens stop the run, naming them. Decoding follows the model's generation_config.json (the paper: beam
-4, length penalty 0.6) with a maximum output length of input length + 50 tokens (section 6.1) unless
---max_new_tokens is given, at most what a learned position table can represent (said once when it cuts).
+With --output, every finished chunk is recorded in OUTPUT.partial/ beside it: a run stopped any way (Ctrl-C, SIGTERM,
+kill -9, a lost machine) is continued by the same command, never translates a finished chunk again, and writes the
+same bytes as an uninterrupted run. A changed input or setting is refused by name; --overwrite starts again (and may
+replace an existing --output, which is otherwise refused). Under `accelerate launch` the processes (GPUs, or CPU
+processes) share the chunks and the first writes the output; on several machines, --output must be on a filesystem
+they share.
 
-A model folder may come from anyone: its config.json and generation_config.json are read as plain JSON before any model
-is built, and sizes that would allocate without bound are refused, naming the file, the field and the limit (a
-position table or embedding matrix over 1 GiB, a beam over 64, an output length over 4096). --num_beams and
---max_new_tokens have the same limits. Started with stdin closed and no --input, the command says so. One translation
-per line is written whatever num_return_sequences generation_config.json sets (a note says so).
+A sentence longer than the model takes (--max_source_tokens, default its positions) is cut at punctuation or spaces
+into pieces that fit, said once and counted in the summary. A line over --max_line_bytes is an error naming it.
+Decoding follows the model's generation_config.json (the paper: beam 4, length penalty 0.6) with a maximum output
+length of input length + 50 tokens (section 6.1) unless --max_new_tokens is given.
 
-On a terminal, a progress bar of the lines translated shows on stderr (nothing when stderr is not a terminal, so
-pipelines stay clean). Without --trust_remote_code the installed vanilla-transformer code runs: a note names the
-folder's code files that differ from it (`vanilla-transformer refresh-code MODEL_DIR` gives the folder that code).
+On a terminal, a progress bar (lines/s, target tokens/s, time left) shows on stderr; elsewhere, a line every
+--log_every seconds; at the end, one summary line. A model folder may come from anyone: sizes that would allocate
+without bound are refused before a model is built. Without --trust_remote_code the installed vanilla-transformer code
+runs (a note names the folder's code files that differ).
 """
 
 import argparse
+import signal
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformers.utils import logging
-
 from pipeline_vanilla_transformer import MAX_OUTPUT_TOKENS
-from vanilla_transformer.commands.flags import command_parser, positive_int
+from vanilla_transformer.commands.flags import command_parser, field_default, positive_float, positive_int
 from vanilla_transformer.model.loading import MAX_BEAMS
-from vanilla_transformer.serving.translate import (
-    BATCH_SIZE,
-    DTYPES,
-    NO_STDIN,
-    CommandLineError,
-    OutputFile,
+from vanilla_transformer.serving.corpus import (
+    DATASET_SUFFIXES,
+    CorpusError,
+    CorpusRun,
+    CorpusSettings,
+    Process,
     check_output,
-    folder_notes,
-    load_model_and_tokenizer,
-    name_lines,
-    resolve_device,
-    translate_stream,
+    same_file,
+    translate_to_stream,
 )
+from vanilla_transformer.serving.sources import MAX_LINE_BYTES, DatasetSource, InputError, TextSource
 
 
 def up_to(high: int):
@@ -69,97 +67,277 @@ def up_to(high: int):
 
 beam_size = up_to(MAX_BEAMS)
 output_tokens = up_to(MAX_OUTPUT_TOKENS)
+DTYPES = ("bfloat16", "float16", "float32")
+COMPUTE_TYPES = (
+    "default",
+    "auto",
+    "float32",
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+)
+
+
+def default(name: str):
+    return field_default(CorpusSettings, name)
+
+
+def add_input_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("input and output")
+    group.add_argument("--input", help="a UTF-8 text file, a unit a line (default: stdin)")
+    group.add_argument("--output", help="where to write (default: stdout); resumable, see above")
+    group.add_argument("--overwrite", action="store_true", help="start again: replace --output and its partial run")
+    group.add_argument("--paragraphs", action="store_true", help="a unit is a paragraph (lines up to a blank line)")
+    group.add_argument("--split_sentences", action="store_true", help="translate each unit sentence by sentence")
+    group.add_argument("--language", default=default("language"), help="the source language, for --split_sentences")
+    group.add_argument("--max_line_bytes", type=positive_int, default=MAX_LINE_BYTES, help="longest input line")
+    group.add_argument("--dataset_name", help="a dataset in the local Hub cache (or a loading script's folder)")
+    group.add_argument("--dataset_config", help="the dataset's configuration")
+    group.add_argument("--split", default="train", help="the dataset's split (default: train)")
+    group.add_argument("--data_files", nargs="+", help="local .parquet, .jsonl or .csv files, read as one dataset")
+    group.add_argument("--column", help="the dataset's column to translate")
+    group.add_argument("--streaming", action="store_true", help="read the dataset row by row (larger than memory)")
+
+
+def add_batching_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("batching and decoding")
+    group.add_argument(
+        "--max_tokens",
+        type=positive_int,
+        help=f"source tokens x beams a batch, padding counted (default: {default('max_tokens')}, unless --batch_size)",
+    )
+    group.add_argument("--batch_size", type=positive_int, help="sentences a batch, at most")
+    group.add_argument(
+        "--buffer_size", type=positive_int, default=default("buffer_size"), help="units a chunk, sorted by length"
+    )
+    group.add_argument("--num_beams", type=beam_size, help="beam size (default: generation_config.json; paper: 4)")
+    group.add_argument("--max_new_tokens", type=output_tokens, help="output length (default: input length + 50)")
+    group.add_argument(
+        "--max_source_tokens", type=positive_int, help="longer sentences are cut (default: the model's positions)"
+    )
+    group.add_argument("--log_every", type=positive_float, default=default("log_every"), help="seconds, off a tty")
+
+
+def add_backend_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("backend")
+    group.add_argument("--backend", choices=["model", "ctranslate2"], default="model", help="what translates")
+    group.add_argument("--ctranslate2_dir", help="a CTranslate2 export (default: made beside MODEL_DIR on first use)")
+    group.add_argument("--compute_type", choices=COMPUTE_TYPES, help="CTranslate2's (default: its default)")
+    group.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: the process's, from accelerate)")
+    group.add_argument("--dtype", choices=DTYPES, default="float32", help="the model's weights and computation")
+    group.add_argument("--attn_implementation", choices=["sdpa", "eager"], help="attention (default: the model's)")
+    group.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="run the folder's own model code (Hub models); by default the installed vanilla-transformer code runs",
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = command_parser("vanilla-transformer translate", __doc__)
     parser.add_argument("model_dir", help="a saved model folder (config.json, weights, tokenizer)")
-    parser.add_argument("--input", help="source sentences, one per line (default: stdin)")
-    parser.add_argument("--output", help="where to write the translations (default: stdout)")
-    parser.add_argument("--batch_size", type=positive_int, default=BATCH_SIZE, help="sentences per batch")
-    parser.add_argument(
-        "--buffer_size",
-        type=positive_int,
-        default=1000,
-        help="lines read, sorted by length, translated and written at a time (at least --batch_size)",
-    )
-    parser.add_argument(
-        "--num_beams",
-        type=beam_size,
-        help=f"beam size, at most {MAX_BEAMS} (default: generation_config.json; paper: 4)",
-    )
-    parser.add_argument(
-        "--max_new_tokens",
-        type=output_tokens,
-        help=f"output length limit, at most {MAX_OUTPUT_TOKENS} (default: input length + 50)",
-    )
-    parser.add_argument(
-        "--max_source_tokens", type=positive_int, help="longest input line (default: max_position_embeddings)"
-    )
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and computation")
-    parser.add_argument("--attn_implementation", choices=["sdpa", "eager"], help="attention (default: the model's)")
-    parser.add_argument(
-        "--trust_remote_code",
-        action="store_true",
-        help="run the folder's own model code (Hub models); by default the installed vanilla-transformer code runs",
-    )
+    add_input_flags(parser)
+    add_batching_flags(parser)
+    add_backend_flags(parser)
     args = parser.parse_args(argv)
-    if args.input and args.output and Path(args.input).resolve() == Path(args.output).resolve():
-        parser.error(f"--output {args.output} is the --input file: the translations would replace the sources")
+    dataset = args.dataset_name or args.data_files
+    if dataset and args.input:
+        parser.error("give --input (a text file) or a dataset (--dataset_name, --data_files), not both")
+    if dataset and not args.column:
+        parser.error("a dataset needs --column, the column to translate")
+    if dataset and not args.output:
+        parser.error(f"a dataset is written to --output (a {' or '.join(DATASET_SUFFIXES)} file, or a folder)")
+    if (args.column or args.streaming) and not dataset:
+        parser.error("--column and --streaming are for a dataset (--dataset_name or --data_files)")
+    if args.backend != "ctranslate2" and (args.ctranslate2_dir or args.compute_type):
+        parser.error("--ctranslate2_dir and --compute_type are for --backend ctranslate2")
+    if args.output and same_file(args.input, args.output):
+        parser.error(f"--output {args.output} is the input file: the translations would replace the sources")
+    if args.max_tokens is None and args.batch_size is None:
+        args.max_tokens = default("max_tokens")
     return args
+
+
+def corpus_settings(args: argparse.Namespace) -> CorpusSettings:
+    return CorpusSettings(
+        buffer_size=args.buffer_size,
+        max_tokens=args.max_tokens,
+        batch_size=args.batch_size,
+        split_sentences=args.split_sentences,
+        language=args.language,
+        max_source_tokens=args.max_source_tokens,
+        log_every=args.log_every,
+    )
+
+
+def corpus_source(args: argparse.Namespace):
+    if args.dataset_name or args.data_files:
+        return DatasetSource(
+            column=args.column,
+            name=args.dataset_name,
+            config=args.dataset_config,
+            split=args.split,
+            data_files=tuple(args.data_files or ()),
+            streaming=args.streaming,
+        )
+    return TextSource(args.input, paragraphs=args.paragraphs, max_line_bytes=args.max_line_bytes)
+
+
+def output_settings(args: argparse.Namespace, device: str, model_digest: str) -> dict:
+    """What changes the output, as a run's manifest records it: a resumed run must give the same."""
+    names = ("backend", "compute_type", "dtype", "attn_implementation", "trust_remote_code", "num_beams")
+    names += ("max_new_tokens", "max_source_tokens", "max_tokens", "batch_size", "buffer_size", "split_sentences")
+    names += ("paragraphs", "language", "column")
+    record = {f"--{name}": getattr(args, name) for name in names}
+    return {"model": model_digest, "device": device.split(":")[0], **record}
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a scheduler's stop) ends the command as Ctrl-C does: the finished chunks stay recorded."""
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | None, first: bool):
+    """The model (or its CTranslate2 export) that translates, loaded on `device`; the folder's notes said once."""
+    import torch
+
+    from vanilla_transformer.serving.translate import ModelBackend, folder_notes, load_model_and_tokenizer
+
+    if first:
+        for note in folder_notes(args.model_dir, args.trust_remote_code):
+            print(note, file=sys.stderr)
+    if args.backend == "ctranslate2":
+        from vanilla_transformer.data.tokenization import load_tokenizer
+        from vanilla_transformer.serving.ctranslate2_backend import CTranslate2Backend
+
+        return CTranslate2Backend(
+            args.model_dir,
+            load_tokenizer(args.model_dir),
+            ctranslate2_dir,
+            device=device.split(":")[0],
+            compute_type=args.compute_type or "default",
+            threads=torch.get_num_threads(),
+            num_beams=args.num_beams,
+            max_new_tokens=args.max_new_tokens,
+        )
+    model_kwargs = {"dtype": getattr(torch, args.dtype), "trust_remote_code": args.trust_remote_code}
+    if args.attn_implementation:
+        model_kwargs["attn_implementation"] = args.attn_implementation
+    model, tokenizer = load_model_and_tokenizer(args.model_dir, device, **model_kwargs)
+    return ModelBackend(model, tokenizer, args.num_beams, args.max_new_tokens)
+
+
+def this_process(args: argparse.Namespace) -> tuple[Process, str]:
+    """This process among those `accelerate launch` started (one alone otherwise), and its device."""
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    from vanilla_transformer.serving.translate import resolve_device
+
+    import torch
+
+    # without an accelerator, `accelerate launch --multi_gpu` (or torchrun) starts CPU processes: gloo needs cpu=True
+    has_device = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    state = PartialState(cpu=not has_device or (args.device or "").startswith("cpu"))
+    process = Process(state.process_index, state.num_processes)
+    if process.count > 1:
+        process.broadcast = lambda value: broadcast_object_list([value], from_process=0)[0]
+        if not args.output:
+            raise CorpusError("several processes write one file: give --output (stdout is one process's)")
+        if args.input is None and not (args.dataset_name or args.data_files):
+            raise CorpusError("several processes read the input each: give --input FILE (stdin is read once)")
+    return process, resolve_device(args.device) if args.device else str(state.device)
+
+
+def translate_to_output(args: argparse.Namespace, source, settings: CorpusSettings, process, device) -> None:
+    """A resumable run into --output (see corpus.py): the first process checks and prepares, all translate."""
+    from vanilla_transformer.serving.ctranslate2_backend import cached_export, model_digest
+
+    def record() -> tuple[dict, dict]:
+        check_output(args.output, args.overwrite, isinstance(source, DatasetSource))
+        check_model_folder(args.model_dir)
+        digest = model_digest(args.model_dir)
+        export = args.ctranslate2_dir
+        if args.backend == "ctranslate2" and export is None:
+            export = str(cached_export(args.model_dir, digest))
+        return output_settings(args, device, digest), {"ctranslate2_dir": export}
+
+    run = CorpusRun(source, args.output, settings, process, args.overwrite)
+    shared = run.begin(record)
+    backend = make_backend(args, device, shared.get("ctranslate2_dir"), process.is_first)
+    run.translate(backend, terminal=is_terminal())
+    summary = run.finish()
+    if summary is not None:
+        print(summary.line(unit_name(args)), file=sys.stderr)
+
+
+def check_model_folder(model_dir: str) -> None:
+    folder = Path(model_dir)
+    if not (folder / "config.json").is_file():
+        raise CorpusError(f"{model_dir} is not a model folder: it has no config.json")
+
+
+def unit_name(args: argparse.Namespace) -> str:
+    return "rows" if args.column else "paragraphs and blank lines" if args.paragraphs else "lines"
+
+
+def is_terminal() -> bool:
+    return sys.stderr is not None and sys.stderr.isatty()
+
+
+def write_stdout(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as error:  # a closed pipe, a full disk behind a redirection
+        raise CorpusError(f"cannot write the output (stdout): {error}") from error
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging
+
+    from vanilla_transformer.model.loading import ModelFolderError
+    from vanilla_transformer.serving.export_ctranslate2 import ExportError
+    from vanilla_transformer.serving.translate import CommandLineError
+
+    logging.disable_progress_bar()  # stderr is for this command's own messages
+    source, settings = corpus_source(args), corpus_settings(args)
+    try:
+        process, device = this_process(args)
+        if args.output:
+            translate_to_output(args, source, settings, process, device)
+        else:
+            backend = make_backend(args, device, args.ctranslate2_dir, True)
+            summary = translate_to_stream(backend, source, settings, write_stdout, is_terminal())
+            print(summary.line(unit_name(args)), file=sys.stderr)
+    except (CorpusError, InputError, CommandLineError, ModelFolderError, ExportError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.disable_progress_bar()  # stderr is for this command's own messages
-    progress = {"translated": 0, "written": 0, "empty": []}
-    destination, output = args.output or "(stdout)", None
+    stop_on_sigterm()
     try:
-        if args.input is None and sys.stdin is None:  # started with stdin closed (<&-): said before the model loads
-            raise CommandLineError(NO_STDIN)
-        if args.output:
-            check_output(args.output)
-            output = OutputFile.claim(args.output)  # one command per --output file
-        device = resolve_device(args.device)
-        model_kwargs = {"dtype": DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}
-        if args.attn_implementation:
-            model_kwargs["attn_implementation"] = args.attn_implementation
-        model, tokenizer = load_model_and_tokenizer(args.model_dir, device, **model_kwargs)
-        for note in folder_notes(args.model_dir, args.trust_remote_code):
-            print(note, file=sys.stderr)
-        started = time.perf_counter()
-        translate_stream(
-            model,
-            tokenizer,
-            progress,
-            source=args.input,
-            destination=output,
-            batch_size=args.batch_size,
-            buffer_size=args.buffer_size,
-            num_beams=args.num_beams,
-            max_new_tokens=args.max_new_tokens,
-            max_source_tokens=args.max_source_tokens,
-            show_progress=sys.stderr is not None and sys.stderr.isatty(),
-        )
-    except CommandLineError as error:
-        print(f"error: {error}", file=sys.stderr)
-        if progress["written"]:
-            print(f"the translations of lines 1-{progress['written']} are in {destination}", file=sys.stderr)
-        return 1
+        return run(args)
     except KeyboardInterrupt:
-        print(f"interrupted: the translations of lines 1-{progress['written']} are in {destination}", file=sys.stderr)
+        if args.output:
+            print(
+                f"stopped: the finished chunks are recorded in {args.output}.partial; the same command continues",
+                file=sys.stderr,
+            )
+        else:
+            print("stopped: the translations written so far are on stdout", file=sys.stderr)
         return 130
-    finally:
-        if output is not None:
-            output.close()
-    if progress["empty"]:
-        print(
-            f"warning: line(s) {name_lines(progress['empty'])} are empty: so are their output lines.", file=sys.stderr
-        )
-    seconds = time.perf_counter() - started
-    print(f"translated {progress['translated']} sentence(s) in {seconds:.1f} s on {device}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

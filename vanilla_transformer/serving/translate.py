@@ -12,16 +12,12 @@ shapes. `folder_notes` says what a command should know before using a folder: it
 installed code that runs, or its generation_config.json asks for more than one translation per line.
 """
 
-import codecs
-import contextlib
-import os
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import modeling_vanilla_transformer  # registers the model with the Auto classes; its folder holds the installed code
@@ -36,69 +32,149 @@ from vanilla_transformer.model.loading import (
     whole_number,
 )
 from vanilla_transformer.model.onednn import use_onednn_linears
+from vanilla_transformer.serving.sentences import cut_to_fit
 
-try:
-    import fcntl
-except ImportError:  # Windows: no flock, so no claim on --output
-    fcntl = None
-
-MAX_LINES_NAMED = 10
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # What a model folder (downloaded, so untrusted) may make us allocate before a single sentence is translated; checked
 # in its plain JSON before any model is built (`check_folder_sizes`). 1 GiB is 7 times the paper's big model's
 # embedding matrix (37000 x 1024 float32, 145 MiB) and 256 times its sinusoidal table at the default 1024 positions.
 BATCH_SIZE = 32  # sentences translated together, by default
-NO_STDIN = "there is no input: stdin is closed. Pipe the sentences in (< source.txt) or give --input FILE."
 
 
 class CommandLineError(Exception):
     """A problem with the command's model or input, reported as one message without a traceback."""
 
 
+@dataclass
+class Translated:
+    """Translations in input order, with what a summary reports: target tokens generated (special tokens excluded)
+    and the sentences cut to fit the model."""
+
+    texts: list[str]
+    target_tokens: int = 0
+    cut: int = 0
+
+
+class ModelBackend:
+    """Translation with a loaded model through `generate()`: `encode` gives source token ids, `translate` a batch of
+    them (one translation each, and the target tokens generated). Decoding follows the model's generation config, with
+    `num_beams` and `max_new_tokens` given here on top (None: the config's beam, section 6.1's input + 50)."""
+
+    def __init__(self, model, tokenizer, num_beams: int | None = None, max_new_tokens: int | None = None, **kwargs):
+        if kwargs.setdefault("num_return_sequences", 1) != 1:
+            raise ValueError(
+                "a translation is one sentence per source: num_return_sequences must be 1, got "
+                f"{kwargs['num_return_sequences']!r}."
+            )
+        if num_beams is not None:
+            kwargs["num_beams"] = num_beams
+        self.model, self.tokenizer, self.max_new_tokens, self.generate_kwargs = (
+            model,
+            tokenizer,
+            max_new_tokens,
+            kwargs,
+        )
+        self.beams = kwargs.get("num_beams") or model.generation_config.num_beams or 1
+        self.max_source_tokens = model.config.max_position_embeddings
+        self.special_ids = set(tokenizer.all_special_ids)
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.tokenizer(list(texts))["input_ids"]
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer(text)["input_ids"])
+
+    def translate(self, batch: list[list[int]]) -> tuple[list[str], int]:
+        padded = self.tokenizer.pad({"input_ids": batch}, padding=True, return_tensors="pt")
+        inputs = {name: padded[name].to(self.model.device) for name in ("input_ids", "attention_mask")}
+        length = output_length(inputs["attention_mask"], self.model.config, self.max_new_tokens)
+        self.model.eval()
+        with torch.inference_mode():
+            output_ids = self.model.generate(**inputs, max_new_tokens=length, **self.generate_kwargs)
+        is_special = torch.isin(output_ids, torch.tensor(sorted(self.special_ids), device=output_ids.device))
+        return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True), int((~is_special).sum())
+
+
+def token_batches(
+    lengths: Sequence[int], max_tokens: int | None = None, max_sentences: int | None = None, beams: int = 1
+) -> list[list[int]]:
+    """The indices of `lengths` in batches, longest first (little padding). A batch of n sentences whose longest has
+    L tokens holds n * L * beams <= `max_tokens` (fairseq's --max-tokens, padding counted, times the beams that
+    generation multiplies it by) and n <= `max_sentences`; a sentence over the budget alone is a batch of its own."""
+    if max_tokens is None and max_sentences is None:
+        raise ValueError("give max_tokens, max_sentences or both.")
+    order = sorted(range(len(lengths)), key=lambda index: -lengths[index])
+    batches, batch = [], []
+    for index in order:
+        longest = lengths[batch[0]] if batch else lengths[index]
+        too_many = max_sentences is not None and len(batch) == max_sentences
+        too_big = max_tokens is not None and (len(batch) + 1) * longest * beams > max_tokens
+        if batch and (too_many or too_big):
+            batches.append(batch)
+            batch = []
+        batch.append(index)
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def translate_texts(
+    backend,
+    texts: Sequence[str],
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    max_source_tokens: int | None = None,
+) -> Translated:
+    """Translate `texts` with `backend` (ModelBackend, CTranslate2Backend), one translation each, in input order.
+
+    Empty or whitespace-only texts give "" without running the model. A text over `max_source_tokens` (default: the
+    backend's, the model's positions) is cut at punctuation or spaces into pieces that fit (`sentences.cut_to_fit`),
+    whose translations are joined; `Translated.cut` counts them. Batches: `token_batches` by `max_tokens` and
+    `batch_size` (at least one given; the default is BATCH_SIZE sentences)."""
+    if batch_size is None and max_tokens is None:
+        batch_size = BATCH_SIZE
+    limit = max_source_tokens or backend.max_source_tokens
+    result = Translated([""] * len(texts))
+    kept = [index for index, text in enumerate(texts) if text.strip()]
+    pieces, owners, spaces = [], [], []  # what is translated, the text each belongs to, the space after it
+    for index, ids in zip(kept, backend.encode([texts[index] for index in kept]) if kept else [], strict=True):
+        cut = [(texts[index], "")] if len(ids) <= limit else cut_to_fit(texts[index], backend.count, limit)
+        result.cut += len(cut) > 1
+        for piece, space in cut:
+            pieces.append(piece)
+            owners.append(index)
+            spaces.append(space)
+    encoded = backend.encode(pieces) if pieces else []
+    translations = [""] * len(pieces)
+    for batch in token_batches([len(ids) for ids in encoded], max_tokens, batch_size, backend.beams):
+        texts_out, tokens = backend.translate([encoded[index] for index in batch])
+        result.target_tokens += tokens
+        for index, text in zip(batch, texts_out, strict=True):
+            translations[index] = text
+    for owner, translation, space in zip(owners, translations, spaces, strict=True):
+        result.texts[owner] += translation + space
+    return result
+
+
 def translate_sentences(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     sentences: Sequence[str],
-    batch_size: int = BATCH_SIZE,
+    batch_size: int | None = BATCH_SIZE,
     num_beams: int | None = None,
     max_new_tokens: int | None = None,
+    max_tokens: int | None = None,
     **generate_kwargs,
 ) -> list[str]:
-    """Translate `sentences`; returns one translation per sentence, in the input order.
-
-    Sentences are batched by length (longest first) to waste little padding. Empty or whitespace-only sentences
-    give "" without running the model. Without `max_new_tokens`, a batch may generate its longest source (in tokens)
-    + 50 new tokens; `num_beams` and other generation arguments default to the model's generation config, but for
-    `num_return_sequences`, always 1 (the best translation; a folder's generation_config.json may say otherwise).
-    """
-    if batch_size < 1:
+    """Translate `sentences` with a loaded model; one translation per sentence, in the input order (`translate_texts`
+    with a ModelBackend): batches of `batch_size` sentences, or of `max_tokens` source tokens times the beams; a
+    sentence longer than the model's positions is cut into pieces that fit. Without `max_new_tokens`, a batch may
+    generate its longest source (in tokens) + 50 new tokens; `num_beams` and other generation arguments default to
+    the model's generation config, but for `num_return_sequences`, always 1."""
+    if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
-    if generate_kwargs.setdefault("num_return_sequences", 1) != 1:
-        raise ValueError(
-            f"translate_sentences gives one translation per sentence: num_return_sequences must be 1, got "
-            f"{generate_kwargs['num_return_sequences']!r}."
-        )
-    if num_beams is not None:
-        generate_kwargs["num_beams"] = num_beams
-    translations = [""] * len(sentences)
-    to_translate = [index for index, sentence in enumerate(sentences) if sentence.strip()]
-    if not to_translate:
-        return translations
-    lengths = [len(ids) for ids in tokenizer([sentences[index] for index in to_translate])["input_ids"]]
-    longest_first = [to_translate[k] for k in sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)]
-
-    model.eval()
-    for start in range(0, len(longest_first), batch_size):
-        indices = longest_first[start : start + batch_size]
-        batch = tokenizer([sentences[index] for index in indices], padding=True, return_tensors="pt")
-        batch = {name: batch[name].to(model.device) for name in ("input_ids", "attention_mask")}
-        length = output_length(batch["attention_mask"], model.config, max_new_tokens)
-        with torch.inference_mode():
-            output_ids = model.generate(**batch, max_new_tokens=length, **generate_kwargs)
-        texts = tokenizer.batch_decode(output_ids, skip_special_tokens=True)
-        for index, text in zip(indices, texts, strict=True):
-            translations[index] = text
-    return translations
+    backend = ModelBackend(model, tokenizer, num_beams, max_new_tokens, **generate_kwargs)
+    return translate_texts(backend, sentences, batch_size, max_tokens).texts
 
 
 def load_model_and_tokenizer(
@@ -203,87 +279,6 @@ def split_lines(text: str) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
-def decode_line(raw: bytes | str, number: int, name: str) -> str:
-    """Line `number` of the input without its line ending (and, on line 1, a byte-order mark); CommandLineError names
-    the line and byte of bad UTF-8."""
-    if isinstance(raw, str):  # a text stdin without .buffer
-        return split_lines(raw.removeprefix("\ufeff") if number == 1 else raw)[0]
-    raw = raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw
-    try:
-        return split_lines(raw.decode("utf-8"))[0]  # a raw line holds one "\n", at its end
-    except UnicodeDecodeError as error:
-        raise CommandLineError(
-            f"cannot read the input {name}: invalid UTF-8 on line {number} ({error.reason} at byte {error.start + 1} "
-            "of the line): the input must be UTF-8 text"
-        ) from None
-
-
-def read_chunks(path: str | None, chunk_lines: int) -> Iterator[tuple[int, list[str]]]:
-    """(number of the first line, the lines) of a UTF-8 file, or of stdin when `path` is None, `chunk_lines` at a
-    time. Read as bytes split at "\n" only and decoded strictly, so bad bytes are an error naming their line (stdin's
-    own decoding would let them through as lone surrogates) and other line-breaking characters stay in their line."""
-    name = path or "(stdin)"
-    if path is None and sys.stdin is None:
-        raise CommandLineError(NO_STDIN)
-    try:
-        stream = open(path, "rb") if path is not None else getattr(sys.stdin, "buffer", sys.stdin)
-    except OSError as error:
-        raise CommandLineError(f"cannot read the input {name}: {error}") from error
-    first, chunk = 1, []
-    try:
-        for number, raw in enumerate(stream, start=1):
-            chunk.append(decode_line(raw, number, name))
-            if len(chunk) == chunk_lines:
-                yield first, chunk
-                first, chunk = first + len(chunk), []
-    except OSError as error:
-        raise CommandLineError(f"cannot read the input {name}: {error}") from error
-    finally:
-        if path is not None:
-            stream.close()
-    if first == 1 and not chunk:
-        raise CommandLineError(f"the input {name} is empty: there is nothing to translate.")
-    if chunk:
-        yield first, chunk
-
-
-def read_lines(path: str | None) -> list[str]:
-    """Every line of a UTF-8 file, or of stdin when `path` is None, without line endings (see `read_chunks`)."""
-    return [line for _, chunk in read_chunks(path, chunk_lines=10_000) for line in chunk]
-
-
-def check_output(path: str) -> None:
-    """Refuse, before anything is loaded or translated, an --output that could not be written."""
-    output = Path(path)
-    if output.is_dir():
-        raise CommandLineError(f"--output {path} is a folder: name the file to write")
-    if not output.parent.is_dir():
-        raise CommandLineError(f"--output {path}: the folder {output.parent} does not exist")
-    if not os.access(output if output.exists() else output.parent, os.W_OK):
-        raise CommandLineError(f"--output {path} cannot be written (permission denied)")
-
-
-def name_lines(numbers: list[int]) -> str:
-    named = ", ".join(str(number) for number in numbers[:MAX_LINES_NAMED])
-    return named + (f" and {len(numbers) - MAX_LINES_NAMED} more" if len(numbers) > MAX_LINES_NAMED else "")
-
-
-def check_lines(
-    lines: list[str], tokenizer: PreTrainedTokenizerBase, max_source_tokens: int, first_line: int = 1
-) -> list[int]:
-    """Raise CommandLineError naming the lines longer than `max_source_tokens`; return the empty lines' numbers
-    (the first of `lines` is line `first_line`)."""
-    empty = [number for number, line in enumerate(lines, start=first_line) if not line.strip()]
-    lengths = [len(ids) for ids in tokenizer(lines)["input_ids"]]
-    too_long = [number for number, length in enumerate(lengths, start=first_line) if length > max_source_tokens]
-    if too_long:
-        raise CommandLineError(
-            f"line(s) {name_lines(too_long)} have more than {max_source_tokens} source tokens (the longest has "
-            f"{max(lengths)}): split them, or allow longer input with --max_source_tokens."
-        )
-    return empty
-
-
 def resolve_device(name: str | None) -> str:
     if name is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -294,120 +289,3 @@ def resolve_device(name: str | None) -> str:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CommandLineError(f"--device {name}: CUDA is not available on this machine; use --device cpu.")
     return name
-
-
-def translate_stream(
-    model,
-    tokenizer,
-    progress: dict,
-    *,
-    source: str | None,
-    destination: "str | OutputFile | None",
-    batch_size: int,
-    buffer_size: int,
-    num_beams: int | None = None,
-    max_new_tokens: int | None = None,
-    max_source_tokens: int | None = None,
-    show_progress: bool = False,
-) -> None:
-    """Read, check, translate and write the input (`source`, a file, or stdin) `buffer_size` lines at a time, in input
-    order, into `destination` (a path or a claimed OutputFile; None: stdout), each buffer written whole or not at all;
-    `progress` counts what was translated and written (and the empty lines), for the messages. `show_progress`: a
-    progress bar of the lines written, on stderr (for a terminal: a pipeline's stderr stays clean)."""
-    max_source_tokens = max_source_tokens or model.config.max_position_embeddings
-    output = OutputFile.claim(destination) if isinstance(destination, str) else destination
-    bar = tqdm(desc="translating", unit=" lines", file=sys.stderr, disable=not show_progress, dynamic_ncols=True)
-    try:
-        for first_line, lines in read_chunks(source, max(buffer_size, batch_size)):
-            empty = check_lines(lines, tokenizer, max_source_tokens, first_line)
-            translations = translate_sentences(model, tokenizer, lines, batch_size, num_beams, max_new_tokens)
-            # one translation per line, whatever characters the model produced
-            text = "".join(" ".join(translation.splitlines()) + "\n" for translation in translations)
-            if output is not None:
-                output.write(text)
-            else:
-                write_stdout(text)
-            progress["translated"] += len(lines) - len(empty)
-            progress["written"] += len(lines)
-            progress["empty"] += empty
-            bar.update(len(lines))
-        if output is not None:
-            output.finish()
-    finally:
-        bar.close()
-        if output is not None and output is not destination:
-            output.close()
-
-
-def write_stdout(text: str) -> None:
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except OSError as error:  # a closed pipe, a full disk behind a redirection
-        raise CommandLineError(f"cannot write the output (stdout): {error}") from error
-
-
-class OutputFile:
-    """--output, claimed for one command and written a buffer at a time, whole lines only.
-
-    `claim` opens it without changing it and takes an exclusive lock (flock, released by the kernel if the process
-    dies): a second command writing the same file is refused before it loads a model. The first `write` empties it;
-    a buffer that cannot be written whole (a full disk) is taken back, so the file holds exactly the lines counted as
-    written; `close` removes a file that the command created and never wrote."""
-
-    def __init__(self, path: str, descriptor: int, created: bool):
-        self.path, self.descriptor, self.created = path, descriptor, created
-        self.size = None  # bytes of whole lines written; None until the first write empties the file
-
-    @classmethod
-    def claim(cls, path: str) -> "OutputFile":
-        created = not os.path.lexists(path)
-        try:
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
-        except OSError as error:
-            raise CommandLineError(f"cannot write the output {path}: {error}") from error
-        output = cls(path, descriptor, created)
-        if fcntl is not None:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                output.close()
-                raise CommandLineError(
-                    f"--output {path} is being written by another command: wait for it to finish, or choose another "
-                    "--output"
-                ) from None
-            except OSError:
-                pass  # a filesystem without flock
-        return output
-
-    def write(self, text: str) -> None:
-        data = memoryview(text.encode("utf-8"))
-        try:
-            if self.size is None:
-                os.ftruncate(self.descriptor, 0)
-                self.size = 0
-            written = 0
-            while written < len(data):
-                written += os.pwrite(self.descriptor, data[written:], self.size + written)
-        except OSError as error:  # a full disk: the buffer's lines are taken back, no line is cut
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.descriptor, self.size or 0)
-            raise CommandLineError(f"cannot write the output {self.path}: {error}") from error
-        self.size += len(data)
-
-    def finish(self) -> None:
-        """Make sure what was written is on disk (a network filesystem reports a full disk here); CommandLineError."""
-        try:
-            os.fsync(self.descriptor)
-        except OSError as error:
-            raise CommandLineError(f"cannot write the output {self.path}: {error}") from error
-
-    def close(self) -> None:
-        if self.descriptor is None:
-            return
-        with contextlib.suppress(OSError):
-            os.close(self.descriptor)
-        self.descriptor = None
-        if self.created and self.size is None:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)

@@ -1,0 +1,550 @@
+"""Translating a corpus: chunks of units translated by every process, recorded as they finish, put together in input
+order. The library under `vanilla-transformer translate`.
+
+The input's units (`sources`: lines, paragraphs, dataset rows) are numbered and cut into chunks of `buffer_size`.
+Each chunk is translated on its own: its sentences sorted by length and batched by tokens (`translate.translate_texts`),
+so its translation depends on its units and the settings only, never on the process that made it or on the chunks
+before it. That is what makes a run resumable and shardable, and its output byte-identical either way.
+
+With an output path, the run keeps a folder beside it, `<output>.partial/`:
+
+- `manifest.json`: the input's sha256 and unit count, and the settings that change the output (the model's digest,
+  the backend, the decoding, the batching, the chunking). A resumed run must find them again: a changed input or
+  setting is refused by name (`--overwrite` starts again).
+- `chunk-00000012.jsonl`: a finished chunk, one JSON line of counts then one JSON string per unit; written whole or not
+  at all (a staged file renamed into place), so a run stopped any way (Ctrl-C, SIGTERM, kill -9, a lost machine) loses
+  at most the chunks it was translating. The chunks done are the chunk files present.
+- `plan.json`: the chunks still to translate when the run began; process r of n takes every n-th of them, from r.
+- `input.txt`: stdin, read whole before anything else (a resumed run reads it again and compares).
+
+When every chunk is there, the first process writes the output (a staged file or folder renamed into place: the
+previous output, if `--overwrite` allowed one, stays whole until then) and removes the partial folder's files, which it
+knows by name. The processes meet once, after the first has checked the input and the manifest; then each works on
+its own, and the first waits for the others' chunk files: a shared filesystem is all that several machines need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from vanilla_transformer.mechanics.files import move_into_place, replace_file, staging_path
+from vanilla_transformer.serving.sentences import split_sentences
+from vanilla_transformer.serving.sources import DatasetSource, InputError, TextSource, fingerprint, spool_stdin
+from vanilla_transformer.serving.translate import translate_texts
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock
+    fcntl = None
+
+FORMAT = "vanilla-transformer translate, chunks 1"
+MANIFEST, PLAN, LOCK, SPOOL = "manifest.json", "plan.json", "lock", "input.txt"
+CHUNK_PREFIX, CHUNK_SUFFIX = "chunk-", ".jsonl"
+DATASET_SUFFIXES = (".parquet", ".jsonl", ".json")
+POLL_SECONDS = 2.0
+
+
+class CorpusError(Exception):
+    """The corpus cannot be translated as asked (its output, its partial folder, a resumed run's input or settings);
+    the message names the path, flag or setting."""
+
+
+@dataclass(frozen=True)
+class CorpusSettings:
+    """How a corpus is cut and batched. Each default is stated here once (the command's flags read them)."""
+
+    buffer_size: int = 200  # units a chunk: sorted together, recorded together (a kill loses at most one a process)
+    max_tokens: int | None = 2000  # source tokens x beams a batch, padding counted (docs/BENCHMARKS.md)
+    batch_size: int | None = None  # sentences a batch, at most (None: the token budget alone)
+    split_sentences: bool = False
+    language: str = "en"  # the source language, for the sentence splitter
+    max_source_tokens: int | None = None  # longer sentences are cut into pieces (None: the model's positions)
+    log_every: float = 60.0  # seconds between progress lines when stderr is not a terminal
+
+
+@dataclass
+class Summary:
+    units: int = 0
+    pieces: int = 0
+    target_tokens: int = 0
+    cut: int = 0
+    chunks: int = 0
+    resumed: int = 0
+    resumed_tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, counts: dict) -> None:
+        self.units += counts["units"]
+        self.pieces += counts["pieces"]
+        self.target_tokens += counts["target_tokens"]
+        self.cut += counts["cut"]
+
+    def line(self, unit_name: str = "lines") -> str:
+        tokens = self.target_tokens - self.resumed_tokens
+        rate = tokens / self.seconds if self.seconds > 0 else 0.0
+        cut = f"; {self.cut} sentence(s) over the model's length cut into pieces" if self.cut else ""
+        return (
+            f"translated {self.units} {unit_name} ({self.pieces} sentences, {self.target_tokens} target tokens) in "
+            f"{self.seconds:.1f} s: {rate:.0f} target tokens/s; {self.resumed} of {self.chunks} chunks resumed{cut}"
+        )
+
+
+@dataclass
+class Process:
+    """This process among those of the launch (accelerate's PartialState, or one alone)."""
+
+    index: int = 0
+    count: int = 1
+    broadcast: Callable[[object], object] = field(default=lambda value: value)  # the first process's value, to all
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+
+def translate_units(backend, units: list[str], settings: CorpusSettings) -> tuple[list[str], dict]:
+    """One chunk: each unit's translation (its sentences translated and joined as they were, with
+    `split_sentences`), and its counts."""
+    if settings.split_sentences:
+        pieces = [split_sentences(unit, settings.language) if unit.strip() else [] for unit in units]
+    else:
+        pieces = [[(unit, "")] if unit.strip() else [] for unit in units]
+    texts = [text for unit in pieces for text, _ in unit]
+    translated = translate_texts(backend, texts, settings.batch_size, settings.max_tokens, settings.max_source_tokens)
+    translations, position = [], 0
+    for unit in pieces:
+        parts = translated.texts[position : position + len(unit)]
+        translations.append("".join(text + space for text, (_, space) in zip(parts, unit, strict=True)).rstrip())
+        position += len(unit)
+    counts = {"units": len(units), "pieces": sum(1 for text in texts if text.strip()), "cut": translated.cut}
+    counts["target_tokens"] = translated.target_tokens
+    return translations, counts
+
+
+def chunks_of(units: Iterator[str], size: int, wanted: set[int] | None = None) -> Iterator[tuple[int, list[str]]]:
+    """(chunk number, its units) for the chunks in `wanted` (all when None); the others are read past, and reading
+    stops after the last one wanted."""
+    chunk, number, count = [], 0, 0
+    last = max(wanted) if wanted else math.inf
+    for unit in units:
+        if number > last:
+            return
+        count += 1
+        if wanted is None or number in wanted:
+            chunk.append(unit)
+        if count == size:
+            if chunk:
+                yield number, chunk
+            chunk, count, number = [], 0, number + 1
+    if chunk:
+        yield number, chunk
+
+
+def one_line(translation: str) -> str:
+    """A translation as one output line, whatever line breaks the model produced."""
+    return " ".join(translation.splitlines())
+
+
+class Progress:
+    """Lines done, lines/s, target tokens/s and the time left: a bar on a terminal, else a line every `log_every`
+    seconds (a batch job's log). Counts the whole run's units (the other processes' chunks too, on the first)."""
+
+    def __init__(self, total: int | None, done: int, terminal: bool, log_every: float, enabled: bool = True):
+        self.total, self.done, self.tokens, self.start_done = total, done, 0, done
+        self.log_every, self.enabled = log_every, enabled
+        self.started = self.logged = time.monotonic()
+        self.bar = None
+        if enabled and terminal:
+            self.bar = tqdm(
+                total=total, initial=done, desc="translating", unit=" lines", file=sys.stderr, dynamic_ncols=True
+            )
+
+    def advance(self, units: int, tokens: int) -> None:
+        self.done += units
+        self.tokens += tokens
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        rate = self.tokens / max(now - self.started, 1e-9)
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{rate:.0f} target tok/s", refresh=False)
+            self.bar.update(units)
+        elif now - self.logged >= self.log_every:
+            self.logged = now
+            print(self.log_line(now, rate), file=sys.stderr, flush=True)
+
+    def log_line(self, now: float, rate: float) -> str:
+        lines_rate = (self.done - self.start_done) / max(now - self.started, 1e-9)
+        of = f"/{self.total} ({100 * self.done / self.total:.0f}%)" if self.total else ""
+        left = ""
+        if self.total and lines_rate > 0:
+            seconds = int((self.total - self.done) / lines_rate)
+            left = f", about {seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d} left"
+        return f"translated {self.done}{of} lines, {lines_rate:.1f} lines/s, {rate:.0f} target tokens/s{left}"
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class PartialFolder:
+    """`<output>.partial/`, the record of a resumable run (see the module's docstring). Only the names this module
+    writes are ever deleted from it."""
+
+    def __init__(self, output: str | Path):
+        self.output = Path(output)
+        self.folder = self.output.with_name(self.output.name + ".partial")
+        self.lock_descriptor: int | None = None
+
+    def chunk(self, number: int) -> Path:
+        return self.folder / f"{CHUNK_PREFIX}{number:08d}{CHUNK_SUFFIX}"
+
+    def done(self) -> set[int]:
+        names = os.listdir(self.folder) if self.folder.is_dir() else []
+        return {
+            int(name[len(CHUNK_PREFIX) : -len(CHUNK_SUFFIX)])
+            for name in names
+            if name.startswith(CHUNK_PREFIX) and name.endswith(CHUNK_SUFFIX) and name[len(CHUNK_PREFIX) : -6].isdigit()
+        }
+
+    def read(self, name: str):
+        try:
+            return json.loads((self.folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise CorpusError(
+                f"{self.folder / name} cannot be read ({error}): the partial run's record is damaged; start again "
+                "with --overwrite"
+            ) from None
+
+    def write(self, name: str, content) -> None:
+        replace_file(self.folder / name, json.dumps(content, ensure_ascii=False, indent=1) + "\n")
+
+    def is_ours(self) -> bool:
+        manifest = self.folder / MANIFEST
+        if self.folder.is_symlink() or not self.folder.is_dir() or manifest.is_symlink() or not manifest.is_file():
+            return False
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(manifest.read_text(encoding="utf-8")).get("format") == FORMAT
+        return False
+
+    def lock(self) -> None:
+        """Claim the folder for this run (flock, released by the kernel if the process dies): a second command with
+        the same --output is refused."""
+        self.lock_descriptor = os.open(self.folder / LOCK, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0))
+        if fcntl is None:
+            return
+        try:
+            fcntl.flock(self.lock_descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CorpusError(
+                f"--output {self.output} is being written by another command (its {self.folder.name} is locked): wait "
+                "for it to finish, or choose another --output"
+            ) from None
+        except OSError:
+            pass  # a filesystem without flock
+
+    def unlock(self) -> None:
+        if self.lock_descriptor is not None:
+            os.close(self.lock_descriptor)
+            self.lock_descriptor = None
+
+    def remove(self) -> None:
+        """Delete what this module writes there (and leftovers of writes that were stopped), then the folder if that
+        emptied it."""
+        if not self.folder.is_dir() or self.folder.is_symlink():
+            return
+        for entry in os.scandir(self.folder):
+            ours = entry.name in (MANIFEST, PLAN, LOCK, SPOOL) or entry.name.startswith((CHUNK_PREFIX, ".", "cache"))
+            if not ours:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                import shutil
+
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+        with contextlib.suppress(OSError):
+            self.folder.rmdir()
+
+
+def check_output(output: str, overwrite: bool, dataset: bool) -> None:
+    """Refuse, before anything is loaded, an --output that could not be written or would replace what is not ours."""
+    path = Path(output)
+    if dataset and path.suffix not in DATASET_SUFFIXES and path.exists() and not path.is_dir():
+        raise CorpusError(f"--output {output}: a dataset is written to a .parquet or .jsonl file, or to a folder")
+    if not dataset and path.is_dir():
+        raise CorpusError(f"--output {output} is a folder: name the file to write")
+    if not path.parent.is_dir():
+        raise CorpusError(f"--output {output}: the folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise CorpusError(f"--output {output} cannot be written (permission denied)")
+    partial = PartialFolder(output)
+    if partial.folder.exists() and not partial.is_ours():
+        raise CorpusError(
+            f"{partial.folder} exists and is not a partial translation of ours: move or delete it yourself"
+        )
+    if os.path.lexists(path) and not overwrite and not partial.folder.exists():
+        raise CorpusError(f"--output {output} exists: add --overwrite to replace it, or choose another --output")
+
+
+def same_file(input_path: str | None, output: str) -> bool:
+    """Whether --output is the --input file (or stdin's file), by device and inode: a hard link or another spelling of
+    the path is the same file."""
+    try:
+        output_stat = os.stat(output)
+    except OSError:
+        return False
+    try:
+        input_stat = os.stat(input_path) if input_path is not None else os.fstat(sys.stdin.fileno())
+    except (OSError, AttributeError, ValueError):
+        return False
+    return (input_stat.st_dev, input_stat.st_ino) == (output_stat.st_dev, output_stat.st_ino)
+
+
+def prepare(partial: PartialFolder, source, record: dict, settings: CorpusSettings, overwrite: bool) -> tuple:
+    """The first process, before the others start: claim the partial folder, read the input once (stdin into
+    `input.txt`), check a resumed run's input and settings against the manifest, and write the plan. Returns the
+    manifest, with the plan in it."""
+    if overwrite and partial.is_ours():
+        partial.remove()
+    partial.folder.mkdir(exist_ok=True)
+    partial.lock()
+    if isinstance(source, TextSource) and source.path is None:
+        spool_stdin(partial.folder / ".input.new", source.max_line_bytes)
+        move_into_place(partial.folder / ".input.new", partial.folder / SPOOL)
+        source = replace(source, path=str(partial.folder / SPOOL))
+    sha256, units = fingerprint(source.units())
+    if units == 0:
+        raise InputError(f"the input {source.label} is empty: there is nothing to translate")
+    manifest = {"format": FORMAT, "input": {"sha256": sha256, "units": units}, "settings": record}
+    manifest["chunks"] = math.ceil(units / settings.buffer_size)
+    if (partial.folder / MANIFEST).is_file():
+        check_resumable(partial.read(MANIFEST), manifest, source.label)
+    else:
+        partial.write(MANIFEST, manifest)
+    for entry in os.scandir(partial.folder):  # staged chunk files of a stopped run: never renamed into place
+        if entry.name.startswith(".") and entry.name != ".input.new":
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    done = partial.done()
+    manifest["plan"] = [number for number in range(manifest["chunks"]) if number not in done]
+    manifest["resumed"] = manifest["chunks"] - len(manifest["plan"])
+    partial.write(PLAN, manifest["plan"])
+    return manifest, source
+
+
+def check_resumable(recorded: dict, now: dict, label: str) -> None:
+    """Refuse to resume when the input or a setting that changes the output differs, naming what changed."""
+    if recorded.get("input") != now["input"]:
+        was, now_input = recorded.get("input", {}), now["input"]
+        raise CorpusError(
+            f"the input {label} is not the one this run began with (then {was.get('units')} units, sha256 "
+            f"{str(was.get('sha256'))[:12]}; now {now_input['units']}, {now_input['sha256'][:12]}): give that input "
+            "to continue, or start again with --overwrite"
+        )
+    before, after = recorded.get("settings", {}), now["settings"]
+    changed = [name for name in sorted(before.keys() | after.keys()) if before.get(name) != after.get(name)]
+    if changed:
+        described = "; ".join(f"{name} was {before.get(name)!r}, now {after.get(name)!r}" for name in changed)
+        raise CorpusError(
+            f"this run's settings differ from those it began with ({described}): its finished chunks were translated "
+            "with those; give the same settings to continue, or start again with --overwrite"
+        )
+
+
+class CorpusRun:
+    """One process's part of translating `source` into `output` (see the module's docstring): `begin` (every
+    process: the first prepares, the others receive its manifest), `translate` (this process's chunks), `finish`
+    (the first: waits for every chunk, writes the output, returns the summary)."""
+
+    def __init__(self, source, output: str, settings: CorpusSettings, process: Process, overwrite: bool = False):
+        self.source, self.output, self.settings, self.process, self.overwrite = (
+            source,
+            output,
+            settings,
+            process,
+            overwrite,
+        )
+        self.partial = PartialFolder(output)
+        self.manifest: dict | None = None
+        self.progress: Progress | None = None
+        self.seen: set[int] = set()
+        self.summary = Summary()
+        self.said_cut = False
+
+    def begin(self, record: Callable[[], tuple[dict, dict]]) -> dict:
+        """Prepare on the first process and share its manifest with the others; returns what was shared.
+        `record()`, called on the first process only, gives the settings that change the output and what else the
+        others need (an export's path). A failure on the first process stops the others too (CorpusError there)."""
+        shared = None
+        if self.process.is_first:
+            try:
+                settings, extra = record()
+                manifest, self.source = prepare(self.partial, self.source, settings, self.settings, self.overwrite)
+                shared = {"manifest": manifest, "source": self.source, **extra}
+            finally:
+                self.process.broadcast(shared)
+        else:
+            shared = self.process.broadcast(None)
+            if shared is None:
+                raise CorpusError("the first process stopped before translating (its error is above)")
+            self.source = shared["source"]
+        self.manifest = shared["manifest"]
+        return shared
+
+    def translate(self, backend, terminal: bool = False, started: float | None = None) -> None:
+        """Translate this process's share of the chunks still to do, each recorded as it is finished."""
+        manifest, size = self.manifest, self.settings.buffer_size
+        self.started = started if started is not None else time.monotonic()
+        mine = set(manifest["plan"][self.process.index :: self.process.count])
+        self.seen = set(range(manifest["chunks"])) - set(manifest["plan"])
+        done_units = sum(min(size, manifest["input"]["units"] - number * size) for number in self.seen)
+        self.progress = Progress(
+            manifest["input"]["units"], done_units, terminal, self.settings.log_every, enabled=self.process.is_first
+        )
+        for number, units in chunks_of(self.source.units(), size, mine) if mine else ():
+            translations, counts = translate_units(backend, units, self.settings)
+            self.say_cut_once(counts, number)
+            lines = [json.dumps(counts)] + [json.dumps(text, ensure_ascii=False) for text in translations]
+            replace_file(self.partial.chunk(number), "\n".join(lines) + "\n")
+            self.seen.add(number)
+            self.progress.advance(counts["units"], counts["target_tokens"])
+            if self.process.is_first:
+                self.poll_others()
+
+    def say_cut_once(self, counts: dict, number: int) -> None:
+        if counts["cut"] and not self.said_cut:
+            self.said_cut = True
+            first = number * self.settings.buffer_size + 1
+            print(
+                f"note: units {first}-{first + counts['units'] - 1} hold a sentence longer than the model takes: it "
+                "is cut at punctuation or spaces into pieces that fit (the summary counts them)",
+                file=sys.stderr,
+            )
+
+    def poll_others(self) -> None:
+        """Count the chunks the other processes finished since the last look into the progress."""
+        if self.process.count == 1:
+            return
+        for number in sorted(self.partial.done() - self.seen):
+            counts = self.chunk_counts(number)
+            self.seen.add(number)
+            self.progress.advance(counts["units"], counts["target_tokens"])
+
+    def chunk_counts(self, number: int) -> dict:
+        with open(self.partial.chunk(number), encoding="utf-8") as file:
+            return json.loads(file.readline())
+
+    def chunk_translations(self, number: int) -> Iterator[str]:
+        with open(self.partial.chunk(number), encoding="utf-8") as file:
+            file.readline()
+            for line in file:
+                yield json.loads(line)
+
+    def finish(self) -> Summary | None:
+        """On the first process: wait for every chunk, write the output, remove the partial folder; the summary.
+        Other processes return None at once."""
+        if not self.process.is_first:
+            return None
+        chunks = self.manifest["chunks"]
+        while set(range(chunks)) - self.partial.done():
+            self.poll_others()
+            time.sleep(POLL_SECONDS)
+        self.poll_others()
+        self.progress.close()
+        if isinstance(self.source, DatasetSource):
+            write_dataset(self.source, self, self.output)
+        else:
+            self.write_text()
+        summary = Summary(chunks=chunks, resumed=self.manifest["resumed"])
+        for number in range(chunks):
+            counts = self.chunk_counts(number)
+            summary.add(counts)
+            if number not in set(self.manifest["plan"]):
+                summary.resumed_tokens += counts["target_tokens"]
+        summary.seconds = time.monotonic() - self.started
+        self.partial.remove()
+        self.partial.unlock()
+        return summary
+
+    def write_text(self) -> None:
+        staging = staging_path(self.output)
+        try:
+            with open(staging, "x", encoding="utf-8", newline="\n") as file:
+                for number in range(self.manifest["chunks"]):
+                    file.writelines(one_line(text) + "\n" for text in self.chunk_translations(number))
+                file.flush()
+                os.fsync(file.fileno())
+            move_into_place(staging, self.output)
+        finally:
+            staging.unlink(missing_ok=True)
+
+
+def translate_to_stream(
+    backend, source, settings: CorpusSettings, write: Callable[[str], None], terminal: bool = False
+) -> Summary:
+    """Translate `source` chunk by chunk into `write` (stdout), in input order; nothing is recorded (no resume)."""
+    summary, started = Summary(), time.monotonic()
+    progress = Progress(None, 0, terminal, settings.log_every)
+    for _, units in chunks_of(source.units(), settings.buffer_size):
+        translations, counts = translate_units(backend, units, settings)
+        write("".join(one_line(text) + "\n" for text in translations))
+        summary.add(counts)
+        summary.chunks += 1
+        progress.advance(counts["units"], counts["target_tokens"])
+    progress.close()
+    if summary.units == 0:
+        raise InputError(f"the input {source.label} is empty: there is nothing to translate")
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def write_dataset(source: DatasetSource, run: CorpusRun, output: str) -> None:
+    """The input dataset with a `translation` column, as Parquet, JSON Lines or a `save_to_disk` folder (by the
+    output's suffix), built row by row through an Arrow cache in the partial folder (bounded memory)."""
+    import datasets
+
+    features = source.load().features
+    if features is not None:
+        features = datasets.Features({**features, "translation": datasets.Value("string")})
+    generated = datasets.Dataset.from_generator(
+        _rows_with_translations,
+        gen_kwargs={"source": source, "partial": str(run.partial.output), "chunks": run.manifest["chunks"]},
+        features=features,
+        cache_dir=str(run.partial.folder / "cache"),
+    )
+    suffix = Path(output).suffix
+    staging = staging_path(output)
+    try:
+        if suffix == ".parquet":
+            generated.to_parquet(str(staging))
+        elif suffix in (".jsonl", ".json"):
+            generated.to_json(str(staging), lines=True, force_ascii=False)
+        else:
+            generated.save_to_disk(str(staging))
+        move_into_place(staging, output)
+    finally:
+        if staging.is_dir():
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            staging.unlink(missing_ok=True)
+
+
+def _rows_with_translations(source: DatasetSource, partial: str, chunks: int) -> Iterator[dict]:
+    run = CorpusRun(source, partial, CorpusSettings(), Process())
+    translations = (text for number in range(chunks) for text in run.chunk_translations(number))
+    for row, translation in zip(source.load(), translations, strict=True):
+        yield {**row, "translation": translation}

@@ -1,0 +1,120 @@
+"""Translation through CTranslate2 (`vanilla-transformer translate --backend ctranslate2`): the folder's export, made
+once and cached beside the model folder, decoded with the model's own generation settings. Batches, cutting and the
+rest come from `translate.translate_texts`, as for the model itself.
+
+The cache is `<model folder>.ctranslate2-<digest>` beside the folder, the digest that of the model's config and
+weights: a model trained or converted again gets a new export, never a stale one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
+from vanilla_transformer.model.loading import read_json_file
+from vanilla_transformer.serving.export_ctranslate2 import ExportError, convert_to_ctranslate2, why_not_an_export
+
+COMPUTE_TYPES = (
+    "default",
+    "auto",
+    "float32",
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "float16",
+    "bfloat16",
+    "int16",
+)
+
+
+def model_digest(model_dir: str | Path) -> str:
+    """sha256 of what makes a model translate as it does: its config, generation config, weights and tokenizer."""
+    digest = hashlib.sha256()
+    folder = Path(model_dir)
+    for name in sorted(path.name for path in folder.iterdir() if path.is_file() and path.name != "README.md"):
+        digest.update(name.encode() + b"\0")
+        with open(folder / name, "rb") as file:
+            while block := file.read(1 << 24):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def cached_export(model_dir: str | Path, digest: str | None = None) -> Path:
+    """The folder's CTranslate2 export, made on first use beside it (`<folder>.ctranslate2-<digest[:12]>`, float32;
+    CTranslate2 quantizes when it loads); ExportError when it cannot be made there (give --ctranslate2_dir)."""
+    folder = Path(model_dir).resolve()
+    export = folder.with_name(f"{folder.name}.ctranslate2-{(digest or model_digest(folder))[:12]}")
+    if export.exists() and why_not_an_export(export) is None:
+        return export
+    try:
+        convert_to_ctranslate2(folder, export, force=export.exists())
+    except OSError as error:
+        raise ExportError(
+            f"cannot write the CTranslate2 export beside the model, in {export} ({error}): make one with "
+            "`vanilla-transformer export-ctranslate2 MODEL_DIR OUTPUT_DIR` and give it with --ctranslate2_dir"
+        ) from error
+    return export
+
+
+class CTranslate2Backend:
+    """`translate_texts`' backend on a CTranslate2 Translator: source tokens are the model tokenizer's, decoding
+    follows the folder's generation_config.json (beam, length penalty, repetition settings, bad words) unless
+    `num_beams` or `max_new_tokens` are given, with section 6.1's input + 50 as the output length."""
+
+    def __init__(
+        self,
+        model_dir,
+        tokenizer,
+        export_dir,
+        device="cpu",
+        compute_type="default",
+        threads=0,
+        num_beams=None,
+        max_new_tokens=None,
+    ):
+        import ctranslate2
+
+        config = read_json_file(Path(model_dir) / "config.json")
+        generation = read_json_file(Path(model_dir) / "generation_config.json") or {}
+        self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
+        self.translator = ctranslate2.Translator(
+            str(export_dir), device=device, compute_type=compute_type, intra_threads=threads
+        )
+        self.beams = num_beams or generation.get("num_beams") or 1
+        self.max_source_tokens = config["max_position_embeddings"]
+        self.options = {"beam_size": self.beams, "max_input_length": 0}
+        for ours, theirs in (
+            ("length_penalty", "length_penalty"),
+            ("no_repeat_ngram_size", "no_repeat_ngram_size"),
+            ("repetition_penalty", "repetition_penalty"),
+        ):
+            if generation.get(ours) is not None:
+                self.options[theirs] = generation[ours]
+        if generation.get("bad_words_ids"):
+            self.options["suppress_sequences"] = [
+                tokenizer.convert_ids_to_tokens(ids) for ids in generation["bad_words_ids"]
+            ]
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.tokenizer(list(texts))["input_ids"]
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer(text)["input_ids"])
+
+    def decoding_length(self, batch: list[list[int]]) -> int:
+        """The output length of a batch: as `pipeline_vanilla_transformer.output_length` gives the model (longest
+        source + 50 up to MAX_OUTPUT_TOKENS), within the exported position table (its first row is the start)."""
+        length = self.max_new_tokens or min(max(map(len, batch)) + EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)
+        return min(length, self.max_source_tokens - 1)
+
+    def translate(self, batch: list[list[int]]) -> tuple[list[str], int]:
+        tokens = [self.tokenizer.convert_ids_to_tokens(ids) for ids in batch]
+        results = self.translator.translate_batch(
+            tokens, max_decoding_length=self.decoding_length(batch), **self.options
+        )
+        hypotheses = [result.hypotheses[0] for result in results]
+        ids = [self.tokenizer.convert_tokens_to_ids(hypothesis) for hypothesis in hypotheses]
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=True), sum(map(len, hypotheses))
