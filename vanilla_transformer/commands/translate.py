@@ -49,7 +49,7 @@ from vanilla_transformer.serving.corpus import (
     same_file,
     translate_to_stream,
 )
-from vanilla_transformer.serving.sources import MAX_LINE_BYTES, DatasetSource, InputError, TextSource
+from vanilla_transformer.serving.sources import MAX_LINE_BYTES, NO_STDIN, DatasetSource, InputError, TextSource
 
 
 def up_to(high: int):
@@ -196,13 +196,9 @@ def output_settings(args: argparse.Namespace, device: str, model_digest: str) ->
     return {"model": model_digest, "device": device.split(":")[0], **record}
 
 
-def stop_on_sigterm() -> None:
+def stop_on_sigterm(signum, frame):
     """SIGTERM (a scheduler's stop) ends the command as Ctrl-C does: the finished chunks stay recorded."""
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
+    raise KeyboardInterrupt
 
 
 def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | None, first: bool):
@@ -237,12 +233,11 @@ def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | N
 
 def this_process(args: argparse.Namespace) -> tuple[Process, str]:
     """This process among those `accelerate launch` started (one alone otherwise), and its device."""
+    import torch
     from accelerate import PartialState
     from accelerate.utils import broadcast_object_list
 
     from vanilla_transformer.serving.translate import resolve_device
-
-    import torch
 
     # without an accelerator, `accelerate launch --multi_gpu` (or torchrun) starts CPU processes: gloo needs cpu=True
     has_device = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
@@ -271,10 +266,13 @@ def translate_to_output(args: argparse.Namespace, source, settings: CorpusSettin
         return output_settings(args, device, digest), {"ctranslate2_dir": export}
 
     run = CorpusRun(source, args.output, settings, process, args.overwrite)
-    shared = run.begin(record)
-    backend = make_backend(args, device, shared.get("ctranslate2_dir"), process.is_first)
-    run.translate(backend, terminal=is_terminal())
-    summary = run.finish()
+    try:
+        shared = run.begin(record)
+        backend = make_backend(args, device, shared.get("ctranslate2_dir"), process.is_first)
+        run.translate(backend, terminal=is_terminal())
+        summary = run.finish()
+    finally:
+        run.close()
     if summary is not None:
         print(summary.line(unit_name(args)), file=sys.stderr)
 
@@ -315,6 +313,8 @@ def run(args: argparse.Namespace) -> int:
         if args.output:
             translate_to_output(args, source, settings, process, device)
         else:
+            if args.input is None and sys.stdin is None:  # started with stdin closed (<&-): before the model loads
+                raise InputError(NO_STDIN)
             backend = make_backend(args, device, args.ctranslate2_dir, True)
             summary = translate_to_stream(backend, source, settings, write_stdout, is_terminal())
             print(summary.line(unit_name(args)), file=sys.stderr)
@@ -326,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_on_sigterm()
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         return run(args)
     except KeyboardInterrupt:
@@ -338,6 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print("stopped: the translations written so far are on stdout", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

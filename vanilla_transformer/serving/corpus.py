@@ -475,8 +475,13 @@ class CorpusRun:
                 summary.resumed_tokens += counts["target_tokens"]
         summary.seconds = time.monotonic() - self.started
         self.partial.remove()
-        self.partial.unlock()
         return summary
+
+    def close(self) -> None:
+        """Release the partial folder and the progress bar, however the run ended."""
+        if self.progress is not None:
+            self.progress.close()
+        self.partial.unlock()
 
     def write_text(self) -> None:
         staging = staging_path(self.output)

@@ -99,10 +99,10 @@ class CTranslate2Backend:
             ]
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.tokenizer(list(texts))["input_ids"]
+        return self.tokenizer(list(texts), verbose=False)["input_ids"]
 
     def count(self, text: str) -> int:
-        return len(self.tokenizer(text)["input_ids"])
+        return len(self.tokenizer(text, verbose=False)["input_ids"])
 
     def decoding_length(self, batch: list[list[int]]) -> int:
         """The output length of a batch: as `pipeline_vanilla_transformer.output_length` gives the model (longest
@@ -117,4 +117,6 @@ class CTranslate2Backend:
         )
         hypotheses = [result.hypotheses[0] for result in results]
         ids = [self.tokenizer.convert_tokens_to_ids(hypothesis) for hypothesis in hypotheses]
-        return self.tokenizer.batch_decode(ids, skip_special_tokens=True), sum(map(len, hypotheses))
+        special = set(self.tokenizer.all_special_tokens)
+        tokens = sum(token not in special for hypothesis in hypotheses for token in hypothesis)
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=True), tokens

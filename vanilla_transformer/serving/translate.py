@@ -79,10 +79,10 @@ class ModelBackend:
         self.special_ids = set(tokenizer.all_special_ids)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.tokenizer(list(texts))["input_ids"]
+        return self.tokenizer(list(texts), verbose=False)["input_ids"]
 
     def count(self, text: str) -> int:
-        return len(self.tokenizer(text)["input_ids"])
+        return len(self.tokenizer(text, verbose=False)["input_ids"])
 
     def translate(self, batch: list[list[int]]) -> tuple[list[str], int]:
         padded = self.tokenizer.pad({"input_ids": batch}, padding=True, return_tensors="pt")

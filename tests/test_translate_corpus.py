@@ -1,0 +1,400 @@
+"""Translating a corpus: token batches, chunks recorded and resumed byte for byte, several processes, documents,
+datasets in and out, the CTranslate2 backend, progress."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vanilla_transformer.commands.translate import main
+from vanilla_transformer.serving import corpus
+from vanilla_transformer.serving.translate import ModelBackend, token_batches, translate_texts
+
+from .helpers import ENGLISH, OFFLINE, launcher, run_in_this_process
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = ["--num_beams", "1", "--max_new_tokens", "4", "--device", "cpu"]
+
+
+def corpus_lines(count: int) -> list[str]:
+    return [f"{ENGLISH[i % len(ENGLISH)]} {ENGLISH[(7 * i) % len(ENGLISH)]}" for i in range(count)]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def translate(*argv) -> subprocess.CompletedProcess:
+    return run_in_this_process(main, [str(arg) for arg in argv])
+
+
+class WordBackend:
+    """A backend that "translates" a sentence into its words reversed, and records the batches it is given."""
+
+    def __init__(self, beams: int = 2, max_source_tokens: int = 64):
+        self.beams, self.max_source_tokens, self.batches, self.words = beams, max_source_tokens, [], {}
+
+    def encode(self, texts):
+        return [[self.words.setdefault(word, len(self.words)) for word in text.split()] + [-1] for text in texts]
+
+    def count(self, text):
+        return len(text.split()) + 1
+
+    def translate(self, batch):
+        self.batches.append(batch)
+        spelled = {index: word for word, index in self.words.items()}
+        return [" ".join(spelled[index] for index in reversed(ids[:-1])) for ids in batch], sum(map(len, batch))
+
+
+def test_token_batches_stay_within_the_budget_and_take_every_sentence_once():
+    lengths = [random.Random(seed).randint(1, 60) for seed in range(500)]
+    for budget, beams in ((200, 1), (1000, 4), (64, 2)):
+        batches = token_batches(lengths, max_tokens=budget, beams=beams)
+        assert sorted(index for batch in batches for index in batch) == list(range(len(lengths)))
+        for batch in batches:
+            assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) * beams <= budget
+        assert max(map(len, batches)) > 1  # batches are filled, not one sentence each
+
+
+def test_token_batches_with_a_sentence_count_hold_at_most_that_many():
+    batches = token_batches([5] * 100, max_tokens=10_000, max_sentences=32)
+    assert [len(batch) for batch in batches] == [32, 32, 32, 4]
+
+
+def test_token_batched_translation_keeps_the_input_order():
+    backend, texts = WordBackend(), corpus_lines(60) + ["", "  "]
+    result = translate_texts(backend, texts, max_tokens=120)
+    assert result.texts == [" ".join(reversed(text.split())) for text in texts]
+    assert len(backend.batches) > 1 and all(len(batch) < len(texts) for batch in backend.batches)
+
+
+def test_a_sentence_over_the_model_is_cut_at_punctuation_into_pieces_that_fit():
+    backend = WordBackend(max_source_tokens=8)
+    text = "one two three four five six , seven eight nine ten ; eleven twelve"
+    result = translate_texts(backend, [text, "short one"])
+    assert result.cut == 1
+    assert all(len(ids) <= 8 for batch in backend.batches for ids in batch)
+    # cut after "," (the clauses after it fit together), each piece reversed by the backend, joined by their space
+    assert result.texts[0] == ", six five four three two one twelve eleven ; ten nine eight seven"
+    assert result.texts[1] == "one short"
+
+
+def test_the_model_backend_gives_what_generate_gives(model_and_tokenizer):
+    import torch
+
+    model, tokenizer = model_and_tokenizer
+    sentences = ENGLISH[:5]
+    translations = translate_texts(ModelBackend(model, tokenizer, 1, 6), sentences, max_tokens=40).texts
+    with torch.no_grad():
+        for sentence, translation in zip(sentences, translations, strict=True):
+            ids = model.generate(**tokenizer([sentence], return_tensors="pt"), num_beams=1, max_new_tokens=6)
+            assert translation == tokenizer.decode(ids[0], skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def source_file(tmp_path_factory) -> Path:
+    return write_lines(tmp_path_factory.mktemp("corpus") / "source.en", corpus_lines(120))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(folder, source_file, tmp_path_factory) -> bytes:
+    """The output of one uninterrupted run with --buffer_size 10 (12 chunks)."""
+    output = tmp_path_factory.mktemp("reference") / "out.de"
+    result = translate(folder, "--input", source_file, "--output", output, "--buffer_size", 10, *FAST)
+    assert result.returncode == 0, result.stderr
+    assert "translated 120 lines" in result.stderr and "0 of 12 chunks resumed" in result.stderr
+    assert not Path(f"{output}.partial").exists()  # removed once the output is whole
+    return output.read_bytes()
+
+
+def test_a_stopped_run_continues_without_translating_a_finished_chunk_again(
+    folder, source_file, uninterrupted, tmp_path, monkeypatch
+):
+    output = tmp_path / "out.de"
+    argv = [folder, "--input", source_file, "--output", output, "--buffer_size", 10, *FAST]
+    translated, real_units, real_translate = [], corpus.translate_units, ModelBackend.translate
+
+    def stop_at_the_fourth_chunk(backend, units, settings):
+        if len(translated) == 3:
+            raise KeyboardInterrupt
+        translated.append(units)
+        return real_units(backend, units, settings)
+
+    sentences_given = []
+
+    def counting(self, batch):
+        sentences_given.append(len(batch))
+        return real_translate(self, batch)
+
+    monkeypatch.setattr(corpus, "translate_units", stop_at_the_fourth_chunk)
+    stopped = translate(*argv)
+    assert stopped.returncode == 130 and "the same command continues" in stopped.stderr
+    assert len(list(Path(f"{output}.partial").glob("chunk-*.jsonl"))) == 3 and not output.exists()
+
+    monkeypatch.setattr(corpus, "translate_units", real_units)
+    monkeypatch.setattr(ModelBackend, "translate", counting)
+    resumed = translate(*argv)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "3 of 12 chunks resumed" in resumed.stderr
+    assert sum(sentences_given) == 120 - 30  # the model saw only the unfinished chunks' sentences
+    assert output.read_bytes() == uninterrupted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stop", "after_chunks"), [(signal.SIGKILL, 1), (signal.SIGKILL, 7), (signal.SIGTERM, 4)])
+def test_a_killed_or_terminated_run_then_the_same_command_gives_the_uninterrupted_bytes(
+    folder, source_file, uninterrupted, tmp_path, stop, after_chunks
+):
+    output = tmp_path / "out.de"
+    command = [sys.executable, "-m", "vanilla_transformer", "translate", str(folder), "--input", str(source_file)]
+    command += ["--output", str(output), "--buffer_size", "10", *FAST]
+    environment = {**os.environ, **OFFLINE}
+    process = subprocess.Popen(command, cwd=ROOT, env=environment, stderr=subprocess.PIPE, text=True)
+    partial = Path(f"{output}.partial")
+    deadline = time.monotonic() + 120
+    while len(list(partial.glob("chunk-*.jsonl"))) < after_chunks and process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    process.send_signal(stop)
+    stderr = process.communicate(timeout=60)[1]
+    if stop == signal.SIGTERM:
+        assert process.returncode == 130 and "the same command continues" in stderr
+    assert not output.exists()
+    finished = len(list(partial.glob("chunk-*.jsonl")))
+    assert after_chunks <= finished < 12
+    resumed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{finished} of 12 chunks resumed" in resumed.stderr
+    assert output.read_bytes() == uninterrupted
+
+
+@pytest.mark.slow
+def test_two_processes_under_accelerate_write_the_bytes_of_one(folder, source_file, uninterrupted, tmp_path):
+    output = tmp_path / "out.de"
+    command = [*launcher(2), "-m", "vanilla_transformer", "translate", str(folder), "--input", str(source_file)]
+    command += ["--output", str(output), "--buffer_size", "10", *FAST]
+    result = subprocess.run(command, cwd=ROOT, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("translated 120 lines") == 1  # the first process sums up the run
+    assert output.read_bytes() == uninterrupted
+
+
+def stopped_run(folder, source_file, output, monkeypatch, *flags) -> None:
+    """A run of `source_file` into `output` stopped after its first chunk (Ctrl-C)."""
+    real = corpus.translate_units
+    calls = []
+
+    def stop_at_the_second_chunk(*args):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(corpus, "translate_units", stop_at_the_second_chunk)
+    result = translate(folder, "--input", source_file, "--output", output, "--buffer_size", 10, *FAST, *flags)
+    assert result.returncode == 130
+    monkeypatch.setattr(corpus, "translate_units", real)
+
+
+def test_a_changed_setting_or_input_is_refused_by_name_and_overwrite_starts_again(
+    folder, source_file, tmp_path, monkeypatch
+):
+    output = tmp_path / "out.de"
+    stopped_run(folder, source_file, output, monkeypatch)
+    argv = [folder, "--input", source_file, "--output", output, "--buffer_size", 10, *FAST]
+    changed = translate(*argv, "--num_beams", "2")  # the last --num_beams counts
+    assert changed.returncode == 1 and "--num_beams was 1, now 2" in changed.stderr and "--overwrite" in changed.stderr
+    other_input = write_lines(tmp_path / "other.en", corpus_lines(121))
+    changed = translate(folder, "--input", other_input, "--output", output, "--buffer_size", 10, *FAST)
+    assert changed.returncode == 1
+    assert f"the input {other_input} is not the one this run began with (then 120 units" in changed.stderr
+    again = translate(*argv, "--overwrite")
+    assert again.returncode == 0 and "0 of 12 chunks resumed" in again.stderr
+
+
+def test_an_existing_output_is_replaced_only_with_overwrite(folder, source_file, tmp_path):
+    output = tmp_path / "out.de"
+    output.write_text("the user's file\n")
+    refused = translate(folder, "--input", source_file, "--output", output, *FAST)
+    assert refused.returncode == 1 and f"--output {output} exists: add --overwrite" in refused.stderr
+    assert output.read_text() == "the user's file\n"
+    assert translate(folder, "--input", source_file, "--output", output, "--overwrite", *FAST).returncode == 0
+    assert output.read_text(encoding="utf-8").count("\n") == 120
+
+
+def test_output_onto_the_file_that_stdin_reads_never_destroys_it(folder, tmp_path):
+    sources = write_lines(tmp_path / "sources.txt", corpus_lines(30))
+    before = sources.read_bytes()
+    command = [sys.executable, "-m", "vanilla_transformer", "translate", str(folder), "--output", str(sources), *FAST]
+    with open(sources, "rb") as stdin:
+        result = subprocess.run(command, stdin=stdin, cwd=ROOT, env={**os.environ, **OFFLINE}, capture_output=True)
+    assert result.returncode == 2 and b"is the input file" in result.stderr
+    assert sources.read_bytes() == before
+
+
+def test_a_hard_link_to_the_input_is_the_input(tmp_path, capsys):
+    sources = write_lines(tmp_path / "sources.txt", ["the red dog"])
+    os.link(sources, tmp_path / "link.txt")
+    with pytest.raises(SystemExit):
+        main(["model", "--input", str(sources), "--output", str(tmp_path / "link.txt")])
+    assert "is the input file" in capsys.readouterr().err
+
+
+def test_a_line_over_max_line_bytes_is_named_before_it_is_read_whole(folder, tmp_path):
+    huge = tmp_path / "huge.txt"
+    huge.write_bytes(b"the red dog\n" + b"the red dog " * 200_000 + b"\nthe end\n")
+    result = translate(folder, "--input", huge, "--output", tmp_path / "out.txt", *FAST)
+    assert result.returncode == 1
+    assert f"line 2 of {huge} is over 1,048,576 bytes" in result.stderr and "--max_line_bytes" in result.stderr
+
+
+def long_sentence(tokenizer, tokens: int) -> str:
+    words = []
+    while len(tokenizer(" ".join(words))["input_ids"]) < tokens:
+        words += ["the", "red", "dog", "sees", "a", "small", "cat", ","] * 50
+    return " ".join(words)
+
+
+def test_a_document_keeps_its_paragraphs_blank_lines_and_scripts(folder, model_and_tokenizer, tmp_path):
+    _, tokenizer = model_and_tokenizer
+    document = [
+        "The house is small. The cat sleeps on the warm mat.",
+        "A dog runs through the green park.",
+        "",
+        "",
+        long_sentence(tokenizer, 3000) + ".",
+        "",
+        "これはペンです。あれは本です。",
+        "",
+        "Собака бежит. Кошка спит.",
+        "مرحبا بالعالم. كيف حالك؟",
+    ]
+    source, output = write_lines(tmp_path / "book.txt", document), tmp_path / "book.de"
+    result = translate(folder, "--input", source, "--output", output, "--split_sentences", "--paragraphs", *FAST)
+    assert result.returncode == 0, result.stderr
+    lines = output.read_text(encoding="utf-8").split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == 8  # 4 paragraphs and 4 blank lines, one line each
+    assert [line == "" for line in lines[:-1]] == [False, True, True, False, True, False, True, False]
+    assert "1 sentence(s) over the model's length cut into pieces" in result.stderr
+    assert "(10 sentences," in result.stderr  # 3 + 1 + 2 + 4: the paragraphs' sentences, Japanese included
+
+
+def dataset_file(tmp_path: Path, suffix: str) -> Path:
+    import datasets
+
+    rows = datasets.Dataset.from_dict({"id": list(range(30)), "text": corpus_lines(30)})
+    path = tmp_path / f"rows{suffix}"
+    rows.to_parquet(str(path)) if suffix == ".parquet" else rows.to_json(str(path), lines=True)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("suffix", "output_name", "streaming"),
+    [(".parquet", "out.jsonl", False), (".parquet", "out.parquet", True), (".jsonl", "out_folder", False)],
+)
+def test_a_dataset_gets_a_translation_column_as_text_lines_would(folder, tmp_path, suffix, output_name, streaming):
+    import datasets
+
+    data, output = dataset_file(tmp_path, suffix), tmp_path / output_name
+    flags = ["--streaming"] if streaming else []
+    result = translate(folder, "--data_files", data, "--column", "text", "--output", output, *flags, *FAST)
+    assert result.returncode == 0, result.stderr
+    assert "translated 30 rows" in result.stderr
+    text_output = tmp_path / "lines.de"
+    lines = write_lines(tmp_path / "lines.en", corpus_lines(30))
+    assert translate(folder, "--input", lines, "--output", text_output, *FAST).returncode == 0
+    if output.suffix == ".jsonl":
+        rows = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+    elif output.suffix == ".parquet":
+        rows = datasets.Dataset.from_parquet(str(output)).to_list()
+    else:
+        rows = datasets.load_from_disk(str(output)).to_list()
+    assert [row["id"] for row in rows] == list(range(30)) and [row["text"] for row in rows] == corpus_lines(30)
+    assert [row["translation"] for row in rows] == text_output.read_text(encoding="utf-8").splitlines()
+
+
+def test_a_dataset_without_the_column_is_named(folder, tmp_path):
+    data = dataset_file(tmp_path, ".parquet")
+    result = translate(folder, "--data_files", data, "--column", "sentence", "--output", tmp_path / "o.jsonl", *FAST)
+    assert result.returncode == 1 and "--column sentence: the dataset" in result.stderr and "id, text" in result.stderr
+
+
+def test_the_ctranslate2_backend_gives_what_its_own_translate_batch_gives(folder, tmp_path):
+    pytest.importorskip("ctranslate2")
+    import ctranslate2
+
+    from vanilla_transformer.data.tokenization import load_tokenizer
+    from vanilla_transformer.serving.ctranslate2_backend import CTranslate2Backend
+    from vanilla_transformer.serving.export_ctranslate2 import convert_to_ctranslate2
+
+    export = convert_to_ctranslate2(folder, tmp_path / "ct2")
+    tokenizer = load_tokenizer(folder)
+    backend = CTranslate2Backend(folder, tokenizer, export, num_beams=2, max_new_tokens=6)
+    sentences = ENGLISH[:6]
+    ours = translate_texts(backend, sentences, max_tokens=60).texts
+    translator = ctranslate2.Translator(str(export))
+    tokens = [tokenizer.convert_ids_to_tokens(tokenizer(sentence)["input_ids"]) for sentence in sentences]
+    results = translator.translate_batch(
+        tokens, beam_size=2, max_decoding_length=6, length_penalty=0.6, max_input_length=0
+    )
+    theirs = [
+        tokenizer.decode(tokenizer.convert_tokens_to_ids(result.hypotheses[0]), skip_special_tokens=True)
+        for result in results
+    ]
+    assert ours == theirs and len(set(ours)) > 1
+
+
+@pytest.mark.slow
+def test_the_ctranslate2_backend_is_made_once_beside_the_folder_and_runs_the_command(folder, tmp_path):
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    model = shutil.copytree(folder, tmp_path / "model")
+    lines = write_lines(tmp_path / "lines.en", corpus_lines(20))
+    for run in range(2):
+        output = tmp_path / f"out{run}.de"
+        result = translate(model, "--input", lines, "--output", output, "--backend", "ctranslate2", *FAST)
+        assert result.returncode == 0, result.stderr
+    exports = list(tmp_path.glob("model.ctranslate2-*"))
+    assert len(exports) == 1 and (exports[0] / "model.bin").is_file()
+    assert (tmp_path / "out0.de").read_bytes() == (tmp_path / "out1.de").read_bytes()
+    assert len((tmp_path / "out0.de").read_text(encoding="utf-8").splitlines()) == 20
+
+
+class Terminal:
+    """stderr as a terminal shows it."""
+
+    def __init__(self):
+        import io
+
+        self.buffer = io.StringIO()
+
+    def write(self, text):
+        return self.buffer.write(text)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal_and_timed_lines_elsewhere(folder, source_file, tmp_path, monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    argv = [folder, "--input", source_file, "--buffer_size", 10, *FAST]
+    assert main([str(arg) for arg in [*argv, "--output", tmp_path / "a.de"]]) == 0
+    shown = terminal.buffer.getvalue()
+    assert "translating: 100%" in shown and "120/120" in shown and "target tok/s" in shown
+    monkeypatch.undo()
+    logged = translate(*argv, "--output", tmp_path / "b.de", "--log_every", "0.000001")
+    lines = [line for line in logged.stderr.splitlines() if line.startswith("translated ") and "lines/s" in line]
+    assert len(lines) >= 10 and "/120 (" in lines[0] and "left" in lines[0] and "translating:" not in logged.stderr
+    assert logged.stderr.strip().splitlines()[-1].startswith("translated 120 lines (120 sentences,")
