@@ -23,7 +23,7 @@ from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from vanilla_transformer.commands import space as space_command
 from vanilla_transformer.serving import demo as app
 from vanilla_transformer.serving import space
-from vanilla_transformer.serving.translate import read_lines
+from vanilla_transformer.serving.sources import read_lines
 
 from .helpers import OFFLINE
 

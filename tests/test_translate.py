@@ -13,10 +13,11 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from vanilla_transformer.commands import translate as translate_command
 from vanilla_transformer.commands.translate import main, parse_args
 from vanilla_transformer.serving import translate
-from vanilla_transformer.serving.translate import read_lines, translate_sentences
+from vanilla_transformer.serving.sources import read_lines
+from vanilla_transformer.serving.sentences import cut_to_fit
+from vanilla_transformer.serving.translate import translate_sentences
 
 from .helpers import ENGLISH, OFFLINE, save_tiny_model_folder
 
@@ -58,7 +59,7 @@ def test_stdin_to_stdout_in_a_fresh_process(folder, model_and_tokenizer):
     assert result.returncode == 0, result.stderr[-2000:]
     expected = translate_sentences(*model_and_tokenizer, SOURCES[:2], num_beams=2)  # max length: input + 50
     assert result.stdout == "".join(line + "\n" for line in expected)
-    assert "translated 2 sentence(s)" in result.stderr
+    assert "translated 2 lines (2 sentences," in result.stderr
 
 
 def run_translator(folder: Path, stdin: bytes, *flags: str) -> subprocess.CompletedProcess:
@@ -129,16 +130,22 @@ def test_file_to_file_with_an_empty_line_keeps_the_alignment(folder, model_and_t
     assert main(argv) == 0
     expected = translate_sentences(*model_and_tokenizer, SOURCES[:3], num_beams=1, max_new_tokens=5)
     assert output_file.read_text(encoding="utf-8").split("\n") == [expected[0], "", expected[1], "", expected[2], ""]
-    assert "warning: line(s) 2, 4 are empty" in capsys.readouterr().err
+    assert "translated 5 lines (3 sentences," in capsys.readouterr().err
 
 
-def test_an_over_long_line_is_named_and_nothing_is_written(folder, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{SOURCES[1]}\n{SOURCES[0]} {SOURCES[2]}\n"))
-    assert main([str(folder), "--max_source_tokens", "20"]) == 1
+def test_a_line_over_max_source_tokens_is_cut_into_pieces_and_counted(
+    folder, model_and_tokenizer, capsys, monkeypatch
+):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{ENGLISH[0]}\n{SOURCES[0]}, {SOURCES[2]}\n"))
+    assert main([str(folder), "--max_source_tokens", "20", "--num_beams", "1", "--max_new_tokens", "4"]) == 0
     captured = capsys.readouterr()
-    assert captured.out == ""
-    assert "error: line(s) 2 have more than 20 source tokens" in captured.err
-    assert "--max_source_tokens" in captured.err
+    model, tokenizer = model_and_tokenizer
+    pieces = cut_to_fit(f"{SOURCES[0]}, {SOURCES[2]}", lambda text: len(tokenizer(text)["input_ids"]), 20)
+    assert len(pieces) > 1 and all(len(tokenizer(piece)["input_ids"]) <= 20 for piece, _ in pieces)
+    translations = translate_sentences(model, tokenizer, [piece for piece, _ in pieces], num_beams=1, max_new_tokens=4)
+    expected = "".join(text + space for text, (_, space) in zip(translations, pieces, strict=True))
+    assert captured.out.splitlines()[1] == expected  # each piece translated, joined as the source was
+    assert "1 sentence(s) over the model's length cut into pieces" in captured.err
 
 
 def write_bad_config(folder: Path) -> None:
@@ -201,7 +208,7 @@ def test_a_folder_whose_sizes_would_allocate_without_bound_is_refused_before_a_m
 
 def test_a_closed_stdin_is_a_clear_error_before_the_model_is_loaded(folder, capsys, monkeypatch):
     loaded = []
-    monkeypatch.setattr(translate_command, "load_model_and_tokenizer", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(translate, "load_model_and_tokenizer", lambda *a, **k: loaded.append(a))
     monkeypatch.setattr(sys, "stdin", None)  # started with `<&-`
     assert main([str(folder)]) == 1
     captured = capsys.readouterr()
@@ -220,15 +227,14 @@ def test_an_empty_input_and_a_bad_device_are_errors(folder, capsys, monkeypatch)
 
 
 def test_bf16_with_eager_attention_translates_with_that_model(folder, tmp_path, monkeypatch):
-    import vanilla_transformer.serving.translate as translate
-
     loaded = {}
+    real = translate.ModelBackend.__init__
 
-    def recording_translate(model, *args, **kwargs):
+    def recording(self, model, *args, **kwargs):
         loaded.update(dtype=model.dtype, attention=model.config._attn_implementation)
-        return translate_sentences(model, *args, **kwargs)
+        real(self, model, *args, **kwargs)
 
-    monkeypatch.setattr(translate, "translate_sentences", recording_translate)
+    monkeypatch.setattr(translate.ModelBackend, "__init__", recording)
     source_file, output_file = tmp_path / "source.en", tmp_path / "hypotheses.de"
     source_file.write_text(f"{SOURCES[0]}\n{SOURCES[1]}\n", encoding="utf-8")
     argv = [str(folder), "--input", str(source_file), "--output", str(output_file)]
@@ -262,6 +268,7 @@ def test_the_folders_own_code_is_trusted_only_with_trust_remote_code(folder, tmp
     monkeypatch.setattr(AutoModelForSeq2SeqLM, "from_pretrained", recording)
     for flags in ([], ["--trust_remote_code"]):
         assert main([str(folder), "--input", str(sources), "--output", str(tmp_path / "out.txt"), *flags]) == 0
+        (tmp_path / "out.txt").unlink()
     assert calls == [False, True]
 
 
@@ -277,30 +284,6 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_model_is_loaded(
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{SOURCES[0]}\n"))
     assert main([str(tmp_path), "--output", str(tmp_path / output)]) == 1
     assert message.format(tmp=tmp_path) in capsys.readouterr().err and loaded == []
-
-
-def test_translations_are_written_a_buffer_at_a_time_and_an_interruption_keeps_them(
-    folder, tmp_path, capsys, monkeypatch
-):
-    source_file, output_file = tmp_path / "source.en", tmp_path / "hypotheses.de"
-    source_file.write_text("".join(f"{source}\n" for source in SOURCES + SOURCES[:1]), encoding="utf-8")
-    translated_buffers, seen_on_disk = [], []
-    real = translate.translate_sentences
-
-    def translate_then_stop(model, tokenizer, lines, *args):
-        seen_on_disk.append(output_file.read_text(encoding="utf-8") if output_file.exists() else None)
-        if len(translated_buffers) == 2:
-            raise KeyboardInterrupt  # Ctrl-C while the third buffer is decoded
-        translated_buffers.append(lines)
-        return real(model, tokenizer, lines, *args)
-
-    monkeypatch.setattr(translate, "translate_sentences", translate_then_stop)
-    argv = [str(folder), "--input", str(source_file), "--output", str(output_file), "--num_beams", "1"]
-    assert main([*argv, "--batch_size", "1", "--buffer_size", "2", "--max_new_tokens", "5"]) == 130
-    assert translated_buffers == [SOURCES[:2], SOURCES[2:4]]
-    assert seen_on_disk[1].count("\n") == 2 and seen_on_disk[2].count("\n") == 4  # each buffer written at once
-    assert output_file.read_text(encoding="utf-8").count("\n") == 4
-    assert "interrupted: the translations of lines 1-4 are in" in capsys.readouterr().err
 
 
 def test_a_learned_position_model_translates_input_it_accepts_with_its_output_cut_at_its_table(tmp_path, caplog):
@@ -341,8 +324,8 @@ def test_progress_shows_on_stderr_only_when_it_is_a_terminal(folder, tmp_path, m
     monkeypatch.setattr(sys, "stderr", stderr)
     argv = [str(folder), "--input", str(source_file), "--output", str(tmp_path / "out.de"), "--num_beams", "1"]
     assert main([*argv, "--max_new_tokens", "3"]) == 0
-    assert ("translating: 4 lines" in stderr.getvalue()) == terminal
-    assert "translated 4 sentence(s)" in stderr.getvalue()
+    assert ("translating: 100%" in stderr.getvalue()) == terminal
+    assert "translated 4 lines (4 sentences," in stderr.getvalue()
 
 
 def test_num_return_sequences_in_generation_config_still_gives_one_line_per_input_line_and_a_note(
@@ -389,44 +372,46 @@ def test_a_config_with_more_layers_than_the_weights_is_refused_naming_the_missin
     assert "which would be random" in captured.err and captured.out == ""
 
 
-def test_a_full_disk_under_output_keeps_whole_lines_only_and_names_the_lines_written(
-    folder, tmp_path, capsys, monkeypatch
-):
+def test_a_full_disk_keeps_the_finished_chunks_and_says_so(folder, tmp_path, capsys, monkeypatch):
+    from vanilla_transformer.serving import corpus
+
     source_file, output_file = tmp_path / "source.en", tmp_path / "hypotheses.de"
     source_file.write_text("".join(f"{source}\n" for source in SOURCES), encoding="utf-8")
-    real_pwrite, writes = os.pwrite, []
+    real, writes = corpus.replace_file, []
 
-    def fill_the_disk(descriptor, data, offset):  # the second buffer: half of it fits, then the disk is full
-        writes.append(len(data))
-        if len(writes) == 1:
-            return real_pwrite(descriptor, data, offset)
-        if len(writes) == 2:
-            return real_pwrite(descriptor, bytes(data[: len(data) // 2]), offset)
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def fill_the_disk(path, data):  # the second chunk finds the disk full
+        writes.append("chunk-" in str(path))
+        if sum(writes) == 2 and writes[-1]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data)
 
-    monkeypatch.setattr(translate.os, "pwrite", fill_the_disk)
+    monkeypatch.setattr(corpus, "replace_file", fill_the_disk)
     argv = [str(folder), "--input", str(source_file), "--output", str(output_file), "--num_beams", "1"]
-    assert main([*argv, "--buffer_size", "2", "--batch_size", "2", "--max_new_tokens", "5"]) == 1
+    assert main([*argv, "--buffer_size", "2", "--max_new_tokens", "5"]) == 1
     error = capsys.readouterr().err
-    assert f"error: cannot write the output {output_file}: [Errno 28] No space left on device" in error
-    assert f"the translations of lines 1-2 are in {output_file}" in error
-    written = output_file.read_text(encoding="utf-8")
-    assert written.endswith("\n") and written.count("\n") == 2  # no line cut
+    assert "no space left on device while writing chunk 2 of 2" in error and "the same command continues" in error
+    assert [path.name for path in (tmp_path / "hypotheses.de.partial").glob("chunk-*")] == ["chunk-00000000.jsonl"]
+    assert not output_file.exists()
 
 
 def test_a_second_command_writing_the_same_output_is_refused_before_loading_a_model(tmp_path, capsys, monkeypatch):
+    from vanilla_transformer.serving.corpus import FORMAT, PartialFolder
+
     output_file = tmp_path / "hypotheses.de"
-    output_file.write_text("the first command's lines\n", encoding="utf-8")
-    first = translate.OutputFile.claim(str(output_file))
+    first = PartialFolder(output_file)
+    first.folder.mkdir()
+    (first.folder / "manifest.json").write_text(json.dumps({"format": FORMAT}))
+    first.lock()
     loaded = []
-    monkeypatch.setattr(translate_command, "load_model_and_tokenizer", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(translate, "load_model_and_tokenizer", lambda *a, **k: loaded.append(a))
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{SOURCES[0]}\n"))
+    (tmp_path / "config.json").write_text("{}")
     try:
         assert main([str(tmp_path), "--output", str(output_file)]) == 1
     finally:
-        first.close()
+        first.unlock()
     assert f"--output {output_file} is being written by another command" in capsys.readouterr().err
-    assert loaded == [] and output_file.read_text(encoding="utf-8") == "the first command's lines\n"
+    assert loaded == [] and not output_file.exists()
 
 
 @pytest.mark.parametrize(

@@ -180,7 +180,9 @@ def test_two_processes_under_accelerate_write_the_bytes_of_one(folder, source_fi
     output = tmp_path / "out.de"
     command = [*launcher(2), "-m", "vanilla_transformer", "translate", str(folder), "--input", str(source_file)]
     command += ["--output", str(output), "--buffer_size", "10", *FAST]
-    result = subprocess.run(command, cwd=ROOT, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.count("translated 120 lines") == 1  # the first process sums up the run
     assert output.read_bytes() == uninterrupted

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vanilla_transformer.mechanics.files import move_into_place, replace_file, staging_path
+from vanilla_transformer.mechanics.files import move_into_place, on_full_disk, replace_file, staging_path
 from vanilla_transformer.serving.sentences import split_sentences
 from vanilla_transformer.serving.sources import DatasetSource, InputError, TextSource, fingerprint, spool_stdin
 from vanilla_transformer.serving.translate import translate_texts
@@ -417,11 +417,20 @@ class CorpusRun:
             translations, counts = translate_units(backend, units, self.settings)
             self.say_cut_once(counts, number)
             lines = [json.dumps(counts)] + [json.dumps(text, ensure_ascii=False) for text in translations]
-            replace_file(self.partial.chunk(number), "\n".join(lines) + "\n")
+            with on_full_disk(
+                lambda cause, number=number: self.disk_full(f"chunk {number + 1} of {manifest['chunks']}")
+            ):
+                replace_file(self.partial.chunk(number), "\n".join(lines) + "\n")
             self.seen.add(number)
             self.progress.advance(counts["units"], counts["target_tokens"])
             if self.process.is_first:
                 self.poll_others()
+
+    def disk_full(self, what: str) -> CorpusError:
+        return CorpusError(
+            f"no space left on device while writing {what} into {self.partial.folder}: the finished chunks are kept; "
+            "free space, and the same command continues"
+        )
 
     def say_cut_once(self, counts: dict, number: int) -> None:
         if counts["cut"] and not self.said_cut:
@@ -463,10 +472,11 @@ class CorpusRun:
             time.sleep(POLL_SECONDS)
         self.poll_others()
         self.progress.close()
-        if isinstance(self.source, DatasetSource):
-            write_dataset(self.source, self, self.output)
-        else:
-            self.write_text()
+        with on_full_disk(lambda cause: self.disk_full(f"the output {self.output}")):
+            if isinstance(self.source, DatasetSource):
+                write_dataset(self.source, self, self.output)
+            else:
+                self.write_text()
         summary = Summary(chunks=chunks, resumed=self.manifest["resumed"])
         for number in range(chunks):
             counts = self.chunk_counts(number)

@@ -39,7 +39,7 @@ def decode_line(raw: bytes, number: int, name: str) -> str:
         ) from None
 
 
-def read_lines(stream, name: str, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
+def stream_lines(stream, name: str, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
     """The lines of a binary stream, decoded (`decode_line`), none held over `max_line_bytes`."""
     number = 0
     try:
@@ -95,7 +95,7 @@ class TextSource:
         except OSError as error:
             raise InputError(f"cannot read the input {self.path}: {error}") from error
         with stream:
-            lines = read_lines(stream, self.path, self.max_line_bytes)
+            lines = stream_lines(stream, self.path, self.max_line_bytes)
             yield from paragraphs(lines, self.max_line_bytes) if self.paragraphs else lines
 
 
@@ -108,12 +108,12 @@ def stdin_units(paragraph_mode: bool, max_line_bytes: int = MAX_LINE_BYTES) -> I
         import io
 
         stream = io.BytesIO(sys.stdin.read().encode("utf-8"))
-    lines = read_lines(stream, "(stdin)", max_line_bytes)
+    lines = stream_lines(stream, "(stdin)", max_line_bytes)
     return paragraphs(lines, max_line_bytes) if paragraph_mode else lines
 
 
 def spool_stdin(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> None:
-    """Copy stdin into `path`, line by line (each line checked as `read_lines` checks it): a resumable run reads its
+    """Copy stdin into `path`, line by line (each line checked as `stream_lines` checks it): a resumable run reads its
     input again, and stdin cannot be read twice. Everything is read before anything is written to --output."""
     if sys.stdin is None:
         raise InputError(NO_STDIN)
@@ -122,7 +122,7 @@ def spool_stdin(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         if stream is None:
             file.write(sys.stdin.read().encode("utf-8"))
             return
-        for line in read_lines(stream, "(stdin)", max_line_bytes):
+        for line in stream_lines(stream, "(stdin)", max_line_bytes):
             file.write(line.encode("utf-8") + b"\n")
 
 
@@ -193,3 +193,8 @@ def fingerprint(units: Iterator[str]) -> tuple[str, int]:
         digest.update(unit.encode("utf-8", "surrogatepass") + b"\0")
         count += 1
     return digest.hexdigest(), count
+
+
+def read_lines(path: str | None) -> list[str]:
+    """Every line of a UTF-8 file, or of stdin when `path` is None, without line endings (see `stream_lines`)."""
+    return list(TextSource(path).units())
