@@ -86,7 +86,7 @@ def test_the_installed_translate_command_translates_line_by_line(installed, trai
     result = run(
         [installed / "vanilla-transformer", "translate", "model"], trained, input="\n".join(ENGLISH[:3]) + "\n"
     )
-    assert len(result.stdout.splitlines()) == 3 and "translated 3 sentence(s)" in result.stderr
+    assert len(result.stdout.splitlines()) == 3 and "translated 3 lines (3 sentences," in result.stderr
 
 
 @pytest.mark.slow

@@ -15,8 +15,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer.commands.translate import main, parse_args
 from vanilla_transformer.serving import translate
-from vanilla_transformer.serving.sources import read_lines
 from vanilla_transformer.serving.sentences import cut_to_fit
+from vanilla_transformer.serving.sources import read_lines
 from vanilla_transformer.serving.translate import translate_sentences
 
 from .helpers import ENGLISH, OFFLINE, save_tiny_model_folder

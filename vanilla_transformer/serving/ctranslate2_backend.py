@@ -93,6 +93,10 @@ class CTranslate2Backend:
         ):
             if generation.get(ours) is not None:
                 self.options[theirs] = generation[ours]
+        if generation.get("min_new_tokens"):
+            self.options["min_decoding_length"] = generation["min_new_tokens"]
+        # generate() ends a translation that reaches the length limit with this token, which takes the last place
+        self.forced_end = generation.get("forced_eos_token_id") is not None
         if generation.get("bad_words_ids"):
             self.options["suppress_sequences"] = [
                 tokenizer.convert_ids_to_tokens(ids) for ids in generation["bad_words_ids"]
@@ -108,7 +112,7 @@ class CTranslate2Backend:
         """The output length of a batch: as `pipeline_vanilla_transformer.output_length` gives the model (longest
         source + 50 up to MAX_OUTPUT_TOKENS), within the exported position table (its first row is the start)."""
         length = self.max_new_tokens or min(max(map(len, batch)) + EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)
-        return min(length, self.max_source_tokens - 1)
+        return min(length, self.max_source_tokens - 1) - self.forced_end
 
     def translate(self, batch: list[list[int]]) -> tuple[list[str], int]:
         tokens = [self.tokenizer.convert_ids_to_tokens(ids) for ids in batch]

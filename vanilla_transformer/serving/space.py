@@ -41,7 +41,7 @@ from vanilla_transformer.mechanics.names import CODE_FILES
 LIBRARY_CODE = (  # what the demo imports, as paths inside the package
     "__init__.py",
     "serving/__init__.py", "serving/demo.py", "serving/attention_maps.py", "serving/translate.py",
-    "model/__init__.py", "model/loading.py", "model/upgrade.py", "model/onednn.py",
+    "serving/sentences.py", "model/__init__.py", "model/loading.py", "model/upgrade.py", "model/onednn.py",
     "mechanics/__init__.py", "mechanics/names.py",
 )  # fmt: skip
 SPACE_CODE = ("app.py", *CODE_FILES, *(f"vanilla_transformer/{name}" for name in LIBRARY_CODE))
@@ -57,7 +57,7 @@ from vanilla_transformer.serving.demo import serve, space_model
 if __name__ == "__main__":  # a Space runs `python app.py`
     serve(space_model(Path(__file__).with_name("README.md")))
 '''
-REQUIREMENTS = ("torch", f"transformers{SUPPORTED_TRANSFORMERS}", "matplotlib>=3.8.4", "huggingface_hub")
+REQUIREMENTS = ("torch", f"transformers{SUPPORTED_TRANSFORMERS}", "matplotlib>=3.8.4", "huggingface_hub", "sentencex")
 GRADIO_TESTED = "6.31.0"  # the Space's gradio when none is installed here: the release the demo was tested with
 README_TEMPLATE = """---
 title: {title}
