@@ -6,10 +6,10 @@ The model: an OPUS-MT-sized MarianMTModel with random weights and a MarianTokeni
 benchmarks/converted_speed.py; `--tiny`: its tiny size), converted by `vanilla_transformer.hub.convert.convert` as a
 user's folder is. Random weights end a translation anywhere, so every engine generates exactly K = --new_tokens tokens
 a line (beam --num_beams, default 4, the paper's and OPUS-MT's): the command's copy of the converted folder has
-`"min_new_tokens": K` and no forced </s> in its generation_config.json (with --max_new_tokens K); the copy its
-CTranslate2 backend reads also has `"bad_words_ids": [[</s>]]` (that backend maps no minimum length, but maps bad
-words to CTranslate2's suppress_sequences); MarianMTModel runs generate(min_new_tokens=K, max_new_tokens=K,
-forced_eos_token_id=None) and CTranslate2 min_decoding_length = max_decoding_length = K. Target tokens are counted
+`"eos_token_id": null` and no forced </s> in its generation_config.json (with --max_new_tokens K; the CTranslate2
+backend maps a null eos_token_id to end_token=[]); MarianMTModel runs generate(eos_token_id=None, max_new_tokens=K,
+forced_eos_token_id=None) and CTranslate2 end_token=[], max_decoding_length = K: the way benchmarks/converted_speed.py
+fixes the length (a min_new_tokens processor would add a pass over the vocabulary each step to the PyTorch engines). Target tokens are counted
 as lines x K; the command's own count (special tokens left out) is kept in the JSON as a check.
 
 Every engine runs in a process of its own (CTranslate2 in a PyTorch process changes speed, docs/BENCHMARKS.md) on the
@@ -122,7 +122,7 @@ def marian_worker(args: argparse.Namespace) -> None:
             batch = tokenizer(lines[start : start + MARIAN_BATCH], return_tensors="pt", padding=True)
             ids = model.generate(
                 **batch, num_beams=args.num_beams, do_sample=False, max_new_tokens=args.new_tokens,
-                min_new_tokens=args.new_tokens, forced_eos_token_id=None,
+                eos_token_id=None, forced_eos_token_id=None,
             )  # fmt: skip
             assert ids.shape[1] == 1 + args.new_tokens, ids.shape
             output.writelines(text + "\n" for text in tokenizer.batch_decode(ids, skip_special_tokens=True))
@@ -143,7 +143,7 @@ def ctranslate2_worker(args: argparse.Namespace) -> None:
     sources = (tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(lines)["input_ids"])
     results = translator.translate_iterable(
         sources, max_batch_size=args.ct2_batch_tokens, batch_type="tokens", beam_size=args.num_beams,
-        min_decoding_length=args.new_tokens, max_decoding_length=args.new_tokens,
+        max_decoding_length=args.new_tokens, end_token=[],
     )  # fmt: skip
     with open(args.worker_output, "w", encoding="utf-8") as output:
         for result in results:
@@ -296,9 +296,9 @@ class Bench:
 
 
 def build_folders(work: Path, size_name: str, new_tokens: int, threads: int) -> tuple[dict, dict]:
-    """The random MarianMTModel folder, its conversion, and the converted folder's two fixed-length copies: "ours"
-    (min_new_tokens K, no forced </s>) and "ours_ct2" (the same, and </s> suppressed) with its CTranslate2 export
-    made here (the command's cache beside it), so no timed run makes it."""
+    """The random MarianMTModel folder, its conversion, and the converted folder's fixed-length copy "ours"
+    (no end token, no forced </s>) with its CTranslate2 export made here (the command's cache beside it), so no
+    timed run makes it."""
     work.mkdir(parents=True)
     benchmarks = str(Path(__file__).resolve().parent)
     command = [sys.executable, "-c", BUILD, benchmarks, str(ROOT), str(work), size_name]
@@ -307,16 +307,13 @@ def build_folders(work: Path, size_name: str, new_tokens: int, threads: int) -> 
         raise SystemExit(f"building the model folder failed:\n{built.stderr[-3000:]}")
     size = json.loads(built.stdout.strip().splitlines()[-1])
     folders = {"marian": work / "marian", "converted": work / "converted"}
-    for name, suppress_eos in (("ours", False), ("ours_ct2", True)):
-        folders[name] = work / name
-        shutil.copytree(work / "converted", folders[name])
-        path = folders[name] / "generation_config.json"
-        generation = json.loads(path.read_text())
-        generation["min_new_tokens"] = new_tokens  # with --max_new_tokens K: exactly K new tokens
-        generation["forced_eos_token_id"] = None  # K ordinary tokens, as the other engines (no </s> forced last)
-        if suppress_eos:  # the CTranslate2 backend maps bad_words_ids (to suppress_sequences), not min_new_tokens
-            generation["bad_words_ids"] = [[generation["eos_token_id"]]]
-        path.write_text(json.dumps(generation, indent=2) + "\n")
+    folders["ours"] = folders["ours_ct2"] = work / "ours"  # both backends read eos_token_id
+    shutil.copytree(work / "converted", folders["ours"])
+    path = folders["ours"] / "generation_config.json"
+    generation = json.loads(path.read_text())
+    generation["eos_token_id"] = None  # no end token: with --max_new_tokens K, exactly K new tokens (both backends)
+    generation["forced_eos_token_id"] = None  # K ordinary tokens, as the other engines (no </s> forced last)
+    path.write_text(json.dumps(generation, indent=2) + "\n")
     from vanilla_transformer.serving.ctranslate2_backend import cached_export
 
     folders["export"] = cached_export(folders["ours_ct2"])
@@ -507,25 +504,28 @@ def agreement(bench: Bench, rows: list[dict]) -> None:
         row["same_as_marian"] = None if same is None else same / len(expected)
 
 
-def ratio(value: float, reference: dict | None) -> str:
-    return f"{value / reference['tokens_per_second']:.2f}x" if reference else "-"
+def ratio(row: dict, reference: dict | None, key: str) -> str:
+    return f"{row[key] / reference[key]:.2f}x" if reference else "-"
 
 
 def table(rows: list[dict]) -> str:
+    """Tokens/s two ways: over the whole process (start, loading and exit included: what a user waits for) and over
+    the translation alone ("engine": the command's summary line, the workers' own clock); ratios on the latter."""
     ct2 = next((row for row in rows if row["name"] == "ct2-float32"), None)
     marian = next((row for row in rows if row["name"] == "marian"), None)
     lines = [
-        "| engine | settings | seconds | engine s | lines/s | target tokens/s | vs CTranslate2 float32 "
+        "| engine | settings | seconds | engine s | lines/s | tokens/s | engine tokens/s | vs CTranslate2 float32 "
         "| vs Marian b32 | peak MB | same as Marian |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
+        row["engine_tokens_per_second"] = row["target_tokens"] / max(row["engine_seconds"], 1e-9)
         same = "-" if row.get("same_as_marian") is None else f"{100 * row['same_as_marian']:.0f}%"
         lines.append(
             f"| {row['engine']} | {row['settings']} | {row['seconds']:.1f} | {row['engine_seconds']:.1f} | "
             f"{row['lines_per_second']:,.1f} | {row['tokens_per_second']:,.0f} | "
-            f"{ratio(row['tokens_per_second'], ct2)} | {ratio(row['tokens_per_second'], marian)} | "
-            f"{row['peak_rss_mb']:,.0f} | {same} |"
+            f"{row['engine_tokens_per_second']:,.0f} | {ratio(row, ct2, 'engine_tokens_per_second')} | "
+            f"{ratio(row, marian, 'engine_tokens_per_second')} | {row['peak_rss_mb']:,.0f} | {same} |"
         )
     return "\n".join(lines)
 

@@ -93,6 +93,8 @@ class CTranslate2Backend:
         ):
             if generation.get(ours) is not None:
                 self.options[theirs] = generation[ours]
+        if "eos_token_id" in generation and generation["eos_token_id"] is None:  # generate() then never ends early
+            self.options["end_token"] = []
         if generation.get("min_new_tokens"):
             self.options["min_decoding_length"] = generation["min_new_tokens"]
         # generate() ends a translation that reaches the length limit with this token, which takes the last place
