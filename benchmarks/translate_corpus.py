@@ -68,9 +68,12 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from common import describe_machine, machine  # noqa: E402
 from timing import Stopwatch  # noqa: E402
 
+from vanilla_transformer.commands.flags import field_default  # noqa: E402
+from vanilla_transformer.serving.corpus import CorpusSettings  # noqa: E402
+
 CORPUS = ROOT.parent / "shared" / "data" / "multi30k" / "train.en.gz"
 STEPS = ("batching", "ct2_backend", "marian", "ctranslate2", "processes", "kill", "memory")
-DEFAULT_BUDGET = 2000  # the command's default --max_tokens (CorpusSettings.max_tokens)
+DEFAULT_BUDGET = field_default(CorpusSettings, "max_tokens")  # the command's default --max_tokens
 MARIAN_BATCH = 32
 POLL_SECONDS = 0.1
 SUMMARY = re.compile(r"translated (\d+) lines \((\d+) sentences, (\d+) target tokens\) in ([\d.]+) s")
@@ -511,6 +514,8 @@ def ratio(row: dict, reference: dict | None, key: str) -> str:
 def table(rows: list[dict]) -> str:
     """Tokens/s two ways: over the whole process (start, loading and exit included: what a user waits for) and over
     the translation alone ("engine": the command's summary line, the workers' own clock); ratios on the latter."""
+    for row in rows:
+        row["engine_tokens_per_second"] = row["target_tokens"] / max(row["engine_seconds"], 1e-9)
     ct2 = next((row for row in rows if row["name"] == "ct2-float32"), None)
     marian = next((row for row in rows if row["name"] == "marian"), None)
     lines = [
@@ -519,7 +524,6 @@ def table(rows: list[dict]) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        row["engine_tokens_per_second"] = row["target_tokens"] / max(row["engine_seconds"], 1e-9)
         same = "-" if row.get("same_as_marian") is None else f"{100 * row['same_as_marian']:.0f}%"
         lines.append(
             f"| {row['engine']} | {row['settings']} | {row['seconds']:.1f} | {row['engine_seconds']:.1f} | "

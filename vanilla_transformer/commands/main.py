@@ -2,7 +2,7 @@
 
     vanilla-transformer train [FLAGS]            train (and score) a model: train_accelerate.py
     vanilla-transformer prepare ...              prepare a corpus once, for many runs
-    vanilla-transformer translate MODEL_DIR      translate stdin or --input, line by line
+    vanilla-transformer translate MODEL_DIR      translate a corpus (a file, stdin, documents, a dataset)
     vanilla-transformer attention-maps ...       draw a model's attention weights
     vanilla-transformer sweep ...                the paper's Table 3
     vanilla-transformer export-ctranslate2 ...   export to CTranslate2
@@ -13,7 +13,8 @@
     vanilla-transformer demo MODEL               the demo web page
 
 `vanilla-transformer SUBCOMMAND --help` lists its flags; `--version` prints the package's and the transformers and
-torch versions. Several processes or machines: `accelerate launch [ACCELERATE FLAGS] -m train_accelerate [FLAGS]`.
+torch versions. Several processes or machines: `accelerate launch [ACCELERATE FLAGS] -m train_accelerate [FLAGS]`,
+`accelerate launch [ACCELERATE FLAGS] -m vanilla_transformer translate [FLAGS]`.
 """
 
 import importlib

@@ -64,7 +64,7 @@ class CorpusSettings:
     """How a corpus is cut and batched. Each default is stated here once (the command's flags read them)."""
 
     buffer_size: int = 200  # units a chunk: sorted together, recorded together (a kill loses at most one a process)
-    max_tokens: int | None = 2000  # source tokens x beams a batch, padding counted (docs/BENCHMARKS.md)
+    max_tokens: int | None = 4000  # source tokens x beams a batch, padding counted (docs/BENCHMARKS.md)
     batch_size: int | None = None  # sentences a batch, at most (None: the token budget alone)
     split_sentences: bool = False
     language: str = "en"  # the source language, for the sentence splitter

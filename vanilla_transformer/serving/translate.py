@@ -1,15 +1,19 @@
-"""Translation with a saved model, line by line: loading a folder (checked before any model is built), reading,
-checking, translating and writing the input a buffer at a time in input order. The command is `vanilla-transformer
-translate` (vanilla_transformer/commands/translate.py); the demo and the attention maps load models here too.
+"""Translation with a saved model: loading a folder (checked before any model is built) and `translate_texts`, the one
+function that translates a list of texts, used by the command (through `corpus.py`), the demo and the benchmarks.
 
-Line i of the output translates line i of the input (an empty line gives an empty line); memory stays bounded on any
-file, and an interruption keeps every translation written so far. Decoding follows the model's generation_config.json
-with section 6.1's maximum output length, input length + 50, unless a length is given. A model folder may come from
-anyone: its config.json and generation_config.json are read as plain JSON first, and sizes that would allocate
-without bound are refused, naming the file, the field and the limit (a position table or embedding matrix over
-1 GiB, a beam over 64, an output length over 4096); weights that do not fit its config.json are named with their
-shapes. `folder_notes` says what a command should know before using a folder: its model code differs from the
-installed code that runs, or its generation_config.json asks for more than one translation per line.
+`translate_texts(backend, texts, batch_size, max_tokens)` sorts the texts by length and batches them by tokens
+(`token_batches`: n sentences x the longest x beams <= max_tokens, fairseq's --max-tokens) or by count, cuts a text
+longer than the model's positions at punctuation or spaces into pieces that fit (`sentences.cut_to_fit`) and joins
+their translations, and gives one translation per text, in input order. A backend encodes texts into source ids and
+translates a batch of them: `ModelBackend` (a loaded model through `generate()`), or `CTranslate2Backend`
+(ctranslate2_backend.py). Decoding follows the model's generation_config.json with section 6.1's maximum output length,
+input length + 50, unless a length is given.
+
+A model folder may come from anyone: its config.json and generation_config.json are read as plain JSON first, and
+sizes that would allocate without bound are refused, naming the file, the field and the limit (a position table or
+embedding matrix over 1 GiB, a beam over 64, an output length over 4096); weights that do not fit its config.json are
+named with their shapes. `folder_notes` says what a command should know before using a folder: its model code differs
+from the installed code that runs, or its generation_config.json asks for more than one translation per line.
 """
 
 from collections.abc import Sequence
