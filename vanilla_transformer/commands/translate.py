@@ -49,7 +49,9 @@ from vanilla_transformer.serving.corpus import (
     same_file,
     translate_to_stream,
 )
+from vanilla_transformer.serving.ctranslate2_backend import COMPUTE_TYPES
 from vanilla_transformer.serving.sources import MAX_LINE_BYTES, NO_STDIN, DatasetSource, InputError, TextSource
+from vanilla_transformer.serving.translate import DTYPES
 
 
 def up_to(high: int):
@@ -67,19 +69,6 @@ def up_to(high: int):
 
 beam_size = up_to(MAX_BEAMS)
 output_tokens = up_to(MAX_OUTPUT_TOKENS)
-DTYPES = ("bfloat16", "float16", "float32")
-COMPUTE_TYPES = (
-    "default",
-    "auto",
-    "float32",
-    "int8",
-    "int8_float32",
-    "int8_float16",
-    "int8_bfloat16",
-    "int16",
-    "float16",
-    "bfloat16",
-)
 
 
 def default(name: str):
@@ -128,7 +117,9 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ctranslate2_dir", help="a CTranslate2 export (default: made beside MODEL_DIR on first use)")
     group.add_argument("--compute_type", choices=COMPUTE_TYPES, help="CTranslate2's (default: its default)")
     group.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: the process's, from accelerate)")
-    group.add_argument("--dtype", choices=DTYPES, default="float32", help="the model's weights and computation")
+    group.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="float32", help="the model's weights and computation"
+    )
     group.add_argument("--attn_implementation", choices=["sdpa", "eager"], help="attention (default: the model's)")
     group.add_argument(
         "--trust_remote_code",
@@ -224,7 +215,7 @@ def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | N
             num_beams=args.num_beams,
             max_new_tokens=args.max_new_tokens,
         )
-    model_kwargs = {"dtype": getattr(torch, args.dtype), "trust_remote_code": args.trust_remote_code}
+    model_kwargs = {"dtype": DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}
     if args.attn_implementation:
         model_kwargs["attn_implementation"] = args.attn_implementation
     model, tokenizer = load_model_and_tokenizer(args.model_dir, device, **model_kwargs)

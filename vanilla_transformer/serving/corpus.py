@@ -29,6 +29,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -214,7 +215,9 @@ class PartialFolder:
         return {
             int(name[len(CHUNK_PREFIX) : -len(CHUNK_SUFFIX)])
             for name in names
-            if name.startswith(CHUNK_PREFIX) and name.endswith(CHUNK_SUFFIX) and name[len(CHUNK_PREFIX) : -6].isdigit()
+            if name.startswith(CHUNK_PREFIX)
+            and name.endswith(CHUNK_SUFFIX)
+            and name[len(CHUNK_PREFIX) : -len(CHUNK_SUFFIX)].isdigit()
         }
 
     def read(self, name: str):
@@ -268,8 +271,6 @@ class PartialFolder:
             if not ours:
                 continue
             if entry.is_dir(follow_symlinks=False):
-                import shutil
-
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
                 with contextlib.suppress(FileNotFoundError):
@@ -551,8 +552,6 @@ def write_dataset(source: DatasetSource, run: CorpusRun, output: str) -> None:
         move_into_place(staging, output)
     finally:
         if staging.is_dir():
-            import shutil
-
             shutil.rmtree(staging, ignore_errors=True)
         else:
             staging.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ A source is opened again by each process and for the final output, and yields th
 
 import codecs
 import hashlib
+import io
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -105,8 +106,6 @@ def stdin_units(paragraph_mode: bool, max_line_bytes: int = MAX_LINE_BYTES) -> I
         raise InputError(NO_STDIN)
     stream = getattr(sys.stdin, "buffer", None)
     if stream is None:  # a text stdin (tests, embedding): encode it back
-        import io
-
         stream = io.BytesIO(sys.stdin.read().encode("utf-8"))
     lines = stream_lines(stream, "(stdin)", max_line_bytes)
     return paragraphs(lines, max_line_bytes) if paragraph_mode else lines
