@@ -155,8 +155,7 @@ def test_a_killed_or_terminated_run_then_the_same_command_gives_the_uninterrupte
     output = tmp_path / "out.de"
     command = [sys.executable, "-m", "vanilla_transformer", "translate", str(folder), "--input", str(source_file)]
     command += ["--output", str(output), "--buffer_size", "10", *FAST]
-    environment = {**os.environ, **OFFLINE}
-    process = subprocess.Popen(command, cwd=ROOT, env=environment, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **OFFLINE}, stderr=subprocess.PIPE, text=True)
     partial = Path(f"{output}.partial")
     deadline = time.monotonic() + 120
     while len(list(partial.glob("chunk-*.jsonl"))) < after_chunks and process.poll() is None:
@@ -169,7 +168,9 @@ def test_a_killed_or_terminated_run_then_the_same_command_gives_the_uninterrupte
     assert not output.exists()
     finished = len(list(partial.glob("chunk-*.jsonl")))
     assert after_chunks <= finished < 12
-    resumed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
+    resumed = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=120
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert f"{finished} of 12 chunks resumed" in resumed.stderr
     assert output.read_bytes() == uninterrupted
@@ -185,6 +186,30 @@ def test_two_processes_under_accelerate_write_the_bytes_of_one(folder, source_fi
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.count("translated 120 lines") == 1  # the first process sums up the run
+    assert output.read_bytes() == uninterrupted
+
+
+@pytest.mark.slow
+def test_two_machines_sharing_a_filesystem_write_the_bytes_of_one(folder, source_file, uninterrupted, tmp_path):
+    """Two `accelerate launch`es on loopback, one CPU process each (configs/accelerate/multi_node_ddp.yaml), the same
+    command with their --machine_rank: the first machine's process writes the one output."""
+    output, port = tmp_path / "out.de", str(29900 + os.getpid() % 90)
+    config = ROOT / "configs" / "accelerate" / "multi_node_ddp.yaml"
+    machines = []
+    for rank in (0, 1):
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+        command += ["--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port]
+        command += ["--num_processes", "2", "--mixed_precision", "no", "-m", "vanilla_transformer", "translate"]
+        command += [str(folder), "--input", str(source_file), "--output", str(output), "--buffer_size", "10", *FAST]
+        log = open(tmp_path / f"machine{rank}.log", "w")  # noqa: SIM115 - the child keeps its own descriptor
+        machines.append(
+            subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **OFFLINE})
+        )
+        log.close()
+    codes = [machine.wait(timeout=300) for machine in machines]
+    logs = [(tmp_path / f"machine{rank}.log").read_text() for rank in (0, 1)]
+    assert codes == [0, 0], logs[0][-2000:] + logs[1][-2000:]
+    assert "translated 120 lines" in logs[0] and "translated 120 lines" not in logs[1]
     assert output.read_bytes() == uninterrupted
 
 
