@@ -395,6 +395,21 @@ def test_the_ctranslate2_backend_is_made_once_beside_the_folder_and_runs_the_com
     assert len((tmp_path / "out0.de").read_text(encoding="utf-8").splitlines()) == 20
 
 
+def test_the_ctranslate2_backend_translates_stdin_to_stdout_as_to_a_file(folder, tmp_path, monkeypatch):
+    pytest.importorskip("ctranslate2")
+    import io
+    import shutil
+
+    model = shutil.copytree(folder, tmp_path / "model")
+    lines = write_lines(tmp_path / "lines.en", corpus_lines(12))
+    to_file = translate(model, "--input", lines, "--output", tmp_path / "out.de", "--backend", "ctranslate2", *FAST)
+    assert to_file.returncode == 0, to_file.stderr
+    monkeypatch.setattr(sys, "stdin", io.StringIO(lines.read_text(encoding="utf-8")))
+    to_stdout = translate(model, "--backend", "ctranslate2", *FAST)
+    assert to_stdout.returncode == 0, to_stdout.stderr
+    assert to_stdout.stdout == (tmp_path / "out.de").read_text(encoding="utf-8")
+
+
 class Terminal:
     """stderr as a terminal shows it."""
 

@@ -31,6 +31,7 @@ runs (a note names the folder's code files that differ).
 """
 
 import argparse
+import importlib.util
 import signal
 import sys
 from collections.abc import Sequence
@@ -203,12 +204,14 @@ def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | N
             print(note, file=sys.stderr)
     if args.backend == "ctranslate2":
         from vanilla_transformer.data.tokenization import load_tokenizer
-        from vanilla_transformer.serving.ctranslate2_backend import CTranslate2Backend
+        from vanilla_transformer.serving.ctranslate2_backend import CTranslate2Backend, cached_export
 
+        if importlib.util.find_spec("ctranslate2") is None:
+            raise CorpusError("--backend ctranslate2 needs CTranslate2: pip install 'vanilla-transformer[export]'")
         return CTranslate2Backend(
             args.model_dir,
             load_tokenizer(args.model_dir),
-            ctranslate2_dir,
+            ctranslate2_dir or cached_export(args.model_dir),
             device=device.split(":")[0],
             compute_type=args.compute_type or "default",
             threads=torch.get_num_threads(),
