@@ -347,6 +347,19 @@ def test_a_dataset_gets_a_translation_column_as_text_lines_would(folder, tmp_pat
     assert [row["translation"] for row in rows] == text_output.read_text(encoding="utf-8").splitlines()
 
 
+def test_a_dataset_named_by_its_folder_reads_as_its_files(folder, tmp_path):
+    """--dataset_name takes what `datasets.load_dataset` takes: a Hub name in the local cache, or a local folder."""
+    data = tmp_path / "dataset"
+    data.mkdir()
+    dataset_file(data, ".parquet")
+    by_name = translate(folder, "--dataset_name", data, "--column", "text", "--output", tmp_path / "a.jsonl", *FAST)
+    by_files = translate(
+        folder, "--data_files", data / "rows.parquet", "--column", "text", "--output", tmp_path / "b.jsonl", *FAST
+    )
+    assert by_name.returncode == 0 == by_files.returncode, by_name.stderr + by_files.stderr
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+
+
 def test_a_dataset_without_the_column_is_named(folder, tmp_path):
     data = dataset_file(tmp_path, ".parquet")
     result = translate(folder, "--data_files", data, "--column", "sentence", "--output", tmp_path / "o.jsonl", *FAST)
