@@ -220,6 +220,18 @@ class PartialFolder:
             and name[len(CHUNK_PREFIX) : -len(CHUNK_SUFFIX)].isdigit()
         }
 
+    def chunk_counts(self, number: int) -> dict:
+        """A finished chunk's counts (its first line)."""
+        with open(self.chunk(number), encoding="utf-8") as file:
+            return json.loads(file.readline())
+
+    def chunk_translations(self, number: int) -> Iterator[str]:
+        """A finished chunk's translations, one a unit."""
+        with open(self.chunk(number), encoding="utf-8") as file:
+            file.readline()
+            for line in file:
+                yield json.loads(line)
+
     def read(self, name: str):
         try:
             return json.loads((self.folder / name).read_text(encoding="utf-8"))
@@ -404,10 +416,10 @@ class CorpusRun:
         self.manifest = shared["manifest"]
         return shared
 
-    def translate(self, backend, terminal: bool = False, started: float | None = None) -> None:
+    def translate(self, backend, terminal: bool = False) -> None:
         """Translate this process's share of the chunks still to do, each recorded as it is finished."""
         manifest, size = self.manifest, self.settings.buffer_size
-        self.started = started if started is not None else time.monotonic()
+        self.started = time.monotonic()
         mine = set(manifest["plan"][self.process.index :: self.process.count])
         self.seen = set(range(manifest["chunks"])) - set(manifest["plan"])
         done_units = sum(min(size, manifest["input"]["units"] - number * size) for number in self.seen)
@@ -448,19 +460,9 @@ class CorpusRun:
         if self.process.count == 1:
             return
         for number in sorted(self.partial.done() - self.seen):
-            counts = self.chunk_counts(number)
+            counts = self.partial.chunk_counts(number)
             self.seen.add(number)
             self.progress.advance(counts["units"], counts["target_tokens"])
-
-    def chunk_counts(self, number: int) -> dict:
-        with open(self.partial.chunk(number), encoding="utf-8") as file:
-            return json.loads(file.readline())
-
-    def chunk_translations(self, number: int) -> Iterator[str]:
-        with open(self.partial.chunk(number), encoding="utf-8") as file:
-            file.readline()
-            for line in file:
-                yield json.loads(line)
 
     def finish(self) -> Summary | None:
         """On the first process: wait for every chunk, write the output, remove the partial folder; the summary.
@@ -479,10 +481,11 @@ class CorpusRun:
             else:
                 self.write_text()
         summary = Summary(chunks=chunks, resumed=self.manifest["resumed"])
+        planned = set(self.manifest["plan"])
         for number in range(chunks):
-            counts = self.chunk_counts(number)
+            counts = self.partial.chunk_counts(number)
             summary.add(counts)
-            if number not in set(self.manifest["plan"]):
+            if number not in planned:
                 summary.resumed_tokens += counts["target_tokens"]
         summary.seconds = time.monotonic() - self.started
         self.partial.remove()
@@ -499,7 +502,7 @@ class CorpusRun:
         try:
             with open(staging, "x", encoding="utf-8", newline="\n") as file:
                 for number in range(self.manifest["chunks"]):
-                    file.writelines(one_line(text) + "\n" for text in self.chunk_translations(number))
+                    file.writelines(one_line(text) + "\n" for text in self.partial.chunk_translations(number))
                 file.flush()
                 os.fsync(file.fileno())
             move_into_place(staging, self.output)
@@ -558,7 +561,7 @@ def write_dataset(source: DatasetSource, run: CorpusRun, output: str) -> None:
 
 
 def _rows_with_translations(source: DatasetSource, partial: str, chunks: int) -> Iterator[dict]:
-    run = CorpusRun(source, partial, CorpusSettings(), Process())
-    translations = (text for number in range(chunks) for text in run.chunk_translations(number))
+    folder = PartialFolder(partial)
+    translations = (text for number in range(chunks) for text in folder.chunk_translations(number))
     for row, translation in zip(source.load(), translations, strict=True):
         yield {**row, "translation": translation}

@@ -140,16 +140,19 @@ def translate_texts(
     limit = max_source_tokens or backend.max_source_tokens
     result = Translated([""] * len(texts))
     kept = [index for index, text in enumerate(texts) if text.strip()]
-    pieces, owners, spaces = [], [], []  # what is translated, the text each belongs to, the space after it
+    encoded, owners, spaces = [], [], []  # the ids translated, the text each belongs to, the space after it
     for index, ids in zip(kept, backend.encode([texts[index] for index in kept]) if kept else [], strict=True):
-        cut = [(texts[index], "")] if len(ids) <= limit else cut_to_fit(texts[index], backend.count, limit)
-        result.cut += len(cut) > 1
-        for piece, space in cut:
-            pieces.append(piece)
+        if len(ids) <= limit:  # encoded once: only the pieces of a cut text are encoded again
+            encoded.append(ids)
             owners.append(index)
-            spaces.append(space)
-    encoded = backend.encode(pieces) if pieces else []
-    translations = [""] * len(pieces)
+            spaces.append("")
+            continue
+        cut = cut_to_fit(texts[index], backend.count, limit)
+        result.cut += len(cut) > 1
+        encoded += backend.encode([piece for piece, _ in cut])
+        owners += [index] * len(cut)
+        spaces += [space for _, space in cut]
+    translations = [""] * len(encoded)
     for batch in token_batches([len(ids) for ids in encoded], max_tokens, batch_size, backend.beams):
         texts_out, tokens = backend.translate([encoded[index] for index in batch])
         result.target_tokens += tokens
