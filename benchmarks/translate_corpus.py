@@ -69,7 +69,7 @@ from common import describe_machine, machine  # noqa: E402
 from timing import Stopwatch  # noqa: E402
 
 from vanilla_transformer.commands.flags import field_default  # noqa: E402
-from vanilla_transformer.serving.corpus import CorpusSettings  # noqa: E402
+from vanilla_transformer.serving.settings import CorpusSettings  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "data" / "multi30k" / "train.en.gz"
 STEPS = ("batching", "ct2_backend", "marian", "ctranslate2", "processes", "kill", "memory")

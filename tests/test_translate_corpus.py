@@ -14,7 +14,8 @@ import pytest
 
 from vanilla_transformer.commands.translate import main
 from vanilla_transformer.serving import corpus
-from vanilla_transformer.serving.translate import ModelBackend, token_batches, translate_texts
+from vanilla_transformer.serving.batches import token_batches, translate_texts
+from vanilla_transformer.serving.translate import ModelBackend
 
 from .helpers import ENGLISH, OFFLINE, launcher, run_in_this_process
 

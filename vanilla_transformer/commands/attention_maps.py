@@ -11,13 +11,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline_vanilla_transformer import PAPER_DECODING
-from vanilla_transformer.commands.flags import command_parser, positive_int
-from vanilla_transformer.commands.translate import beam_size, output_tokens
-from vanilla_transformer.serving.attention_maps import PictureTooLarge, draw_attention_maps
-from vanilla_transformer.serving.translate import CommandLineError, code_note, load_model_and_tokenizer
+from vanilla_transformer.commands.flags import beam_size, command_parser, output_tokens, positive_int
+from vanilla_transformer.commands.runner import command
+
+PAPER_BEAMS = 4  # section 6.1; test_commands checks it against pipeline_vanilla_transformer.PAPER_DECODING
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> int:
     parser = command_parser("vanilla-transformer attention-maps", __doc__)
     parser.add_argument("model_dir", help="a saved model folder")
@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--num_beams",
         type=beam_size,
-        default=PAPER_DECODING["num_beams"],
+        default=PAPER_BEAMS,
         help="beam size when translating (paper: 4)",
     )
     parser.add_argument(
@@ -47,22 +47,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     output_dir = Path(args.output_dir).absolute()
     if blocking := next((path for path in (output_dir, *output_dir.parents) if path.is_file()), None):
         parser.error(f"--output_dir {args.output_dir}: {blocking} is a file, not a folder")
-    try:
-        model, tokenizer = load_model_and_tokenizer(
-            args.model_dir, attn_implementation="eager", trust_remote_code=args.trust_remote_code
-        )
-    except CommandLineError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    from vanilla_transformer.serving.attention_maps import draw_attention_maps
+    from vanilla_transformer.serving.translate import code_note, load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(
+        args.model_dir, attn_implementation="eager", trust_remote_code=args.trust_remote_code
+    )
     if not args.trust_remote_code and (note := code_note(Path(args.model_dir))):
         print(note, file=sys.stderr)
-    try:
-        paths = draw_attention_maps(
-            model, tokenizer, args.source, args.output_dir, args.target, args.num_beams, args.max_new_tokens, args.dpi
-        )
-    except PictureTooLarge as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    paths = draw_attention_maps(
+        model, tokenizer, args.source, args.output_dir, args.target, args.num_beams, args.max_new_tokens, args.dpi
+    )
     for path in paths.values():
         print(path)
     return 0

@@ -13,19 +13,17 @@ import sys
 from collections.abc import Sequence
 
 from vanilla_transformer.commands.flags import command_parser
+from vanilla_transformer.commands.runner import command, need
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> int:
     parser = command_parser("vanilla-transformer demo", __doc__)
     parser.add_argument("model", nargs="?", default=os.environ.get("MODEL_ID"), help="a model folder or Hub id")
     args = parser.parse_args(argv)
     if not args.model:
         parser.error("give a model folder or Hub id: vanilla-transformer demo MODEL (or set MODEL_ID)")
-    try:
-        import gradio  # noqa: F401
-    except ImportError:
-        print('error: the demo needs gradio: pip install "vanilla-transformer[demo]"', file=sys.stderr)
-        return 1
+    need("gradio", "demo", "the demo")
     from vanilla_transformer.serving.demo import serve
 
     serve(args.model)

@@ -40,6 +40,26 @@ def field_default(settings_class, name: str):
     return field.default
 
 
+def up_to(limit: str):
+    """An integer type for argparse: whole numbers from 1 to the Hub-facing pipeline's `limit` (MAX_BEAMS,
+    MAX_OUTPUT_TOKENS: a beam or output length the machine can hold), read only when a value is given."""
+
+    def parse(text: str) -> int:
+        import pipeline_vanilla_transformer
+
+        value, high = positive_int(text), getattr(pipeline_vanilla_transformer, limit)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be an integer from 1 to {high}, got {value}")
+        return value
+
+    parse.__name__ = f"integer from 1 to {limit}"
+    return parse
+
+
+beam_size = up_to("MAX_BEAMS")
+output_tokens = up_to("MAX_OUTPUT_TOKENS")
+
+
 def at_least(minimum: int):
     """An integer type for argparse: whole numbers >= `minimum`."""
 

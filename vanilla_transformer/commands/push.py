@@ -12,10 +12,11 @@ import sys
 from collections.abc import Sequence
 
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.hub.model_folder import check_model_folder
-from vanilla_transformer.hub.upload import COMMIT_MESSAGE, HubUploadError, push_folder_to_hub
+from vanilla_transformer.commands.runner import command
+from vanilla_transformer.mechanics.names import COMMIT_MESSAGE
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> int:
     parser = command_parser("vanilla-transformer push", __doc__)
     parser.add_argument("folder", help="a folder written by save_model_folder (e.g. the training --output_dir)")
@@ -24,16 +25,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--token", help="a Hub token with write access (default: the logged-in one)")
     parser.add_argument("--commit_message", default=COMMIT_MESSAGE)
     args = parser.parse_args(argv)
+    from vanilla_transformer.hub.model_folder import check_model_folder
+    from vanilla_transformer.hub.upload import push_folder_to_hub
 
     problems = check_model_folder(args.folder)
     if problems:
         print(f"error: {args.folder} is not ready for the Hub:", *problems, sep="\n- ", file=sys.stderr)
         return 1
-    try:
-        url = push_folder_to_hub(args.folder, args.hub_model_id, args.token, args.private, args.commit_message)
-    except HubUploadError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    url = push_folder_to_hub(args.folder, args.hub_model_id, args.token, args.private, args.commit_message)
     print(f"uploaded {args.folder} to {url}")
     return 0
 

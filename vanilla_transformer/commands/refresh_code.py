@@ -10,15 +10,18 @@ the command exits with an error. What is checked, and why: vanilla_transformer/h
 import sys
 from collections.abc import Sequence
 
-from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.hub.refresh_code import RefreshError, refresh
+from vanilla_transformer.commands.runner import command
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> int:
     parser = command_parser("vanilla-transformer refresh-code", __doc__)
     parser.add_argument("folders", nargs="+", help="model folders written by this project (save_model_folder)")
     args = parser.parse_args(argv)
+    from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
+    from vanilla_transformer.hub.refresh_code import RefreshError, refresh
+
     failed = 0
     for folder in args.folders:
         try:

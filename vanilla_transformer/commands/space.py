@@ -14,9 +14,10 @@ import sys
 from collections.abc import Sequence
 
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.serving.space import SpaceError, upload_space, write_space
+from vanilla_transformer.commands.runner import command
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> int:
     parser = command_parser("vanilla-transformer space", __doc__)
     parser.add_argument("model_id", help="the Hub model the Space translates with, as user/name")
@@ -30,14 +31,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="replace the files a previous `vanilla-transformer space` wrote into --output_dir (only those)",
     )
     args = parser.parse_args(argv)
-    try:
-        paths = write_space(args.model_id, args.output_dir, args.space_id, overwrite=args.overwrite)
-        print(f"wrote the Space's {len(paths)} files into {args.output_dir}")
-        if args.space_id:
-            print(f"uploaded the Space to {upload_space(args.output_dir, args.space_id, args.token, args.private)}")
-    except SpaceError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    from vanilla_transformer.serving.space import upload_space, write_space
+
+    paths = write_space(args.model_id, args.output_dir, args.space_id, overwrite=args.overwrite)
+    print(f"wrote the Space's {len(paths)} files into {args.output_dir}")
+    if args.space_id:
+        print(f"uploaded the Space to {upload_space(args.output_dir, args.space_id, args.token, args.private)}")
     return 0
 
 

@@ -31,45 +31,31 @@ runs (a note names the folder's code files that differ).
 """
 
 import argparse
-import importlib.util
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline_vanilla_transformer import MAX_OUTPUT_TOKENS
-from vanilla_transformer.commands.flags import command_parser, field_default, positive_float, positive_int
-from vanilla_transformer.model.loading import MAX_BEAMS
+from vanilla_transformer.commands.flags import (
+    beam_size,
+    command_parser,
+    field_default,
+    output_tokens,
+    positive_float,
+    positive_int,
+)
+from vanilla_transformer.commands.runner import command, need
 from vanilla_transformer.serving.corpus import (
     DATASET_SUFFIXES,
     CorpusError,
     CorpusRun,
-    CorpusSettings,
     Process,
     check_output,
     same_file,
     translate_to_stream,
 )
-from vanilla_transformer.serving.ctranslate2_backend import COMPUTE_TYPES
+from vanilla_transformer.serving.settings import COMPUTE_TYPES, DTYPE_NAMES, CorpusSettings
 from vanilla_transformer.serving.sources import MAX_LINE_BYTES, NO_STDIN, DatasetSource, InputError, TextSource
-from vanilla_transformer.serving.translate import DTYPES
-
-
-def up_to(high: int):
-    """An integer type for argparse: whole numbers from 1 to `high` (a beam or output length the machine can hold)."""
-
-    def parse(text: str) -> int:
-        value = positive_int(text)
-        if value > high:
-            raise argparse.ArgumentTypeError(f"must be an integer from 1 to {high}, got {value}")
-        return value
-
-    parse.__name__ = f"integer from 1 to {high}"
-    return parse
-
-
-beam_size = up_to(MAX_BEAMS)
-output_tokens = up_to(MAX_OUTPUT_TOKENS)
 
 
 def default(name: str):
@@ -118,9 +104,7 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ctranslate2_dir", help="a CTranslate2 export (default: made beside MODEL_DIR on first use)")
     group.add_argument("--compute_type", choices=COMPUTE_TYPES, help="CTranslate2's (default: its default)")
     group.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: the process's, from accelerate)")
-    group.add_argument(
-        "--dtype", choices=sorted(DTYPES), default="float32", help="the model's weights and computation"
-    )
+    group.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="the model's weights and computation")
     group.add_argument("--attn_implementation", choices=["sdpa", "eager"], help="attention (default: the model's)")
     group.add_argument(
         "--trust_remote_code",
@@ -197,7 +181,7 @@ def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | N
     """The model (or its CTranslate2 export) that translates, loaded on `device`; the folder's notes said once."""
     import torch
 
-    from vanilla_transformer.serving.translate import ModelBackend, folder_notes, load_model_and_tokenizer
+    from vanilla_transformer.serving.translate import DTYPES, ModelBackend, folder_notes, load_model_and_tokenizer
 
     if first:
         for note in folder_notes(args.model_dir, args.trust_remote_code):
@@ -206,8 +190,7 @@ def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | N
         from vanilla_transformer.data.tokenization import load_tokenizer
         from vanilla_transformer.serving.ctranslate2_backend import CTranslate2Backend, cached_export
 
-        if importlib.util.find_spec("ctranslate2") is None:
-            raise CorpusError("--backend ctranslate2 needs CTranslate2: pip install 'vanilla-transformer[export]'")
+        need("ctranslate2", "export", "--backend ctranslate2")
         return CTranslate2Backend(
             args.model_dir,
             load_tokenizer(args.model_dir),
@@ -293,36 +276,28 @@ def write_stdout(text: str) -> None:
         raise CorpusError(f"cannot write the output (stdout): {error}") from error
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> None:
     from transformers.utils import logging
-
-    from vanilla_transformer.model.loading import ModelFolderError
-    from vanilla_transformer.serving.export_ctranslate2 import ExportError
-    from vanilla_transformer.serving.translate import CommandLineError
 
     logging.disable_progress_bar()  # stderr is for this command's own messages
     source, settings = corpus_source(args), corpus_settings(args)
-    try:
-        process, device = this_process(args)
-        if args.output:
-            translate_to_output(args, source, settings, process, device)
-        else:
-            if args.input is None and sys.stdin is None:  # started with stdin closed (<&-): before the model loads
-                raise InputError(NO_STDIN)
-            backend = make_backend(args, device, args.ctranslate2_dir, True)
-            summary = translate_to_stream(backend, source, settings, write_stdout, is_terminal())
-            print(summary.line(unit_name(args)), file=sys.stderr)
-    except (CorpusError, InputError, CommandLineError, ModelFolderError, ExportError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    process, device = this_process(args)
+    if args.output:
+        translate_to_output(args, source, settings, process, device)
+    else:
+        if args.input is None and sys.stdin is None:  # started with stdin closed (<&-): before the model loads
+            raise InputError(NO_STDIN)
+        backend = make_backend(args, device, args.ctranslate2_dir, True)
+        summary = translate_to_stream(backend, source, settings, write_stdout, is_terminal())
+        print(summary.line(unit_name(args)), file=sys.stderr)
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
-        return run(args)
+        run(args)
     except KeyboardInterrupt:
         if args.output:
             print(

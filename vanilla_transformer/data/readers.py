@@ -26,10 +26,12 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import IO
 
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
+
 Pair = tuple[str, str]
 
 
-class DataError(ValueError):
+class DataError(VanillaTransformerError, ValueError):
     """A data file or dataset cannot be used; the message says which and where."""
 
 

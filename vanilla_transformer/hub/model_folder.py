@@ -47,6 +47,7 @@ from vanilla_transformer.mechanics.names import (
     UPLOADED_FILES,
     UPLOADED_PATTERNS,
 )
+from vanilla_transformer.model.registration import register
 
 BEAM_ONLY = ("length_penalty", "early_stopping")
 # what `from_pretrained` records of the machine that loaded a tokenizer, and `save_pretrained` writes back
@@ -78,6 +79,7 @@ def save_model_folder(
     # the model (safetensors, config with auto_map, the two model files) and the tokenizer. auto_map names the model
     # classes that save_pretrained knows (AutoConfig, AutoModelForSeq2SeqLM) and the encoder-decoder without its head.
     model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), "AutoModel": BASE_MODEL}
+    register()  # the pipeline's registration is what save_pretrained writes as `custom_pipelines`
     translator = VanillaTransformerTranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     translator.save_pretrained(output_dir)
     give_umask_modes(output_dir.glob("*.safetensors"))  # written 0600 by safetensors; 0644 as every other file

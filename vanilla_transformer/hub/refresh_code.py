@@ -36,6 +36,7 @@ from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS, VanillaTransfor
 from vanilla_transformer.data.tokenization import load_tokenizer
 from vanilla_transformer.hub.model_card import EXAMPLE_SOURCES
 from vanilla_transformer.hub.model_folder import BASE_MODEL
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import (
     describe_link,
     give_umask_modes,
@@ -73,7 +74,7 @@ PROJECT_CODE = {
 }
 
 
-class RefreshError(Exception):
+class RefreshError(VanillaTransformerError):
     """The folder is not a model folder of this project, or its refreshed code does not decode as it should."""
 
 

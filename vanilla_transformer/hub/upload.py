@@ -8,12 +8,12 @@ from huggingface_hub import CommitOperationAdd, HfApi
 
 from vanilla_transformer.hub.model_card import MODEL_ID_PLACEHOLDER
 from vanilla_transformer.hub.model_folder import check_model_folder, files_to_upload
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import replace_file
+from vanilla_transformer.mechanics.names import COMMIT_MESSAGE
 
-COMMIT_MESSAGE = "Upload vanilla-transformer model"
 
-
-class HubUploadError(RuntimeError):
+class HubUploadError(VanillaTransformerError, RuntimeError):
     """An upload that did not happen (offline, unreachable, refused); nothing local was changed."""
 
 

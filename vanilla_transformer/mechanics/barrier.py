@@ -3,11 +3,13 @@ folder. An error there reaches every process, so none is left waiting at a barri
 
 import torch
 
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
+
 WAIT_LONGER = "raise --ddp_timeout"
 PREPARE_BEFOREHAND = "raise --ddp_timeout, or prepare the corpus beforehand (vanilla-transformer prepare)"
 
 
-class CoordinationError(Exception):
+class CoordinationError(VanillaTransformerError):
     """Work on another process failed or took longer than the processes wait; the message says which and what to
     do."""
 

@@ -27,6 +27,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock; the O_EXCL create still decides between racing processes
@@ -36,7 +38,7 @@ LOCK_NAME = ".vanilla_transformer.lock"
 FRESH_SECONDS = 30  # a lock file younger than this that cannot be read yet is being written by its taker
 
 
-class FolderLockError(Exception):
+class FolderLockError(VanillaTransformerError):
     """The folder is held by another process, or its lock file cannot be judged; the message says what to do."""
 
 

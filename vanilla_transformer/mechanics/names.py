@@ -51,3 +51,4 @@ TRACKER_LOGS = "vanilla_transformer"  # accelerate's tracker logs (--report_to) 
 HYPOTHESES_FILES = ("validation.hyp.txt", "test.hyp.txt")
 EVALUATION_RESULTS = "eval_results.json"
 EVALUATION_FILES = (*HYPOTHESES_FILES, EVALUATION_RESULTS)
+COMMIT_MESSAGE = "Upload vanilla-transformer model"  # `push`'s default commit message on the Hub

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from pipeline_vanilla_transformer import MAX_BEAMS, MAX_OUTPUT_TOKENS
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.names import WEIGHTS_NAME
+from vanilla_transformer.model.registration import register
 from vanilla_transformer.model.upgrade import has_fused_projections
 
 MAX_KEYS_NAMED = 5
@@ -29,7 +31,7 @@ MAX_CONFIG_BYTES = 2**20  # config.json and generation_config.json are a few KB
 MAX_WEIGHTS_HEADER_BYTES = 16 * 2**20  # a safetensors header names each tensor in ~100 bytes: ours hold hundreds
 
 
-class ModelFolderError(ValueError):
+class ModelFolderError(VanillaTransformerError, ValueError):
     """A model folder whose weights do not fit its config.json; the message names the folder and the keys."""
 
 
@@ -37,6 +39,7 @@ def load_model_folder(folder: str | Path, model_class=None, **from_pretrained_kw
     """The model saved in `folder` (`model_class.from_pretrained`, AutoModelForSeq2SeqLM by default, with
     `from_pretrained_kwargs`), or ModelFolderError naming the keys its weights lack or hold beyond its config.json."""
     check_folder_sizes(Path(folder))
+    register()
     if model_class is None:
         from transformers import AutoModelForSeq2SeqLM as model_class
     model, info = model_class.from_pretrained(folder, output_loading_info=True, **from_pretrained_kwargs)

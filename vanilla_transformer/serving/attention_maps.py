@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline_vanilla_transformer import PAPER_DECODING, output_length
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 
 # model output name -> (file name, title, query side, key side)
 ATTENTION_KINDS = {
@@ -32,7 +33,7 @@ INCHES_PER_TOKEN = 0.16
 MAX_PICTURE_PIXELS = 2**28
 
 
-class PictureTooLarge(ValueError):
+class PictureTooLarge(VanillaTransformerError, ValueError):
     """A picture over MAX_PICTURE_PIXELS, refused before its attention weights are computed or drawn."""
 
 

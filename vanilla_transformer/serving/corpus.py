@@ -38,10 +38,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import move_into_place, on_full_disk, replace_file, staging_path
+from vanilla_transformer.serving.batches import translate_texts
 from vanilla_transformer.serving.sentences import split_sentences
+from vanilla_transformer.serving.settings import CorpusSettings
 from vanilla_transformer.serving.sources import DatasetSource, InputError, TextSource, fingerprint, spool_stdin
-from vanilla_transformer.serving.translate import translate_texts
 
 try:
     import fcntl
@@ -55,22 +57,9 @@ DATASET_SUFFIXES = (".parquet", ".jsonl", ".json")
 POLL_SECONDS = 2.0
 
 
-class CorpusError(Exception):
+class CorpusError(VanillaTransformerError):
     """The corpus cannot be translated as asked (its output, its partial folder, a resumed run's input or settings);
     the message names the path, flag or setting."""
-
-
-@dataclass(frozen=True)
-class CorpusSettings:
-    """How a corpus is cut and batched. Each default is stated here once (the command's flags read them)."""
-
-    buffer_size: int = 200  # units a chunk: sorted together, recorded together (a kill loses at most one a process)
-    max_tokens: int | None = 4000  # source tokens x beams a batch, padding counted (docs/BENCHMARKS.md)
-    batch_size: int | None = None  # sentences a batch, at most (None: the token budget alone)
-    split_sentences: bool = False
-    language: str = "en"  # the source language, for the sentence splitter
-    max_source_tokens: int | None = None  # longer sentences are cut into pieces (None: the model's positions)
-    log_every: float = 60.0  # seconds between progress lines when stderr is not a terminal
 
 
 @dataclass

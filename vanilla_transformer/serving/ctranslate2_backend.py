@@ -16,19 +16,6 @@ from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
 from vanilla_transformer.model.loading import read_json_file
 from vanilla_transformer.serving.export_ctranslate2 import ExportError, convert_to_ctranslate2, why_not_an_export
 
-COMPUTE_TYPES = (
-    "default",
-    "auto",
-    "float32",
-    "int8",
-    "int8_float32",
-    "int8_float16",
-    "int8_bfloat16",
-    "float16",
-    "bfloat16",
-    "int16",
-)
-
 
 def model_digest(model_dir: str | Path) -> str:
     """sha256 of what makes a model translate as it does: its config, generation config, weights and tokenizer."""

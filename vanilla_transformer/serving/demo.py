@@ -36,6 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation import MaxTimeCriteria, StoppingCriteriaList
 
 from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, PAPER_DECODING
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.serving.attention_maps import ATTENTION_KINDS, compute_attentions, plot_attention_grid
 from vanilla_transformer.serving.translate import (
     CommandLineError,
@@ -113,7 +114,7 @@ class Limits:
         return cls(**values)
 
 
-class InputError(ValueError):
+class InputError(VanillaTransformerError, ValueError):
     """Input the demo refuses (too long, too many lines, a setting out of range), with a message for the page."""
 
 

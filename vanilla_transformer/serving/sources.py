@@ -18,12 +18,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
+
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: about 250,000 tokens, 500 pieces at the paper's 512 positions
 NO_STDIN = "there is no input: stdin is closed. Pipe the sentences in (< source.txt) or give --input FILE."
 DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 
 
-class InputError(Exception):
+class InputError(VanillaTransformerError):
     """The input cannot be read as a corpus; the message names the file, line or field."""
 
 

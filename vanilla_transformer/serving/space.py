@@ -27,6 +27,7 @@ from huggingface_hub import CommitOperationAdd, HfApi
 import modeling_vanilla_transformer
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from vanilla_transformer.hub.upload import hub_failure
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import (
     content_problem,
     describe_link,
@@ -41,8 +42,9 @@ from vanilla_transformer.mechanics.names import CODE_FILES
 LIBRARY_CODE = (  # what the demo imports, as paths inside the package
     "__init__.py",
     "serving/__init__.py", "serving/demo.py", "serving/attention_maps.py", "serving/translate.py",
-    "serving/sentences.py", "model/__init__.py", "model/loading.py", "model/upgrade.py", "model/onednn.py",
-    "mechanics/__init__.py", "mechanics/names.py",
+    "serving/sentences.py", "serving/batches.py", "serving/settings.py", "model/__init__.py", "model/loading.py",
+    "model/upgrade.py", "model/onednn.py", "model/registration.py", "mechanics/__init__.py", "mechanics/names.py",
+    "mechanics/errors.py",
 )  # fmt: skip
 SPACE_CODE = ("app.py", *CODE_FILES, *(f"vanilla_transformer/{name}" for name in LIBRARY_CODE))
 SPACE_FILES = (*SPACE_CODE, "requirements.txt", "README.md")
@@ -83,7 +85,7 @@ api_name="/translate")` calls it from Python. Another model: set the variable MO
 """
 
 
-class SpaceError(Exception):
+class SpaceError(VanillaTransformerError):
     """A Space that could not be written or uploaded, with the reason in one message."""
 
 

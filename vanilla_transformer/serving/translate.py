@@ -1,13 +1,6 @@
-"""Translation with a saved model: loading a folder (checked before any model is built) and `translate_texts`, the one
-function that translates a list of texts, used by the command (through `corpus.py`), the demo and the benchmarks.
-
-`translate_texts(backend, texts, batch_size, max_tokens)` sorts the texts by length and batches them by tokens
-(`token_batches`: n sentences x the longest x beams <= max_tokens, fairseq's --max-tokens) or by count, cuts a text
-longer than the model's positions at punctuation or spaces into pieces that fit (`sentences.cut_to_fit`) and joins
-their translations, and gives one translation per text, in input order. A backend encodes texts into source ids and
-translates a batch of them: `ModelBackend` (a loaded model through `generate()`), or `CTranslate2Backend`
-(ctranslate2_backend.py). Decoding follows the model's generation_config.json with section 6.1's maximum output length,
-input length + 50, unless a length is given.
+"""Translation with a saved model: loading a folder (checked before any model is built), and `ModelBackend`, the
+backend of `batches.translate_texts` that decodes through the model's `generate()`. Decoding follows the model's
+generation_config.json with section 6.1's maximum output length, input length + 50, unless a length is given.
 
 A model folder may come from anyone: its config.json and generation_config.json are read as plain JSON first, and
 sizes that would allocate without bound are refused, naming the file, the field and the limit (a position table or
@@ -17,7 +10,6 @@ from the installed code that runs, or its generation_config.json asks for more t
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,6 +18,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTr
 
 import modeling_vanilla_transformer  # registers the model with the Auto classes; its folder holds the installed code
 from pipeline_vanilla_transformer import output_length
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.names import CODE_FILES, WEIGHTS_NAME
 from vanilla_transformer.model.loading import (
     MAX_BEAMS,
@@ -36,27 +29,15 @@ from vanilla_transformer.model.loading import (
     whole_number,
 )
 from vanilla_transformer.model.onednn import use_onednn_linears
-from vanilla_transformer.serving.sentences import cut_to_fit
+from vanilla_transformer.model.registration import register
+from vanilla_transformer.serving.batches import translate_texts
+from vanilla_transformer.serving.settings import BATCH_SIZE, DTYPE_NAMES
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# What a model folder (downloaded, so untrusted) may make us allocate before a single sentence is translated; checked
-# in its plain JSON before any model is built (`check_folder_sizes`). 1 GiB is 7 times the paper's big model's
-# embedding matrix (37000 x 1024 float32, 145 MiB) and 256 times its sinusoidal table at the default 1024 positions.
-BATCH_SIZE = 32  # sentences translated together, by default
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
-class CommandLineError(Exception):
+class CommandLineError(VanillaTransformerError):
     """A problem with the command's model or input, reported as one message without a traceback."""
-
-
-@dataclass
-class Translated:
-    """Translations in input order, with what a summary reports: target tokens generated (special tokens excluded)
-    and the sentences cut to fit the model."""
-
-    texts: list[str]
-    target_tokens: int = 0
-    cut: int = 0
 
 
 class ModelBackend:
@@ -99,70 +80,6 @@ class ModelBackend:
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True), int((~is_special).sum())
 
 
-def token_batches(
-    lengths: Sequence[int], max_tokens: int | None = None, max_sentences: int | None = None, beams: int = 1
-) -> list[list[int]]:
-    """The indices of `lengths` in batches, longest first (little padding). A batch of n sentences whose longest has
-    L tokens holds n * L * beams <= `max_tokens` (fairseq's --max-tokens, padding counted, times the beams that
-    generation multiplies it by) and n <= `max_sentences`; a sentence over the budget alone is a batch of its own."""
-    if max_tokens is None and max_sentences is None:
-        raise ValueError("give max_tokens, max_sentences or both.")
-    order = sorted(range(len(lengths)), key=lambda index: -lengths[index])
-    batches, batch = [], []
-    for index in order:
-        longest = lengths[batch[0]] if batch else lengths[index]
-        too_many = max_sentences is not None and len(batch) == max_sentences
-        too_big = max_tokens is not None and (len(batch) + 1) * longest * beams > max_tokens
-        if batch and (too_many or too_big):
-            batches.append(batch)
-            batch = []
-        batch.append(index)
-    if batch:
-        batches.append(batch)
-    return batches
-
-
-def translate_texts(
-    backend,
-    texts: Sequence[str],
-    batch_size: int | None = None,
-    max_tokens: int | None = None,
-    max_source_tokens: int | None = None,
-) -> Translated:
-    """Translate `texts` with `backend` (ModelBackend, CTranslate2Backend), one translation each, in input order.
-
-    Empty or whitespace-only texts give "" without running the model. A text over `max_source_tokens` (default: the
-    backend's, the model's positions) is cut at punctuation or spaces into pieces that fit (`sentences.cut_to_fit`),
-    whose translations are joined; `Translated.cut` counts them. Batches: `token_batches` by `max_tokens` and
-    `batch_size` (at least one given; the default is BATCH_SIZE sentences)."""
-    if batch_size is None and max_tokens is None:
-        batch_size = BATCH_SIZE
-    limit = max_source_tokens or backend.max_source_tokens
-    result = Translated([""] * len(texts))
-    kept = [index for index, text in enumerate(texts) if text.strip()]
-    encoded, owners, spaces = [], [], []  # the ids translated, the text each belongs to, the space after it
-    for index, ids in zip(kept, backend.encode([texts[index] for index in kept]) if kept else [], strict=True):
-        if len(ids) <= limit:  # encoded once: only the pieces of a cut text are encoded again
-            encoded.append(ids)
-            owners.append(index)
-            spaces.append("")
-            continue
-        cut = cut_to_fit(texts[index], backend.count, limit)
-        result.cut += len(cut) > 1
-        encoded += backend.encode([piece for piece, _ in cut])
-        owners += [index] * len(cut)
-        spaces += [space for _, space in cut]
-    translations = [""] * len(encoded)
-    for batch in token_batches([len(ids) for ids in encoded], max_tokens, batch_size, backend.beams):
-        texts_out, tokens = backend.translate([encoded[index] for index in batch])
-        result.target_tokens += tokens
-        for index, text in zip(batch, texts_out, strict=True):
-            translations[index] = text
-    for owner, translation, space in zip(owners, translations, spaces, strict=True):
-        result.texts[owner] += translation + space
-    return result
-
-
 def translate_sentences(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -200,6 +117,7 @@ def load_model_and_tokenizer(
         check_folder_sizes(folder)  # before anything is built (load_model_folder checks again)
     except ModelFolderError as error:
         raise CommandLineError(str(error)) from None
+    register()  # the folder's tokenizer may be found through its config's model type
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=model_kwargs.get("trust_remote_code"))
         model = load_model_folder(folder, **model_kwargs).to(device).eval()  # refuses weights missing or unused

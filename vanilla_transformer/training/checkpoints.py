@@ -36,6 +36,7 @@ from safetensors.torch import load_file
 
 from vanilla_transformer.data.batching import DataPosition
 from vanilla_transformer.mechanics.barrier import run_while_others_wait
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import give_umask_modes, move_into_place, on_full_disk
 from vanilla_transformer.mechanics.integrity import files_problem, record_files
 from vanilla_transformer.mechanics.names import CHECKPOINTS_DIR, WEIGHTS_NAME
@@ -58,7 +59,7 @@ ANY_RUN = object()  # `run_id` that matches every checkpoint
 NO_RUN = object()  # the run of a checkpoint whose trainer_state.json is unusable: matches no run id
 
 
-class CheckpointError(Exception):
+class CheckpointError(VanillaTransformerError):
     """A checkpoint is damaged, or belongs to another model or run; the message names the folder or file."""
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vanilla_transformer.mechanics.barrier import run_while_others_wait
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import describe_link, is_disk_full, on_full_disk, replace_file
 from vanilla_transformer.mechanics.lock import LOCK_NAME, FolderLock, FolderLockError
 from vanilla_transformer.mechanics.names import (
@@ -71,7 +72,7 @@ def is_run_file(name: str) -> bool:
     return name in RUN_FILES or any(fnmatch.fnmatchcase(name, pattern) for pattern in UPLOADED_PATTERNS)
 
 
-class OutputDirError(Exception):
+class OutputDirError(VanillaTransformerError):
     """The output folder holds work that this run would replace or mix with; the message says what to do."""
 
 

@@ -16,11 +16,12 @@ import torch
 
 from vanilla_transformer.data.batching import DataPosition, TokenBatchSampler, TranslationCollator
 from vanilla_transformer.data.readers import DataError
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import on_full_disk, replace_file
 from vanilla_transformer.training import checkpoints
 
 
-class UnsupportedSetup(Exception):
+class UnsupportedSetup(VanillaTransformerError):
     """An accelerate set-up this recipe cannot run correctly; the message says what to use instead."""
 
 

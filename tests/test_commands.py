@@ -1,0 +1,98 @@
+"""What every command shares: `--help` without torch or transformers, one wrapper that turns a refusal into `error:`
+and exit 1, and one root of every refusal the library makes."""
+
+import importlib
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from vanilla_transformer.commands.runner import MissingExtra, command, need
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
+
+from .helpers import ROOT
+
+HEAVY = ("torch", "transformers")
+LIGHT_HELP = ("translate", "attention-maps", "push", "refresh-code", "space", "demo")  # subcommands' --help
+
+
+def modules_loaded_by(code: str) -> set[str]:
+    """The top-level modules a fresh interpreter holds after running `code` (output silenced)."""
+    probe = f"{code}\nimport sys\nprint(' '.join(sorted({{name.split('.')[0] for name in sys.modules}})), file=sys.stderr)"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return set(result.stderr.strip().splitlines()[-1].split())
+
+
+def test_importing_the_library_imports_neither_torch_nor_transformers():
+    loaded = modules_loaded_by("import vanilla_transformer, vanilla_transformer.commands.main")
+    assert "vanilla_transformer" in loaded
+    assert not loaded & set(HEAVY)
+
+
+@pytest.mark.parametrize("subcommand", [None, *LIGHT_HELP])
+def test_help_imports_neither_torch_nor_transformers(subcommand):
+    argv = ["--help"] if subcommand is None else [subcommand, "--help"]
+    code = f"from vanilla_transformer.commands.main import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+    loaded = modules_loaded_by(code)
+    assert "vanilla_transformer" in loaded
+    assert not loaded & set(HEAVY), f"{' '.join(argv)} imported {loaded & set(HEAVY)}"
+
+
+def test_register_makes_the_auto_classes_load_a_folder_without_remote_code(tmp_path, tiny_model):
+    tiny_model.save_pretrained(tmp_path)
+    code = (
+        "import vanilla_transformer\nvanilla_transformer.register()\nfrom transformers import AutoModelForSeq2SeqLM\n"
+        f"print(type(AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path)!r})).__name__)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip() == "VanillaTransformerForConditionalGeneration", result.stderr[-2000:]
+
+
+def test_a_refusal_is_printed_as_one_error_line_and_exits_1(capsys):
+    @command
+    def main(argv):
+        raise VanillaTransformerError("--input x.txt: no such file")
+
+    assert main([]) == 1
+    assert capsys.readouterr().err == "error: --input x.txt: no such file\n"
+
+
+def test_a_bug_keeps_its_traceback():
+    @command
+    def main(argv):
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError):
+        main([])
+
+
+def test_a_missing_extra_names_the_pip_command():
+    with pytest.raises(MissingExtra, match=r"pip install 'vanilla-transformer\[demo\]'"):
+        need("no_such_module_anywhere", "demo", "the demo")
+
+
+def library_exceptions() -> list[type]:
+    found = set()
+    for path in sorted((ROOT / "vanilla_transformer").rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        if "metrics" in name or name.endswith("__main__"):
+            continue
+        module = importlib.import_module(name)
+        for _, value in inspect.getmembers(module, inspect.isclass):
+            if issubclass(value, Exception) and value.__module__ == name:
+                found.add(value)
+    return sorted(found, key=lambda error: f"{error.__module__}.{error.__qualname__}")
+
+
+def test_every_refusal_of_the_library_derives_from_the_one_root():
+    errors = library_exceptions()
+    assert len(errors) >= 15
+    assert [error.__qualname__ for error in errors if not issubclass(error, VanillaTransformerError)] == []
+
+
+def test_the_paper_beam_of_attention_maps_is_the_pipelines():
+    from pipeline_vanilla_transformer import PAPER_DECODING
+    from vanilla_transformer.commands.attention_maps import PAPER_BEAMS
+
+    assert PAPER_BEAMS == PAPER_DECODING["num_beams"]

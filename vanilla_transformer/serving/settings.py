@@ -1,0 +1,32 @@
+"""A translation run's settings and choices, each default stated once (the `translate` command's flags read them).
+This module imports neither torch nor transformers, so that `vanilla-transformer translate --help` answers at once."""
+
+from dataclasses import dataclass
+
+BATCH_SIZE = 32  # sentences translated together, by default, outside a corpus run (the demo, translate_sentences)
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the model's weights and computation (`translate.DTYPES`)
+COMPUTE_TYPES = (
+    "default",
+    "auto",
+    "float32",
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "float16",
+    "bfloat16",
+    "int16",
+)  # CTranslate2's compute types
+
+
+@dataclass(frozen=True)
+class CorpusSettings:
+    """How a corpus is cut and batched. Each default is stated here once (the command's flags read them)."""
+
+    buffer_size: int = 200  # units a chunk: sorted together, recorded together (a kill loses at most one a process)
+    max_tokens: int | None = 4000  # source tokens x beams a batch, padding counted (docs/BENCHMARKS.md)
+    batch_size: int | None = None  # sentences a batch, at most (None: the token budget alone)
+    split_sentences: bool = False
+    language: str = "en"  # the source language, for the sentence splitter
+    max_source_tokens: int | None = None  # longer sentences are cut into pieces (None: the model's positions)
+    log_every: float = 60.0  # seconds between progress lines when stderr is not a terminal
