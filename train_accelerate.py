@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.commands.arguments import TrainingSettings, parse_training_arguments
+from vanilla_transformer.commands.runner import command
 from vanilla_transformer.data import prepare, streaming
 from vanilla_transformer.data.batching import (
     TokenBatchSampler,
@@ -28,20 +29,16 @@ from vanilla_transformer.data.batching import (
     TranslationCollator,
     padding_statistics,
 )
-from vanilla_transformer.data.readers import DataError
 from vanilla_transformer.data.streaming import StreamedSteps
 from vanilla_transformer.hub import model_card, model_folder, upload
-from vanilla_transformer.mechanics.barrier import CoordinationError
 from vanilla_transformer.mechanics.files import on_full_disk
 from vanilla_transformer.mechanics.names import RESULTS, TRACKER_LOGS, TRAIN_LOG
-from vanilla_transformer.model.loading import ModelFolderError
 from vanilla_transformer.training import checkpoints, evaluation
-from vanilla_transformer.training.checkpoints import CheckpointError, RunState
-from vanilla_transformer.training.loss import label_smoothed_loss
+from vanilla_transformer.training.checkpoints import RunState
+from vanilla_transformer.training.loss import forward_inputs, label_smoothed_cross_entropy, output_head
 from vanilla_transformer.training.output_folder import (
     FINAL_ENTRIES,
     TRAINING_ENTRIES,
-    OutputDirError,
     RunFolder,
     claim_for_training,
 )
@@ -49,7 +46,6 @@ from vanilla_transformer.training.recipe import (
     PreparedSteps,
     StopSignals,
     TrainingLog,
-    UnsupportedSetup,
     config_for_tokenizer,
     count_target_tokens,
     make_accelerator,
@@ -58,9 +54,6 @@ from vanilla_transformer.training.recipe import (
 )
 
 Steps = PreparedSteps | StreamedSteps  # the optimizer steps' batches, from any data position
-# what ends the command with one message: a refused setting, bad data, a damaged checkpoint, an occupied folder
-REFUSALS = (DataError, FileNotFoundError, CheckpointError, CoordinationError, OutputDirError, UnsupportedSetup,
-            ModelFolderError)  # fmt: skip
 
 
 def train(argv=None) -> None:
@@ -240,7 +233,10 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
         for index, batch in enumerate(step_batches):  # micro-batches: gradients are synchronised on the last only
             batch = {name: tensor.to(accelerator.device, non_blocking=True) for name, tensor in batch.items()}
             with accelerator.no_sync(model) if index < len(step_batches) - 1 else contextlib.nullcontext():
-                loss = label_smoothed_loss(model, batch, settings.label_smoothing)  # summed over the batch's targets
+                outputs = model(**forward_inputs(model, batch), output_hidden_states=True)  # sections 3.1-3.5
+                # section 5.4, summed over the targets; the loss computes the projection's gradient block by block
+                hidden, labels = outputs.decoder_hidden_states[-1], batch["labels"]
+                loss = label_smoothed_cross_entropy(hidden, output_head(model), labels, settings.label_smoothing)
                 # DDP averages the processes' gradients: this gives the mean over the step's target tokens
                 accelerator.backward(loss / (step_tokens / accelerator.num_processes))
             step_loss += loss.detach()  # no host sync: read only every --logging_steps
@@ -384,15 +380,11 @@ def write_results(settings: TrainingSettings, summary: dict) -> dict:
     return model_card.training_card_values(settings.data, summary, settings.card_recipe)
 
 
-def main(argv=None) -> int:
-    """The command (`vanilla-transformer train`, `python -m train_accelerate`): a refused setting, bad data or a
-    damaged checkpoint ends it with one message, not a traceback."""
-    try:
-        train(argv)
-    except REFUSALS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+@command
+def main(argv=None) -> None:
+    """The command (`vanilla-transformer train`, `python -m train_accelerate`): a refused setting, bad data, a damaged
+    checkpoint or an occupied folder ends it with one message, not a traceback (`commands.runner`)."""
+    train(argv)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
 from vanilla_transformer.model.onednn import use_onednn_linears  # noqa: E402
 from vanilla_transformer.serving.export_marian import check_same_function, marian_config, to_marian  # noqa: E402
-from vanilla_transformer.training.loss import label_smoothed_loss  # noqa: E402
+from vanilla_transformer.training.loss import forward_inputs, label_smoothed_cross_entropy, output_head  # noqa: E402
 
 ENGINES = ("ours", "marian", "ct2_float32", "ct2_int8")
 TORCH_ENGINES = ("ours", "marian")
@@ -109,7 +109,8 @@ def training_step(model, batch, recipe_loss: bool = False) -> Callable[[], None]
         model.train()
         if recipe_loss:
             batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
-            loss = label_smoothed_loss(model, batch, 0.1) / (labels != -100).sum()
+            hidden = model(**forward_inputs(model, batch), output_hidden_states=True).decoder_hidden_states[-1]
+            loss = label_smoothed_cross_entropy(hidden, output_head(model), labels, 0.1) / (labels != -100).sum()
         else:
             loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         loss.backward()

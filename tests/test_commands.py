@@ -19,7 +19,9 @@ LIGHT_HELP = ("translate", "attention-maps", "push", "refresh-code", "space", "d
 
 def modules_loaded_by(code: str) -> set[str]:
     """The top-level modules a fresh interpreter holds after running `code` (output silenced)."""
-    probe = f"{code}\nimport sys\nprint(' '.join(sorted({{name.split('.')[0] for name in sys.modules}})), file=sys.stderr)"
+    probe = (
+        f"{code}\nimport sys\nprint(' '.join(sorted({{name.split('.')[0] for name in sys.modules}})), file=sys.stderr)"
+    )
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     return set(result.stderr.strip().splitlines()[-1].split())
 
@@ -33,7 +35,9 @@ def test_importing_the_library_imports_neither_torch_nor_transformers():
 @pytest.mark.parametrize("subcommand", [None, *LIGHT_HELP])
 def test_help_imports_neither_torch_nor_transformers(subcommand):
     argv = ["--help"] if subcommand is None else [subcommand, "--help"]
-    code = f"from vanilla_transformer.commands.main import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+    code = (
+        f"from vanilla_transformer.commands.main import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+    )
     loaded = modules_loaded_by(code)
     assert "vanilla_transformer" in loaded
     assert not loaded & set(HEAVY), f"{' '.join(argv)} imported {loaded & set(HEAVY)}"

@@ -134,7 +134,13 @@ def test_the_training_script_shows_the_step_with_its_backward_in_the_loop_on_400
     assert len(script.read_text(encoding="utf-8").splitlines()) <= 400
     loop = next(node for node in ast.walk(parsed(script)) if getattr(node, "name", None) == "train_loop")
     calls = {ast.unparse(node.func) for node in ast.walk(loop) if isinstance(node, ast.Call)}
-    assert {"accelerator.backward", "label_smoothed_loss", "optimizer.step", "schedule.step"} <= calls
+    assert {
+        "model",
+        "label_smoothed_cross_entropy",
+        "accelerator.backward",
+        "optimizer.step",
+        "schedule.step",
+    } <= calls
 
 
 def renames(tree: ast.Module) -> list[ast.Call]:
@@ -166,3 +172,20 @@ def test_one_staged_rename_and_one_disk_full_guard():
         path.relative_to(LIBRARY).as_posix() for path in LIBRARY.rglob("*.py") if "is_disk_full(" in path.read_text()
     }
     assert checks == {"mechanics/files.py", "training/output_folder.py"}
+
+
+def test_the_training_script_stands_above_the_library_and_below_the_command_that_runs_it():
+    """import-linter does not scan a top-level module: train_accelerate.py imports the library and its own flags and
+    wrapper, never the `vanilla-transformer` command (commands.main imports it) or another command."""
+    imports = imported_modules(parsed(ROOT / "train_accelerate.py"))
+    commands = {name for name in imports if name.startswith("vanilla_transformer.commands")}
+    assert commands <= {"vanilla_transformer.commands.arguments", "vanilla_transformer.commands.runner"}
+    assert "train_accelerate" in imported_modules(parsed(LIBRARY / "commands" / "main.py"))
+
+
+def test_no_module_of_the_project_imports_another_by_name():
+    """`importlib.import_module` hides an import from import-linter: the project's modules import each other by
+    statements only."""
+    for path in [*sorted(LIBRARY.rglob("*.py")), ROOT / "train_accelerate.py"]:
+        calls = [ast.unparse(node.func) for node in ast.walk(parsed(path)) if isinstance(node, ast.Call)]
+        assert not [call for call in calls if call.endswith("import_module") or call == "__import__"], path

@@ -8,7 +8,7 @@ from torch.nn import functional as F
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.training import loss as loss_module
-from vanilla_transformer.training.loss import label_smoothed_cross_entropy, label_smoothed_loss
+from vanilla_transformer.training.loss import forward_inputs, label_smoothed_cross_entropy, output_head
 
 
 def random_labels(shape, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
@@ -61,8 +61,14 @@ def test_blockwise_loss_under_bf16_autocast_is_close_to_the_plain_one():
     torch.testing.assert_close(gradients[1], head.weight.grad, atol=2e-2, rtol=5e-2)
 
 
+def training_loss(model, batch: dict) -> torch.Tensor:
+    """The training script's step: the forward without logits, then the label-smoothed loss (0.1) block by block."""
+    outputs = model(**forward_inputs(model, batch), output_hidden_states=True)
+    return label_smoothed_cross_entropy(outputs.decoder_hidden_states[-1], output_head(model), batch["labels"], 0.1)
+
+
 def test_the_training_loss_has_the_value_and_gradients_of_the_loss_on_the_logits(tiny_config, source_batch):
-    """`label_smoothed_loss` (the training script's) against the logits of the model's plain forward."""
+    """The training script's forward and loss against the logits of the model's plain forward."""
     tiny_config.dropout = 0.0  # the two passes below must see the same network
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(tiny_config).train()
@@ -70,7 +76,7 @@ def test_the_training_loss_has_the_value_and_gradients_of_the_loss_on_the_logits
     labels = random_labels((2, 6), tiny_config.vocab_size, torch.Generator().manual_seed(2))
     batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
 
-    label_smoothed_loss(model, batch, 0.1).backward()
+    training_loss(model, batch).backward()
     gradients = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
     model.zero_grad()
     logits = model(**batch).logits
@@ -104,5 +110,4 @@ def test_a_training_step_reads_no_tensor_on_the_host(monkeypatch, tiny_config, s
 
     for method in ("item", "__bool__", "__int__", "__float__", "tolist"):
         monkeypatch.setattr(torch.Tensor, method, synchronises)
-    loss = label_smoothed_loss(model, dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels), 0.1)
-    loss.backward()
+    training_loss(model, dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)).backward()

@@ -17,26 +17,54 @@ torch versions. Several processes or machines: `accelerate launch [ACCELERATE FL
 `accelerate launch [ACCELERATE FLAGS] -m vanilla_transformer translate [FLAGS]`.
 """
 
-import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from vanilla_transformer.commands.flags import version_text
 
-# subcommand -> the module whose main(argv) runs it; imported only when asked for, so --help answers at once
-SUBCOMMANDS = {
-    "train": "train_accelerate",
-    "prepare": "vanilla_transformer.commands.prepare",
-    "translate": "vanilla_transformer.commands.translate",
-    "attention-maps": "vanilla_transformer.commands.attention_maps",
-    "sweep": "vanilla_transformer.commands.sweep",
-    "export-ctranslate2": "vanilla_transformer.commands.export_ctranslate2",
-    "convert": "vanilla_transformer.commands.convert",
-    "push": "vanilla_transformer.commands.push",
-    "refresh-code": "vanilla_transformer.commands.refresh_code",
-    "space": "vanilla_transformer.commands.space",
-    "demo": "vanilla_transformer.commands.demo",
-}
+SUBCOMMANDS = (
+    "train",
+    "prepare",
+    "translate",
+    "attention-maps",
+    "sweep",
+    "export-ctranslate2",
+    "convert",
+    "push",
+    "refresh-code",
+    "space",
+    "demo",
+)
+
+
+def subcommand_main(name: str) -> Callable[[Sequence[str]], int]:
+    """The `main(argv)` of a subcommand, imported only when it runs, so that `--help` answers at once."""
+    match name:
+        case "train":
+            from train_accelerate import main
+        case "prepare":
+            from vanilla_transformer.commands.prepare import main
+        case "translate":
+            from vanilla_transformer.commands.translate import main
+        case "attention-maps":
+            from vanilla_transformer.commands.attention_maps import main
+        case "sweep":
+            from vanilla_transformer.commands.sweep import main
+        case "export-ctranslate2":
+            from vanilla_transformer.commands.export_ctranslate2 import main
+        case "convert":
+            from vanilla_transformer.commands.convert import main
+        case "push":
+            from vanilla_transformer.commands.push import main
+        case "refresh-code":
+            from vanilla_transformer.commands.refresh_code import main
+        case "space":
+            from vanilla_transformer.commands.space import main
+        case "demo":
+            from vanilla_transformer.commands.demo import main
+        case _:
+            raise ValueError(f"unknown subcommand {name!r}")
+    return main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[0] not in SUBCOMMANDS:
         print(f"error: unknown subcommand {argv[0]!r}; choose among {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
-    return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]) or 0
+    return subcommand_main(argv[0])(argv[1:]) or 0
 
 
 if __name__ == "__main__":

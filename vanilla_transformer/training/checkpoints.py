@@ -63,6 +63,10 @@ class CheckpointError(VanillaTransformerError):
     """A checkpoint is damaged, or belongs to another model or run; the message names the folder or file."""
 
 
+class MissingWeights(CheckpointError, FileNotFoundError):
+    """A checkpoint folder without its weights file."""
+
+
 class DiskFull(CheckpointError):
     """A checkpoint or the final model could not be written for want of space; the message names the folder, what
     was removed, and how to continue."""
@@ -106,7 +110,7 @@ def finalize_checkpoint(tmp_dir: str | Path, final_dir: str | Path) -> Path:
     """
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
     if not any((tmp_dir / name).is_file() for name in WEIGHTS_NAMES):
-        raise FileNotFoundError(f"{tmp_dir} has no {WEIGHTS_NAME}; refusing to finalize an incomplete save.")
+        raise MissingWeights(f"{tmp_dir} has no {WEIGHTS_NAME}; refusing to finalize an incomplete save.")
     give_umask_modes(tmp_dir.rglob("*.safetensors"))  # safetensors writes 0600; the user's umask decides
     write_checksums(tmp_dir)
     return move_into_place(tmp_dir, final_dir)  # replacing an older save of this step
@@ -263,7 +267,7 @@ def find_weights_file(path: str | Path) -> Path:
     for name in WEIGHTS_NAMES:
         if (path / name).is_file():
             return path / name
-    raise FileNotFoundError(f"No {WEIGHTS_NAME} in {path}")
+    raise MissingWeights(f"No {WEIGHTS_NAME} in {path}")
 
 
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:

@@ -5,7 +5,10 @@ Training needs only the loss and its gradient: at the paper's vocabulary (37000)
 logits (340 MB in float32, and as much again for their gradient). So the loss projects the decoder's output of the
 non-padding positions onto the shared embedding matrix (3.4) a block at a time and takes each block's gradient right
 away: d loss / d logits = softmax(logits) - (1 - eps) onehot(target) - eps / V. The model's own forward computes the
-library's plain cross-entropy, as any transformers model; `label_smoothed_loss` is the training script's.
+library's plain cross-entropy, as any transformers model. The training script's step reads
+
+    outputs = model(**forward_inputs(model, batch), output_hidden_states=True)  # the decoder's output, no logits
+    loss = label_smoothed_cross_entropy(outputs.decoder_hidden_states[-1], output_head(model), batch["labels"], eps)
 """
 
 import torch
@@ -15,21 +18,23 @@ LOSS_BLOCK_LOGITS = 2**23  # logits per block on CPU (32 MiB in float32)
 LOSS_BLOCK_LOGITS_GPU = 2**26  # fewer, larger blocks where each operation is a kernel launch (not measured on GPU)
 
 
-def label_smoothed_loss(model, batch: dict, label_smoothing: float) -> torch.Tensor:
-    """The summed label-smoothed loss of `batch` (input_ids, attention_mask, labels with -100 at padding) under
-    `model` (the VanillaTransformerForConditionalGeneration, or the wrapper Accelerate prepared around it): its
-    forward runs through the wrapper (DDP's gradient synchronisation needs that) without computing logits, and the
-    decoder's output is projected here."""
-    unwrapped = getattr(model, "module", model)
+def forward_inputs(model, batch: dict) -> dict[str, torch.Tensor]:
+    """The training forward's inputs for `batch` (input_ids, attention_mask, labels with -100 at padding) under
+    `model` (the VanillaTransformerForConditionalGeneration, or the wrapper Accelerate prepared around it, through
+    which the forward must run for DDP's gradient synchronisation): the sources, the targets shifted right (teacher
+    forcing), and no position's logits, which the loss computes block by block instead."""
     labels = batch["labels"]
-    outputs = model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        decoder_input_ids=unwrapped.prepare_decoder_input_ids_from_labels(labels),  # the labels shifted right
-        logits_to_keep=torch.zeros(0, dtype=torch.long, device=labels.device),  # no position's logits
-        output_hidden_states=True,
-    )
-    return label_smoothed_cross_entropy(outputs.decoder_hidden_states[-1], unwrapped.lm_head, labels, label_smoothing)
+    return {
+        "input_ids": batch["input_ids"],
+        "attention_mask": batch["attention_mask"],
+        "decoder_input_ids": getattr(model, "module", model).prepare_decoder_input_ids_from_labels(labels),
+        "logits_to_keep": torch.zeros(0, dtype=torch.long, device=labels.device),
+    }
+
+
+def output_head(model) -> torch.nn.Linear:
+    """The pre-softmax projection of `model` (or of the model inside Accelerate's wrapper): the shared embedding."""
+    return getattr(model, "module", model).lm_head
 
 
 def label_smoothed_cross_entropy(
