@@ -40,10 +40,10 @@ from transformers import (
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.commands.convert import main
+from vanilla_transformer.converters import convert as conversion
+from vanilla_transformer.converters.convert import ConversionError, convert, hub_patterns
 from vanilla_transformer.data.tokenization import load_tokenizer
 from vanilla_transformer.data.toy_task import synthetic_translation_pairs
-from vanilla_transformer.hub import convert as conversion
-from vanilla_transformer.hub.convert import ConversionError, convert, hub_patterns
 from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences
 
 # Multi30k-like sentences with punctuation, digits, accents, quotes, dashes and abbreviations
@@ -827,7 +827,7 @@ def test_a_converted_model_that_computes_otherwise_than_the_source_is_refused_be
 
 def test_the_ctranslate2_export_of_a_converted_opus_mt_decodes_marians_tokens(marian, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from vanilla_transformer.serving.export_ctranslate2 import convert_to_ctranslate2
+    from vanilla_transformer.converters.export_ctranslate2 import convert_to_ctranslate2
 
     source, tokenizer, _, _, folder = marian
     translator = ctranslate2.Translator(convert_to_ctranslate2(folder, tmp_path / "ct2"), device="cpu")

@@ -15,7 +15,7 @@ import torch
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.commands.export_ctranslate2 import main
-from vanilla_transformer.serving.export_ctranslate2 import ExportError, convert_to_ctranslate2, vocabulary
+from vanilla_transformer.converters.export_ctranslate2 import ExportError, convert_to_ctranslate2, vocabulary
 
 from .fixtures.old_checkpoints import make_old_folder
 from .helpers import OFFLINE, TINY

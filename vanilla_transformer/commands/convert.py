@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.hub.convert import ConversionError, convert
+from vanilla_transformer.converters.convert import ConversionError, convert
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.serving.export_ctranslate2 import QUANTIZATIONS, ExportError, convert_to_ctranslate2
+from vanilla_transformer.converters.export_ctranslate2 import QUANTIZATIONS, ExportError, convert_to_ctranslate2
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -296,8 +296,8 @@ def write_stdout(text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging
 
+    from vanilla_transformer.converters.export_ctranslate2 import ExportError
     from vanilla_transformer.model.loading import ModelFolderError
-    from vanilla_transformer.serving.export_ctranslate2 import ExportError
     from vanilla_transformer.serving.translate import CommandLineError
 
     logging.disable_progress_bar()  # stderr is for this command's own messages

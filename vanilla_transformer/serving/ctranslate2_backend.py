@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
+from vanilla_transformer.converters.export_ctranslate2 import ExportError, convert_to_ctranslate2, why_not_an_export
 from vanilla_transformer.model.loading import read_json_file
-from vanilla_transformer.serving.export_ctranslate2 import ExportError, convert_to_ctranslate2, why_not_an_export
 
 COMPUTE_TYPES = (
     "default",

@@ -1021,7 +1021,7 @@ $difference (float32).
 
 - Source: $source ($kind); its license, as its card records it: **$license_text**. The weights are the source's: its
   license and terms apply, and its card describes the data, the training and the scores its publishers measured.
-- Converted by `vanilla-transformer convert` (`vanilla_transformer/hub/convert.py`), for transformers
+- Converted by `vanilla-transformer convert` (`vanilla_transformer/converters/convert.py`), for transformers
   $transformers_range.
 
 ## Architecture

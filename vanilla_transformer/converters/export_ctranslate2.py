@@ -186,7 +186,7 @@ class VanillaTransformerConverter(Converter):
         tokens = vocabulary(self.model_dir, config.vocab_size)
         spec.register_source_vocabulary(tokens)
         spec.register_target_vocabulary(tokens)
-        # a converted Marian model has no bos_token_id and its `<unk>` elsewhere (vanilla_transformer.hub.convert)
+        # a converted Marian model has no bos_token_id and its `<unk>` elsewhere (vanilla_transformer.converters.convert)
         bos_token_id = config.bos_token_id if config.bos_token_id is not None else config.decoder_start_token_id
         spec.config.bos_token = tokens[bos_token_id]
         spec.config.eos_token = tokens[config.eos_token_id]
