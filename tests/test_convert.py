@@ -41,7 +41,9 @@ from transformers import (
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.commands.convert import main
 from vanilla_transformer.converters import convert as conversion
-from vanilla_transformer.converters.convert import ConversionError, convert, hub_patterns
+from vanilla_transformer.converters.convert import convert
+from vanilla_transformer.converters.core import ConversionError
+from vanilla_transformer.converters.untrusted import hub_patterns
 from vanilla_transformer.data.tokenization import load_tokenizer
 from vanilla_transformer.data.toy_task import synthetic_translation_pairs
 from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences
