@@ -46,6 +46,7 @@ from vanilla_transformer.converters.core import ConversionError
 from vanilla_transformer.converters.untrusted import hub_patterns
 from vanilla_transformer.data.tokenization import load_tokenizer
 from vanilla_transformer.data.toy_task import synthetic_translation_pairs
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences
 
 # Multi30k-like sentences with punctuation, digits, accents, quotes, dashes and abbreviations
@@ -735,6 +736,12 @@ def test_an_output_folder_that_is_holds_or_is_inside_the_source_folder_is_refuse
         with pytest.raises(ConversionError, match="is, holds or is inside the source's folder"):
             convert(marian_source, output, overwrite=True)
     assert not (marian_source / "converted").exists()
+
+
+def test_a_conversion_refusal_is_one_of_the_projects_refusals_and_still_a_value_error(marian_source):
+    with pytest.raises(VanillaTransformerError, match="is, holds or is inside the source's folder"):
+        convert(marian_source, marian_source, overwrite=True)
+    assert issubclass(ConversionError, VanillaTransformerError) and issubclass(ConversionError, ValueError)
 
 
 def test_a_checkpoint_converts_into_a_new_folder_beside_it_but_never_over_its_folder(fairseq_checkpoint, tmp_path):

@@ -16,6 +16,7 @@ from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.commands.export_ctranslate2 import main
 from vanilla_transformer.converters.export_ctranslate2 import ExportError, convert_to_ctranslate2, vocabulary
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 
 from .fixtures.old_checkpoints import make_old_folder
 from .helpers import OFFLINE, TINY
@@ -293,6 +294,12 @@ def test_force_refuses_to_replace_what_is_not_a_previous_export(tmp_path, make_o
 def test_a_folder_that_is_not_a_model_is_a_clean_error(tmp_path):
     assert "is not a model folder: it has no config.json" in refusal([str(tmp_path), str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_an_export_refusal_is_one_of_the_projects_refusals_and_still_a_runtime_error(tmp_path):
+    with pytest.raises(VanillaTransformerError, match="is not a model folder"):
+        convert_to_ctranslate2(tmp_path, tmp_path / "out")
+    assert issubclass(ExportError, VanillaTransformerError) and issubclass(ExportError, RuntimeError)
 
 
 def test_a_model_with_d_k_other_than_d_v_is_refused_before_anything_is_written(tmp_path):

@@ -13,6 +13,7 @@ from torch import nn
 
 from configuration_vanilla_transformer import ACTIVATION_FUNCTIONS, VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 
 MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
 FSMT_TOKENIZER_FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt")
@@ -21,7 +22,7 @@ LOGITS_TOLERANCE = 1e-4  # the check of the converted model against the source, 
 POSITIONS_TOLERANCE = 1e-3  # a stored sinusoid table: float32 tables drift ~1e-7 per position from exact ones
 
 
-class ConversionError(ValueError):
+class ConversionError(VanillaTransformerError, ValueError):
     """The source cannot be converted exactly, or the output folder cannot be written; the message says why."""
 
 

@@ -51,6 +51,7 @@ from modeling_vanilla_transformer import (
     VanillaTransformerLearnedPositionalEmbedding,
 )
 from vanilla_transformer.data.tokenization import UNK_TOKEN, UNK_TOKEN_ID, load_tokenizer
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import on_full_disk, staged_folder
 from vanilla_transformer.model.loading import ModelFolderError, load_model_folder
 
@@ -72,7 +73,7 @@ CONVERTER_FILES = {"model.bin", "config.json", "vmap.txt"} | {
 CONVERTER_CONFIG_KEYS = {"bos_token", "eos_token", "unk_token"}  # in every config.json it writes
 
 
-class ExportError(RuntimeError):
+class ExportError(VanillaTransformerError, RuntimeError):
     """The model or output folder cannot be used; the message says which and why."""
 
 
