@@ -36,6 +36,9 @@ layers (`normalize_before`, fairseq's `encoder_normalize_before`/`decoder_normal
 embeddings (`layernorm_embedding`, `normalize_embedding`) or after the stacks (`add_final_layer_norm`), learned
 positions (`static_position_embeddings: false`, fairseq's `encoder_learned_pos`), an adaptive softmax or input, an
 activation our model does not have, and sizes no model of this kind has (checked before anything is allocated).
+Each reader collects every such problem of a source it can find (core.Problems) and refuses them in one
+ConversionError, one a line; only a problem that makes the further checks meaningless (a file missing or unreadable,
+no config) stops the checks at once, and is named with those found before it.
 
 Tokenizers: the converted folder keeps the source's own tokenizer class, so it gives the same ids and text:
 transformers' `MarianTokenizer` for OPUS-MT (marian.py says why no fast tokenizer can be exact), `FSMTTokenizer` for

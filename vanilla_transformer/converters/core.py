@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from configuration_vanilla_transformer import ACTIVATION_FUNCTIONS, VanillaTransformerConfig
+from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 
@@ -23,7 +23,41 @@ POSITIONS_TOLERANCE = 1e-3  # a stored sinusoid table: float32 tables drift ~1e-
 
 
 class ConversionError(VanillaTransformerError, ValueError):
-    """The source cannot be converted exactly, or the output folder cannot be written; the message says why."""
+    """The source cannot be converted exactly, or the output folder cannot be written; the message says why: every
+    problem found, one a line (`problems`)."""
+
+    def __init__(self, *problems: str):
+        self.problems = list(problems)
+        heading = (
+            f"the source cannot be converted exactly, for {len(problems)} reasons:\n" if len(problems) > 1 else ""
+        )
+        super().__init__(heading + "\n".join(problems))
+
+
+class Problems:
+    """The problems of a source collected, to be refused all at once: on leaving the block, one ConversionError names
+    every problem `add`ed, one a line; a ConversionError raised in the block (a problem that makes further checks
+    meaningless, such as a file that cannot be read) comes out with the problems collected before it.
+
+        with Problems() as problems:
+            refuse(config, CONFIG_REFUSALS, where, problems)
+            check_sizes(sizes, where, problems)
+    """
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def add(self, problem: str) -> None:
+        self.found.append(problem)
+
+    def __enter__(self) -> "Problems":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if isinstance(error, ConversionError) and self.found:
+            raise ConversionError(*self.found, *error.problems) from None
+        if error is None and self.found:
+            raise ConversionError(*self.found)
 
 
 @dataclass
@@ -46,38 +80,35 @@ class Source:
     hub_id: str | None = None
 
 
-def refuse(settings: dict[str, Any], refusals: dict[str, tuple[Any, str]], where: str) -> None:
-    """ConversionError naming the first field of `settings` whose value is not the one `refusals` allows."""
+def refuse(settings: dict[str, Any], refusals: dict[str, tuple[Any, str]], where: str, problems: Problems) -> None:
+    """A problem for every field of `settings` whose value is not the one `refusals` allows."""
     for name, (allowed, meaning) in refusals.items():
         if name in settings and settings[name] != allowed:
-            raise ConversionError(
+            problems.add(
                 f"{where}: {name} is {settings[name]!r}, which means {meaning}; the paper's model (and this "
                 f"converter) needs {allowed!r}"
             )
 
 
-def check_activation(name: Any, where: str, field_name: str = "activation_function") -> str:
-    if name not in ACTIVATION_FUNCTIONS:
-        raise ConversionError(f"{where}: {field_name} is {name!r}; the model has {', '.join(ACTIVATION_FUNCTIONS)}")
-    return name
-
-
-def one_embedding(embeddings: dict[str, torch.Tensor], why: str) -> torch.Tensor:
-    """The one matrix all of `embeddings` (encoder input, decoder input, output projection) hold; ConversionError
-    naming two that differ, with `why` (the source's field that allows it)."""
+def one_embedding(embeddings: dict[str, torch.Tensor], why: str, problems: Problems) -> torch.Tensor:
+    """The one matrix all of `embeddings` (encoder input, decoder input, output projection) hold; a problem naming
+    two that differ, with `why` (the source's field that allows it)."""
     names = sorted(embeddings)
     first = embeddings[names[0]]
     for name in names[1:]:
         if embeddings[name].shape != first.shape or not torch.equal(embeddings[name], first):
-            raise ConversionError(
+            problems.add(
                 f"the source's {names[0]} and {name} differ ({why}): the paper's model has one matrix for the "
                 "encoder input, the decoder input and the output projection"
             )
+            break
     return first.detach()
 
 
-def check_position_tables(tables: dict[str, torch.Tensor], d_model: int, layout: str, frequencies: str, offset: int):
-    """Refuse a source whose position tables are not the sinusoids our config describes (learned ones, another
+def check_position_tables(
+    tables: dict[str, torch.Tensor], d_model: int, layout: str, frequencies: str, offset: int, problems: Problems
+) -> None:
+    """A problem for a source whose position tables are not the sinusoids our config describes (learned ones, another
     layout): rows `offset` and up must be the table of positions `offset`, `offset` + 1, ... (FSMT's first rows are
     unused: fairseq numbers positions from padding id + 1)."""
     from modeling_vanilla_transformer import sinusoidal_position_table
@@ -85,11 +116,12 @@ def check_position_tables(tables: dict[str, torch.Tensor], d_model: int, layout:
     for name, table in tables.items():
         rows = table.shape[0] - offset
         if table.dim() != 2 or table.shape[1] != d_model or rows < 1:
-            raise ConversionError(f"the source's {name} has shape {list(table.shape)}, not a position table")
+            problems.add(f"the source's {name} has shape {list(table.shape)}, not a position table")
+            continue
         expected = sinusoidal_position_table(rows, d_model, layout, frequencies, offset)
         difference = (table[offset:].float() - expected).abs().max().item()
         if difference > POSITIONS_TOLERANCE:
-            raise ConversionError(
+            problems.add(
                 f"the source's {name} is not the {layout} sinusoid table with {frequencies} frequencies from position "
                 f"{offset} (it differs by {difference:.3g}): learned or other positions, which this model cannot hold"
             )
@@ -116,31 +148,32 @@ def weights_problem(left_over: list[str], missing: list[str]) -> str:
 
 def build_model(source: Source) -> VanillaTransformerForConditionalGeneration:
     """Our model with the source's weights: every key of our state dict (read at run time) filled from the source,
-    every source weight used; ConversionError naming what is left over, missing, or of another shape."""
+    every source weight used; one ConversionError naming every weight left over, missing, or of another shape."""
     try:
         config = VanillaTransformerConfig(**source.fields)
     except (ValueError, TypeError) as error:
         raise ConversionError(f"the source's settings make no valid config: {error}") from None
     model = VanillaTransformerForConditionalGeneration(config)
     state, missing, used = {}, [], set()
-    for key, tensor in model.state_dict().items():
-        if is_embedding(key):
-            value = source.embedding
-        elif key == "lm_head.bias":
-            value = source.logits_bias
-        else:
-            value = source.layers.get(fairseq_name(key))
-            used.add(fairseq_name(key))
-        if value is None:
-            missing.append(fairseq_name(key))
-        elif value.shape != tensor.shape:
-            raise ConversionError(
-                f"the source's {fairseq_name(key)} has shape {list(value.shape)}, ours {list(tensor.shape)}"
-            )
-        else:
-            state[key] = value.to(tensor.dtype)
-    if missing or set(source.layers) - used:
-        raise ConversionError(weights_problem(sorted(set(source.layers) - used), missing))
+    with Problems() as problems:
+        for key, tensor in model.state_dict().items():
+            if is_embedding(key):
+                value = source.embedding
+            elif key == "lm_head.bias":
+                value = source.logits_bias
+            else:
+                value = source.layers.get(fairseq_name(key))
+                used.add(fairseq_name(key))
+            if value is None:
+                missing.append(fairseq_name(key))
+            elif value.shape != tensor.shape:
+                problems.add(
+                    f"the source's {fairseq_name(key)} has shape {list(value.shape)}, ours {list(tensor.shape)}"
+                )
+            else:
+                state[key] = value.to(tensor.dtype)
+        if missing or set(source.layers) - used:
+            problems.add(weights_problem(sorted(set(source.layers) - used), missing))
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise ConversionError(f"the model did not take the weights: {result}")

@@ -28,6 +28,7 @@ from torch import nn
 from vanilla_transformer.converters.core import (
     FSMT_TOKENIZER_FILES,
     ConversionError,
+    Problems,
     Source,
     one_embedding,
     refuse,
@@ -70,26 +71,28 @@ LEGACY_NORMS = {
 
 def read_fairseq(path: Path, dictionary, bpe_codes, languages, scratch: Path) -> Source:
     """A fairseq transformer checkpoint, its dictionary (one, or the source's and the target's, which must be the
-    same) and BPE codes (default: dict.txt, dict.SRC.txt and dict.TGT.txt, bpecodes beside it)."""
+    same) and BPE codes (default: dict.txt, dict.SRC.txt and dict.TGT.txt, bpecodes beside it). One ConversionError
+    names every problem found in its settings, weights and dictionary."""
     state = load_fairseq_checkpoint(path)
     settings = fairseq_settings(state, path)
     languages = tuple(
         given or settings.get(name) for given, name in zip(languages, ("source_lang", "target_lang"), strict=True)
     )
-    if not all(isinstance(language, str) and language for language in languages):
-        raise ConversionError(
-            f"{path}: its settings name no source_lang and target_lang: give --source_lang and --target_lang"
-        )
-    layers, embeddings = fairseq_weights(state)
-    if not embeddings:
-        raise ConversionError(f"{path}: the checkpoint's model has no encoder.embed_tokens.weight")
-    why = "fairseq's share_all_embeddings / share_decoder_input_output_embed were off"
-    embedding = one_embedding(embeddings, why)
-    fields = fairseq_fields(settings, layers, embedding, f"{path} (settings)")
-    symbols = fairseq_symbols(dictionary_files(path, dictionary, languages))
-    if len(symbols) != embedding.shape[0]:
-        raise ConversionError(
-            f"the dictionary has {len(symbols):,} symbols but the embeddings {embedding.shape[0]:,} rows"
+    named = all(isinstance(language, str) and language for language in languages)
+    with Problems() as problems:
+        if not named:
+            problems.add(
+                f"{path}: its settings name no source_lang and target_lang: give --source_lang and --target_lang"
+            )
+        layers, embeddings = fairseq_weights(state, problems)
+        if not embeddings:
+            raise ConversionError(f"{path}: the checkpoint's model has no encoder.embed_tokens.weight")
+        why = "fairseq's share_all_embeddings / share_decoder_input_output_embed were off"
+        embedding = one_embedding(embeddings, why, problems)
+        fields = fairseq_fields(settings, layers, embedding, f"{path} (settings)", problems)
+        # the dictionary files beside the checkpoint are named after the languages
+        symbols = (
+            fairseq_dictionary(dictionary_files(path, dictionary, languages), embedding, problems) if named else []
         )
     codes = bpe_codes if bpe_codes is not None else path.parent / "bpecodes"
     tokenizer = tokenizer_from_fairseq(symbols, Path(codes), languages, fields["max_position_embeddings"], scratch)
@@ -171,9 +174,9 @@ def modern_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return renamed
 
 
-def fairseq_weights(state: dict) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def fairseq_weights(state: dict, problems: Problems) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """A fairseq state dict as (layers, embeddings), in float32; version counters and the sinusoid buffers (which
-    fairseq recomputes) dropped, learned positions refused."""
+    fairseq recomputes) dropped, a problem for each table of learned positions."""
     layers, embeddings = {}, {}
     for key, tensor in modern_names(state["model"]).items():
         if not isinstance(tensor, torch.Tensor):
@@ -181,22 +184,24 @@ def fairseq_weights(state: dict) -> tuple[dict[str, torch.Tensor], dict[str, tor
         if key in ("encoder.version", "decoder.version") or key.endswith("embed_positions._float_tensor"):
             continue
         if key.endswith("embed_positions.weight"):
-            raise ConversionError(
-                f"the checkpoint has {key}: learned positions, which the paper's model does not have"
-            )
+            problems.add(f"the checkpoint has {key}: learned positions, which the paper's model does not have")
+            continue
         names = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight")
         target = embeddings if key in names or key == "decoder.embed_out" else layers
         target[key] = tensor.detach().float()
     return layers, embeddings
 
 
-def fairseq_fields(settings: dict, layers: dict, embedding: torch.Tensor, where: str) -> dict[str, Any]:
+def fairseq_fields(
+    settings: dict, layers: dict, embedding: torch.Tensor, where: str, problems: Problems
+) -> dict[str, Any]:
     """Our config's fields for a fairseq transformer: sizes from its weights (checked against its settings), heads,
-    activation and dropouts from its settings."""
-    refuse(settings, FAIRSEQ_REFUSALS, where)
+    activation and dropouts from its settings; a problem for each setting the model cannot hold."""
+    refuse(settings, FAIRSEQ_REFUSALS, where, problems)
     heads = {side: settings.get(f"{side}_attention_heads") for side in ("encoder", "decoder")}
-    if missing := [f"{side}_attention_heads" for side, value in heads.items() if not isinstance(value, int)]:
-        raise ConversionError(f"{where}: the settings have no {missing[0]}, which the weights cannot tell")
+    missing = [f"{side}_attention_heads" for side, value in heads.items() if not isinstance(value, int)]
+    for name in missing:
+        problems.add(f"{where}: the settings have no {name}, which the weights cannot tell")
     count = lambda side: len({key.split(".")[2] for key in layers if key.startswith(f"{side}.layers.")})  # noqa: E731
     positions = max(settings.get(f"max_{side}_positions") or 1024 for side in ("source", "target"))
     fields = {
@@ -209,19 +214,17 @@ def fairseq_fields(settings: dict, layers: dict, embedding: torch.Tensor, where:
         fields[f"{side}_ffn_dim"] = fc1.shape[0] if fc1 is not None else settings.get(f"{side}_ffn_embed_dim")
         for name, value in ((f"{side}_embed_dim", fields["d_model"]), (f"{side}_layers", fields[f"{side}_layers"])):
             if settings.get(name) not in (None, value):
-                raise ConversionError(f"{where}: {name} is {settings[name]!r} but the weights have {value}")
-    check_sizes(fields, where)
+                problems.add(f"{where}: {name} is {settings[name]!r} but the weights have {value}")
+    check_sizes({name: value for name, value in fields.items() if name not in missing}, where, problems)
     activation = settings.get("activation_fn", "relu")
     if activation not in FAIRSEQ_ACTIVATIONS:
-        raise ConversionError(
-            f"{where}: activation_fn is {activation!r}; the model has {', '.join(FAIRSEQ_ACTIVATIONS)}"
-        )
+        problems.add(f"{where}: activation_fn is {activation!r}; the model has {', '.join(FAIRSEQ_ACTIVATIONS)}")
     dropouts = {
         "dropout": settings.get("dropout", 0.1), "attention_dropout": settings.get("attention_dropout", 0.0),
         "activation_dropout": settings.get("activation_dropout") or settings.get("relu_dropout") or 0.0,
     }  # fmt: skip
     return {
-        **fields, **dropouts, "activation_function": FAIRSEQ_ACTIVATIONS[activation],
+        **fields, **dropouts, "activation_function": FAIRSEQ_ACTIVATIONS.get(activation),
         "scale_embedding": not settings.get("no_scale_embedding", False), "position_embedding_type": "sinusoidal",
         "position_layout": "sin_cos", "position_frequencies": "fairseq", "position_offset": 2, "lm_head_bias": False,
         "tie_word_embeddings": True, "layer_norm_eps": 1e-5, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
@@ -244,17 +247,21 @@ def dictionary_files(path: Path, dictionary, languages) -> list[Path]:
     return files
 
 
-def fairseq_symbols(files: list[Path]) -> list[str]:
+def fairseq_dictionary(files: list[Path], embedding: torch.Tensor, problems: Problems) -> list[str]:
     """The fairseq Dictionary of `files` (lines "symbol count"), by id: its four special symbols, then the lines. Two
-    files must hold the same symbols in the same order (a joined dictionary): else separate vocabularies, refused."""
+    files must hold the same symbols in the same order (a joined dictionary): else separate vocabularies, a problem;
+    so is a dictionary of another size than the embedding matrix."""
     lists = [read_dictionary(file) for file in files]
     if len(lists) == 2 and lists[0] != lists[1]:
         index = next((i for i, (a, b) in enumerate(zip(*lists, strict=False)) if a != b), min(map(len, lists)))
-        raise ConversionError(
+        problems.add(
             f"{files[0]} and {files[1]} differ (from symbol {index + 1}): separate source and target dictionaries; "
             "the paper's model has one vocabulary (fairseq's --joined-dictionary)"
         )
-    return [*FAIRSEQ_SPECIALS, *lists[0]]
+    symbols = [*FAIRSEQ_SPECIALS, *lists[0]]
+    if len(symbols) != embedding.shape[0]:
+        problems.add(f"the dictionary has {len(symbols):,} symbols but the embeddings {embedding.shape[0]:,} rows")
+    return symbols
 
 
 def read_dictionary(path: Path) -> list[str]:

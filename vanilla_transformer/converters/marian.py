@@ -13,66 +13,55 @@ reason).
 
 from pathlib import Path
 
-from vanilla_transformer.converters.core import (
-    ConversionError,
-    Source,
-    check_activation,
-    check_position_tables,
-    one_embedding,
-    refuse,
-)
+from vanilla_transformer.converters.core import Problems, Source
 from vanilla_transformer.converters.transformers_folder import (
-    CONFIG_REFUSALS,
+    check_config,
     hf_fields,
-    hf_sizes,
-    hf_weights,
     load_reference,
+    reference_weights,
     source_decoding,
 )
-from vanilla_transformer.converters.untrusted import check_sizes, read_bytes, read_json
+from vanilla_transformer.converters.untrusted import read_bytes, read_json
 
 
 def read_marian(folder: Path, config: dict) -> Source:
-    """An OPUS-MT (MarianMTModel) folder: its config checked, its model loaded by transformers, its tokenizer."""
-    from transformers import MarianConfig, MarianMTModel
+    """An OPUS-MT (MarianMTModel) folder: its config and tokenizer files checked (one ConversionError naming every
+    problem found), its model loaded by transformers, its tokenizer."""
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     where = str(folder / "config.json")
-    check_sizes(hf_sizes(config, MarianConfig), where)
-    refuse(config, CONFIG_REFUSALS, where)
-    if config.get("decoder_vocab_size") not in (None, config.get("vocab_size", MarianConfig.vocab_size)):
-        raise ConversionError(
-            f"{where}: decoder_vocab_size is {config['decoder_vocab_size']!r} and vocab_size "
-            f"{config.get('vocab_size')!r}: separate source and target vocabularies; the paper's model has one"
-        )
-    check_activation(config.get("activation_function", MarianConfig.activation_function), where)
-    tokenizer = marian_tokenizer(folder)
+    with Problems() as problems:
+        check_config(config, MarianConfig, where, problems)
+        if config.get("decoder_vocab_size") not in (None, config.get("vocab_size", MarianConfig.vocab_size)):
+            problems.add(
+                f"{where}: decoder_vocab_size is {config['decoder_vocab_size']!r} and vocab_size "
+                f"{config.get('vocab_size')!r}: separate source and target vocabularies; the paper's model has one"
+            )
+        check_marian_vocabulary(folder, problems)
+    tokenizer = MarianTokenizer.from_pretrained(folder)
     reference = load_reference(folder, MarianMTModel)
-    layers, embeddings, positions = hf_weights(reference)
-    check_position_tables(positions, reference.config.d_model, "sin_cos", "paper", 0)
+    why = "Marian's `tie_word_embeddings: false`: input embeddings and an lm_head of their own"
+    layers, embedding = reference_weights(reference, "sin_cos", "paper", 0, why)
     bias = reference.final_logits_bias.detach()[0]
     fields = hf_fields(
         reference.config, vocab_size=reference.config.vocab_size, position_layout="sin_cos",
         position_frequencies="paper", position_offset=0,
         lm_head_bias=bool(bias.any()),
     )  # fmt: skip
-    why = "Marian's `tie_word_embeddings: false`: input embeddings and an lm_head of their own"
     languages = (tokenizer.init_kwargs.get("source_lang"), tokenizer.init_kwargs.get("target_lang"))
     return Source(
-        "Marian (OPUS-MT)", str(folder), fields, layers, one_embedding(embeddings, why), tokenizer, reference,
+        "Marian (OPUS-MT)", str(folder), fields, layers, embedding, tokenizer, reference,
         logits_bias=bias if bias.any() else None, decoding=source_decoding(reference), languages=languages,
     )  # fmt: skip
 
 
-def marian_tokenizer(folder: Path):
-    """The folder's MarianTokenizer (its files size-checked); refused with separate source and target vocabularies."""
-    from transformers import MarianTokenizer
-
+def check_marian_vocabulary(folder: Path, problems: Problems) -> None:
+    """The folder's MarianTokenizer files size-checked; a problem for separate source and target vocabularies."""
     for name in ("source.spm", "target.spm", "vocab.json"):
         read_bytes(folder / name)
     settings = read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
     if settings.get("separate_vocabs") or (folder / "target_vocab.json").is_file():
-        raise ConversionError(
+        problems.add(
             f"{folder}: tokenizer_config.json has separate_vocabs {settings.get('separate_vocabs')!r} (or the folder "
             "has a target_vocab.json): separate source and target vocabularies; the paper's model has one"
         )
-    return MarianTokenizer.from_pretrained(folder)

@@ -9,8 +9,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from vanilla_transformer.converters.core import ConversionError
-from vanilla_transformer.converters.untrusted import SIZE_LIMITS
+from configuration_vanilla_transformer import ACTIVATION_FUNCTIONS
+from vanilla_transformer.converters.core import (
+    ConversionError,
+    Problems,
+    check_position_tables,
+    one_embedding,
+    refuse,
+)
+from vanilla_transformer.converters.untrusted import SIZE_LIMITS, check_sizes
 from vanilla_transformer.model.loading import ModelFolderError, load_model_folder
 
 # Fields of a transformers config whose other value names an architecture our model does not have:
@@ -47,6 +54,22 @@ def hf_sizes(config: dict, config_class, vocab_field: str = "vocab_size") -> dic
     return {**sizes, "vocab_size": value(vocab_field)}
 
 
+def check_config(
+    config: dict, config_class, where: str, problems: Problems, vocab_field: str = "vocab_size"
+) -> dict[str, Any]:
+    """A transformers config.json's sizes (`hf_sizes`); a problem for each size out of bounds (`check_sizes`), each
+    field of CONFIG_REFUSALS of another value, and an activation the model does not have."""
+    sizes = hf_sizes(config, config_class, vocab_field)
+    check_sizes(sizes, where, problems)
+    refuse(config, CONFIG_REFUSALS, where, problems)
+    activation = config.get("activation_function", config_class.activation_function)
+    if activation not in ACTIVATION_FUNCTIONS:
+        problems.add(
+            f"{where}: activation_function is {activation!r}; the model has {', '.join(ACTIVATION_FUNCTIONS)}"
+        )
+    return sizes
+
+
 def hf_fields(config, **choices) -> dict[str, Any]:
     """Our config's fields from a loaded transformers Marian or FSMT config, plus the implementation's `choices`."""
     names = [name for name in SIZE_LIMITS if name != "vocab_size"]
@@ -77,6 +100,19 @@ def hf_weights(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, tor
         elif name != "final_logits_bias":
             layers[name] = tensor
     return layers, embeddings, positions
+
+
+def reference_weights(
+    reference: nn.Module, layout: str, frequencies: str, offset: int, why: str
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The source model's layers under fairseq's names, and its one embedding matrix; one ConversionError naming the
+    position tables that are not the sinusoids of `layout`, `frequencies` and `offset`, and embeddings that differ
+    (`why`: the source's field that allows it)."""
+    layers, embeddings, positions = hf_weights(reference)
+    with Problems() as problems:
+        check_position_tables(positions, reference.config.d_model, layout, frequencies, offset, problems)
+        embedding = one_embedding(embeddings, why, problems)
+    return layers, embedding
 
 
 def load_reference(folder: Path, model_class) -> nn.Module:

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from vanilla_transformer.converters.core import TOKENIZER_FILES, ConversionError
+from vanilla_transformer.converters.core import TOKENIZER_FILES, ConversionError, Problems
 from vanilla_transformer.model.loading import MAX_CONFIG_BYTES, MAX_TABLE_BYTES
 
 MAX_TEXT_BYTES = 64 * 2**20  # a dictionary, BPE codes, vocabulary or SentencePiece model: OPUS-MT's are ~1 MB
@@ -76,25 +76,29 @@ def card_license(readme: Path) -> str | None:
     return str(value) if isinstance(value, (str, int, float)) else None
 
 
-def check_sizes(sizes: dict[str, Any], where: str) -> None:
-    """Refuse sizes no model of the paper's architecture has, before anything is allocated: each a whole number up to
-    SIZE_LIMITS, the embedding matrix and position table at most 1 GiB (what `translate` loads), the parameters at
-    most MAX_PARAMETERS."""
+def check_sizes(sizes: dict[str, Any], where: str, problems: Problems) -> None:
+    """A problem for each size no model of the paper's architecture has, found before anything is allocated: each a
+    whole number up to SIZE_LIMITS, the embedding matrix and position table at most 1 GiB (what `translate` loads),
+    the parameters at most MAX_PARAMETERS. A size left out of `sizes` is the caller's problem to name; the totals are
+    checked only when every size is there and valid."""
+    valid = True
     for name, limit in SIZE_LIMITS.items():
         value = sizes.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
-            raise ConversionError(
-                f"{where}: {name} is {value!r}; this converter takes a whole number from 1 to {limit:,}"
-            )
+        if name not in sizes or not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+            valid = False
+            if name in sizes:
+                problems.add(f"{where}: {name} is {value!r}; this converter takes a whole number from 1 to {limit:,}")
+    if not valid:
+        return
     d_model = sizes["d_model"]
     for name in ("vocab_size", "max_position_embeddings"):
         if sizes[name] * d_model * 4 > MAX_TABLE_BYTES:
-            raise ConversionError(f"{where}: {name} {sizes[name]:,} x d_model {d_model:,} in float32 is over 1 GiB")
+            problems.add(f"{where}: {name} {sizes[name]:,} x d_model {d_model:,} in float32 is over 1 GiB")
     parameters = sizes["vocab_size"] * d_model
     parameters += sizes["encoder_layers"] * (4 * d_model**2 + 2 * d_model * sizes["encoder_ffn_dim"])
     parameters += sizes["decoder_layers"] * (8 * d_model**2 + 2 * d_model * sizes["decoder_ffn_dim"])
     if parameters > MAX_PARAMETERS:
-        raise ConversionError(f"{where}: these sizes make {parameters:,} parameters, over {MAX_PARAMETERS:,}")
+        problems.add(f"{where}: these sizes make {parameters:,} parameters, over {MAX_PARAMETERS:,}")
 
 
 def hub_patterns(files: list[str]) -> list[str]:
