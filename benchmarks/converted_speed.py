@@ -4,11 +4,11 @@ through its CTranslate2 export.
 The source is an OPUS-MT-sized MarianMTModel (d_model 512, 6+6 layers, 8 heads, FFN 2048, swish, a vocabulary of
 58,101 tokens like Helsinki-NLP/opus-mt-en-de's; transformers' random initialisation and a random final_logits_bias),
 saved with a MarianTokenizer (a small SentencePiece model trained here; vocab.json padded to the vocabulary size with
-placeholder pieces), then converted by `vanilla_transformer.hub.convert.convert` exactly as a user's folder is. The script
+placeholder pieces), then converted by `vanilla_transformer.converters.convert.convert` exactly as a user's folder is. The script
 checks that both give the same greedy tokens before timing anything.
 
 Engines: "marian" (transformers' MarianMTModel), "ours" (the converted folder), "ct2_float32" and "ct2_int8" (the
-converted folder exported with `vanilla_transformer.serving.export_ctranslate2`, run in a worker process of their own:
+converted folder exported with `vanilla_transformer.converters.export_ctranslate2`, run in a worker process of their own:
 CTranslate2 in the PyTorch engines' process changes their speed, docs/BENCHMARKS.md).
 Work: greedy and beam 4, batch 1 and 32, sources of 16-24 tokens, exactly 24 new tokens per sentence (no end token:
 `eos_token_id=None`, CTranslate2 `end_token=[]`, so every engine does the same work); tokens/s counts batch x 24.
@@ -151,7 +151,7 @@ def build_engines(work_dir: Path, size: dict, ctranslate2: bool, threads: int):
     from transformers import MarianMTModel
 
     from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-    from vanilla_transformer.hub.convert import convert
+    from vanilla_transformer.converters.convert import convert
 
     source = opus_mt_folder(work_dir / "opus-mt", size)
     converted = convert(source, work_dir / "converted")
@@ -165,7 +165,7 @@ def build_engines(work_dir: Path, size: dict, ctranslate2: bool, threads: int):
         raise SystemExit("the converted model does not generate the source's tokens: nothing timed")
     worker = None
     if ctranslate2:
-        from vanilla_transformer.serving.export_ctranslate2 import convert_to_ctranslate2
+        from vanilla_transformer.converters.export_ctranslate2 import convert_to_ctranslate2
 
         ct2_dir = Path(convert_to_ctranslate2(converted, work_dir / "ct2"))
         arguments = ["--ct2-worker", str(ct2_dir), "--vocab-size", str(size["vocab_size"]), "--threads", str(threads)]

@@ -32,7 +32,7 @@ def main() -> None:
     sys.path[:0] = [args.checkout, str(Path(args.checkout) / "benchmarks")]
     from common import WORKLOADS, build_ours, fix_malloc_thresholds, padded_batch
 
-    from vanilla_transformer.serving.export_marian import to_marian
+    from vanilla_transformer.converters.export_marian import to_marian
 
     fix_malloc_thresholds()
     print(

@@ -2,9 +2,9 @@
 
 Both PyTorch models get the same shape (d_model, layers, heads, FFN size, vocabulary, ReLU, post-LN, tied and
 sqrt(d_model)-scaled embeddings, same dropout) and the same weights: ours converted with
-`vanilla_transformer.serving.export_marian.to_marian` (its features reordered so that Marian's sinusoid table is our
+`vanilla_transformer.converters.export_marian.to_marian` (its features reordered so that Marian's sinusoid table is our
 positions), and the script checks that both give the same logits before timing anything. The CTranslate2
-columns run our model converted with `vanilla_transformer.serving.export_ctranslate2` (float32, and int8 weights), in a
+columns run our model converted with `vanilla_transformer.converters.export_ctranslate2` (float32, and int8 weights), in a
 worker process of their own (see `ctranslate2_process`).
 
 Work, per preset (small: the recipe's CPU model, 8000 tokens; base: the paper's, 37000 tokens):
@@ -67,8 +67,8 @@ from timing import median_seconds  # noqa: E402
 
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
+from vanilla_transformer.converters.export_marian import check_same_function, marian_config, to_marian  # noqa: E402
 from vanilla_transformer.model.onednn import use_onednn_linears  # noqa: E402
-from vanilla_transformer.serving.export_marian import check_same_function, marian_config, to_marian  # noqa: E402
 from vanilla_transformer.training.loss import forward_inputs, label_smoothed_cross_entropy, output_head  # noqa: E402
 
 ENGINES = ("ours", "marian", "ct2_float32", "ct2_int8")
@@ -213,7 +213,7 @@ class Engines:
 
 
 def export_ctranslate2(model: VanillaTransformerForConditionalGeneration, folder: Path) -> None:
-    from vanilla_transformer.serving.export_ctranslate2 import convert_to_ctranslate2
+    from vanilla_transformer.converters.export_ctranslate2 import convert_to_ctranslate2
 
     model.save_pretrained(folder / "hf")
     convert_to_ctranslate2(folder / "hf", folder / "float32")

@@ -3,7 +3,7 @@ tokens/s on the same file, the batching that makes the command fastest, processe
 half-way costs, and the command's peak memory.
 
 The model: an OPUS-MT-sized MarianMTModel with random weights and a MarianTokenizer (`opus_mt_folder` of
-benchmarks/converted_speed.py; `--tiny`: its tiny size), converted by `vanilla_transformer.hub.convert.convert` as a
+benchmarks/converted_speed.py; `--tiny`: its tiny size), converted by `vanilla_transformer.converters.convert.convert` as a
 user's folder is. Random weights end a translation anywhere, so every engine generates exactly K = --new_tokens tokens
 a line (beam --num_beams, default 4, the paper's and OPUS-MT's): the command's copy of the converted folder has
 `"eos_token_id": null` and no forced </s> in its generation_config.json (with --max_new_tokens K; the CTranslate2
@@ -87,7 +87,7 @@ import json, sys
 from pathlib import Path
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from converted_speed import SIZES, opus_mt_folder
-from vanilla_transformer.hub.convert import convert
+from vanilla_transformer.converters.convert import convert
 work = Path(sys.argv[3])
 convert(opus_mt_folder(work / "marian", SIZES[sys.argv[4]]), work / "converted")
 print(json.dumps(SIZES[sys.argv[4]]))

@@ -61,7 +61,7 @@ def refusal(capsys, parse, argv: list[str]) -> str:
         ),
         (
             ["--resume_from_checkpoint", "latest", "--overwrite_output_dir"],
-            "--resume_from_checkpoint continues the run in --output_dir; --overwrite_output_dir deletes it",
+            "--resume_from_checkpoint continues the run in --output_dir; --overwrite deletes it",
         ),
         (
             ["--streaming", "--max_epochs", "1"],

@@ -14,7 +14,16 @@ from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from .helpers import ROOT
 
 HEAVY = ("torch", "transformers")
-LIGHT_HELP = ("translate", "attention-maps", "push", "refresh-code", "space", "demo")  # subcommands' --help
+LIGHT_HELP = (
+    "translate",
+    "attention-maps",
+    "export-ctranslate2",
+    "convert",
+    "push",
+    "refresh-code",
+    "space",
+    "demo",
+)  # subcommands' --help
 
 
 def modules_loaded_by(code: str) -> set[str]:
@@ -100,3 +109,25 @@ def test_the_paper_beam_of_attention_maps_is_the_pipelines():
     from vanilla_transformer.commands.attention_maps import PAPER_BEAMS
 
     assert PAPER_BEAMS == PAPER_DECODING["num_beams"]
+
+
+@pytest.mark.parametrize(
+    "module, argv, old, dest",
+    [
+        ("vanilla_transformer.commands.export_ctranslate2", ["MODEL", "OUT", "--force"], "--force", None),
+        ("vanilla_transformer.commands.arguments", ["--overwrite_output_dir"], "--overwrite_output_dir", "output"),
+    ],
+)
+def test_an_old_overwrite_flag_still_works_with_a_warning(monkeypatch, capsys, module, argv, old, dest):
+    if dest is None:  # the export: its settings reach convert_to_ctranslate2
+        import vanilla_transformer.converters.export_ctranslate2 as export
+
+        seen = {}
+        monkeypatch.setattr(export, "convert_to_ctranslate2", lambda *args: seen.setdefault("args", args))
+        assert importlib.import_module(module).main(argv) == 0
+        assert seen["args"][-1] is True
+    else:  # the training flags: their settings
+        from vanilla_transformer.commands.arguments import parse_training_arguments
+
+        assert parse_training_arguments(argv).output.overwrite is True
+    assert f"warning: {old} is deprecated and will be removed; use --overwrite" in capsys.readouterr().err

@@ -40,10 +40,13 @@ from transformers import (
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.commands.convert import main
+from vanilla_transformer.converters import convert as conversion
+from vanilla_transformer.converters.convert import convert
+from vanilla_transformer.converters.core import ConversionError
+from vanilla_transformer.converters.untrusted import hub_patterns
 from vanilla_transformer.data.tokenization import load_tokenizer
 from vanilla_transformer.data.toy_task import synthetic_translation_pairs
-from vanilla_transformer.hub import convert as conversion
-from vanilla_transformer.hub.convert import ConversionError, convert, hub_patterns
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences
 
 # Multi30k-like sentences with punctuation, digits, accents, quotes, dashes and abbreviations
@@ -533,6 +536,27 @@ def test_a_marian_config_the_model_cannot_represent_is_refused_naming_the_field(
     assert not (tmp_path / "out").exists()
 
 
+def test_every_problem_of_a_marian_config_is_named_at_once_one_a_line(marian_copy, tmp_path):
+    changes = {"normalize_before": True, "static_position_embeddings": False, "activation_function": "quick_gelu"}
+    with pytest.raises(ConversionError) as refused:
+        convert(edited_config(marian_copy, **changes), tmp_path / "out")
+    lines = str(refused.value).splitlines()
+    assert lines[0] == "the source cannot be converted exactly, for 3 reasons:"
+    named = ["normalize_before is True", "static_position_embeddings is False", "activation_function is 'quick_gelu'"]
+    assert [[name for name in named if name in line] for line in lines[1:]] == [[name] for name in named]
+    assert refused.value.problems == lines[1:]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_that_stops_the_checks_is_named_with_the_problems_found_before_it(marian_copy, tmp_path):
+    (marian_copy / "source.spm").unlink()
+    with pytest.raises(ConversionError) as refused:
+        convert(edited_config(marian_copy, d_model=0, normalize_before=True), tmp_path / "out")
+    problems = refused.value.problems
+    assert len(problems) == 3 and "d_model is 0" in problems[0] and "normalize_before is True" in problems[1]
+    assert problems[2] == f"{marian_copy / 'source.spm'} is missing"
+
+
 def test_marian_separate_target_vocabulary_files_are_refused(marian_copy, tmp_path):
     shutil.copy(marian_copy / "vocab.json", marian_copy / "target_vocab.json")
     with pytest.raises(ConversionError, match="separate source and target vocabularies"):
@@ -588,6 +612,21 @@ def test_a_fairseq_architecture_the_model_cannot_represent_is_refused(
     with pytest.raises(ConversionError, match=named):
         convert(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_every_problem_of_a_fairseq_checkpoint_is_named_at_once(fsmt_model, fairseq_files, tmp_path):
+    args = fairseq_args(encoder_normalize_before=True, adaptive_softmax_cutoff="5000,20000", activation_fn="linear")
+    state = {**fairseq_state(fsmt_model), "decoder.embed_positions.weight": torch.ones(130, 32)}
+    path = write_fairseq(tmp_path / "wmt", fsmt_model, fairseq_files, args=args, state=state)
+    with pytest.raises(ConversionError) as refused:
+        convert(path, tmp_path / "out")
+    named = [
+        "decoder.embed_positions.weight: learned positions",
+        "encoder_normalize_before is True",
+        "adaptive_softmax_cutoff is '5000,20000'",
+        "activation_fn is 'linear'",
+    ]
+    assert [[name for name in named if name in problem] for problem in refused.value.problems] == [[n] for n in named]
 
 
 def test_an_output_projection_that_differs_from_the_embeddings_is_refused(fsmt_model, fairseq_files, tmp_path):
@@ -735,6 +774,12 @@ def test_an_output_folder_that_is_holds_or_is_inside_the_source_folder_is_refuse
     assert not (marian_source / "converted").exists()
 
 
+def test_a_conversion_refusal_is_one_of_the_projects_refusals_and_still_a_value_error(marian_source):
+    with pytest.raises(VanillaTransformerError, match="is, holds or is inside the source's folder"):
+        convert(marian_source, marian_source, overwrite=True)
+    assert issubclass(ConversionError, VanillaTransformerError) and issubclass(ConversionError, ValueError)
+
+
 def test_a_checkpoint_converts_into_a_new_folder_beside_it_but_never_over_its_folder(fairseq_checkpoint, tmp_path):
     folder = Path(shutil.copytree(fairseq_checkpoint.parent, tmp_path / "wmt"))
     assert convert(folder / "model.pt", folder / "converted").is_dir()
@@ -827,7 +872,7 @@ def test_a_converted_model_that_computes_otherwise_than_the_source_is_refused_be
 
 def test_the_ctranslate2_export_of_a_converted_opus_mt_decodes_marians_tokens(marian, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from vanilla_transformer.serving.export_ctranslate2 import convert_to_ctranslate2
+    from vanilla_transformer.converters.export_ctranslate2 import convert_to_ctranslate2
 
     source, tokenizer, _, _, folder = marian
     translator = ctranslate2.Translator(convert_to_ctranslate2(folder, tmp_path / "ct2"), device="cpu")

@@ -15,7 +15,8 @@ import torch
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.commands.export_ctranslate2 import main
-from vanilla_transformer.serving.export_ctranslate2 import ExportError, convert_to_ctranslate2, vocabulary
+from vanilla_transformer.converters.export_ctranslate2 import ExportError, convert_to_ctranslate2, vocabulary
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 
 from .fixtures.old_checkpoints import make_old_folder
 from .helpers import OFFLINE, TINY
@@ -171,9 +172,11 @@ def test_command_line_writes_an_int8_model_that_translates(reversal_model, conve
     _, _, tokens = padded_sources
     results = translator.translate_batch(tokens, beam_size=2, max_decoding_length=NEW_TOKENS)
     assert all(1 <= len(result.hypotheses[0]) <= NEW_TOKENS for result in results)
-    assert "int8 already exists: add --force to replace" in refusal([model_dir, str(tmp_path / "int8")])
+    assert "int8 already exists: add --overwrite to replace" in refusal([model_dir, str(tmp_path / "int8")])
     int8_size = (tmp_path / "int8" / "model.bin").stat().st_size
-    main([model_dir, str(tmp_path / "int8"), "--force"])  # --force replaces a previous export, here with float32
+    main(
+        [model_dir, str(tmp_path / "int8"), "--overwrite"]
+    )  # --overwrite replaces a previous export, here with float32
     assert (tmp_path / "int8" / "model.bin").stat().st_size > 2 * int8_size
     ctranslate2.Translator(str(tmp_path / "int8"), intra_threads=1).translate_batch(tokens[:1], max_decoding_length=2)
 
@@ -215,7 +218,7 @@ def test_a_tokenizer_in_the_model_folder_names_the_tokens(reversal_model, conver
     )
 
 
-# The output folder: never the model's own, and --force replaces nothing but a previous export
+# The output folder: never the model's own, and --overwrite replaces nothing but a previous export
 
 
 def saved_model(folder: Path) -> dict[str, bytes]:
@@ -249,7 +252,7 @@ def test_an_output_folder_that_is_inside_or_holds_the_model_is_refused(tmp_path,
     monkeypatch.chdir(tmp_path)
     files = saved_model(tmp_path / "model")
     (tmp_path / "link").symlink_to(tmp_path / "model", target_is_directory=True)
-    message = refusal(["model", output, "--force"])
+    message = refusal(["model", output, "--overwrite"])
     assert f"the output folder {output} {relation} the model folder model" in message
     assert {path.name: path.read_bytes() for path in (tmp_path / "model").iterdir()} == files
 
@@ -280,19 +283,25 @@ def export_with_a_model_config(folder: Path) -> None:
     ],
     ids=["a folder of notes", "an export and notes", "another model", "a model config", "a file"],
 )
-def test_force_refuses_to_replace_what_is_not_a_previous_export(tmp_path, make_output, why):
+def test_overwrite_refuses_to_replace_what_is_not_a_previous_export(tmp_path, make_output, why):
     saved_model(tmp_path / "model")
     output = tmp_path / "out"
     make_output(output)
     before = output.read_bytes() if output.is_file() else {path.name: path.read_bytes() for path in output.iterdir()}
-    message = refusal([str(tmp_path / "model"), str(output), "--force"])
-    assert f"--force replaces only a previous CTranslate2 export, and {output} is not one ({why}" in message
+    message = refusal([str(tmp_path / "model"), str(output), "--overwrite"])
+    assert f"--overwrite replaces only a previous CTranslate2 export, and {output} is not one ({why}" in message
     assert before == (output.read_bytes() if output.is_file() else {p.name: p.read_bytes() for p in output.iterdir()})
 
 
 def test_a_folder_that_is_not_a_model_is_a_clean_error(tmp_path):
     assert "is not a model folder: it has no config.json" in refusal([str(tmp_path), str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_an_export_refusal_is_one_of_the_projects_refusals_and_still_a_runtime_error(tmp_path):
+    with pytest.raises(VanillaTransformerError, match="is not a model folder"):
+        convert_to_ctranslate2(tmp_path, tmp_path / "out")
+    assert issubclass(ExportError, VanillaTransformerError) and issubclass(ExportError, RuntimeError)
 
 
 def test_a_model_with_d_k_other_than_d_v_is_refused_before_anything_is_written(tmp_path):
@@ -305,10 +314,10 @@ def test_a_model_with_d_k_other_than_d_v_is_refused_before_anything_is_written(t
 
 @pytest.mark.slow
 def test_exporting_a_model_over_itself_leaves_it_whole(tmp_path):
-    """`export_ctranslate2 model model --force` in a fresh process: a message, no traceback, the model still there."""
+    """`export_ctranslate2 model model --overwrite` in a fresh process: a message, no traceback, the model still there."""
     files = saved_model(tmp_path / "model")
     result = subprocess.run(
-        [sys.executable, "-m", "vanilla_transformer", "export-ctranslate2", "model", "model", "--force"],
+        [sys.executable, "-m", "vanilla_transformer", "export-ctranslate2", "model", "model", "--overwrite"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -350,12 +359,14 @@ def test_a_full_disk_during_an_export_leaves_the_previous_export_whole_and_no_ha
     printed = io.StringIO()
     with monkeypatch.context() as full_disk, contextlib.redirect_stderr(printed):
         full_disk.setattr(model_spec.ModelSpec, "_serialize", fill_the_disk)
-        assert main([str(tmp_path / "model"), str(tmp_path / "out"), "--force"]) == 1
+        assert main([str(tmp_path / "model"), str(tmp_path / "out"), "--overwrite"]) == 1
     # a line of its own (a warning logged once per process may come before it)
     assert f"\nerror: no space left on device while exporting into {tmp_path / 'out'} (" in "\n" + printed.getvalue()
     assert {path.name: path.read_bytes() for path in (tmp_path / "out").iterdir()} == before
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model", "out"]
-    assert main([str(tmp_path / "model"), str(tmp_path / "out"), "--force"]) == 0  # space again: --force replaces it
+    assert (
+        main([str(tmp_path / "model"), str(tmp_path / "out"), "--overwrite"]) == 0
+    )  # space again: --overwrite replaces it
     assert (tmp_path / "out" / "model.bin").stat().st_size > len(before["model.bin"])
 
 

@@ -1,4 +1,4 @@
-"""vanilla_transformer.serving.export_marian: transformers' MarianMTModel computes what our model computes, decodes as it does,
+"""vanilla_transformer.converters.export_marian: transformers' MarianMTModel computes what our model computes, decodes as it does,
 keeps that through save_pretrained, and configs it cannot express are refused by name."""
 
 import re
@@ -9,7 +9,7 @@ from transformers import MarianMTModel
 
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.serving.export_marian import check_same_function, to_marian, trainable_parameters
+from vanilla_transformer.converters.export_marian import check_same_function, to_marian, trainable_parameters
 
 from .helpers import TINY
 

@@ -371,9 +371,9 @@ def test_the_ctranslate2_backend_gives_what_its_own_translate_batch_gives(folder
     pytest.importorskip("ctranslate2")
     import ctranslate2
 
+    from vanilla_transformer.converters.export_ctranslate2 import convert_to_ctranslate2
     from vanilla_transformer.data.tokenization import load_tokenizer
     from vanilla_transformer.serving.ctranslate2_backend import CTranslate2Backend
-    from vanilla_transformer.serving.export_ctranslate2 import convert_to_ctranslate2
 
     export = convert_to_ctranslate2(folder, tmp_path / "ct2")
     tokenizer = load_tokenizer(folder)

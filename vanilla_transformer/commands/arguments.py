@@ -347,11 +347,12 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("checkpoints, logging, sharing")
     group.add_argument("--output_dir", default="outputs/vanilla-transformer")
     group.add_argument(
-        "--overwrite_output_dir",
+        "--overwrite",
         action="store_true",
         help="delete an earlier run's checkpoints, logs and model in --output_dir first (else such a folder is "
         "refused, unless resumed)",
     )
+    add_deprecated_alias(group, "--overwrite_output_dir", "--overwrite")
     group.add_argument(
         "--save_steps",
         type=positive_int,
@@ -486,7 +487,7 @@ def training_settings(parser: argparse.ArgumentParser, args: argparse.Namespace)
         max_sentences=args.eval_max_sentences,
         every_steps=filled["eval_steps"],
     )
-    output = OutputSettings(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
+    output = OutputSettings(args.output_dir, args.overwrite, args.resume_from_checkpoint)
     checkpoints = CheckpointSettings(output, filled["save_steps"], args.save_total_limit, args.average_last)
     copied = ("max_tokens", "gradient_accumulation_steps", "learning_rate_scale", "label_smoothing", "max_grad_norm")
     copied += ("seed", "max_epochs", "max_minutes", "mixed_precision", "ddp_timeout", "prefetch_batches")
@@ -510,8 +511,8 @@ def training_settings(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
 def check_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse flags that cannot work together, naming them (parser.error)."""
-    if args.resume_from_checkpoint == "latest" and args.overwrite_output_dir:
-        parser.error("--resume_from_checkpoint continues the run in --output_dir; --overwrite_output_dir deletes it")
+    if args.resume_from_checkpoint == "latest" and args.overwrite:
+        parser.error("--resume_from_checkpoint continues the run in --output_dir; --overwrite deletes it")
     if args.streaming and (args.prepared_data or args.max_epochs is not None):
         parser.error(
             "--streaming reads raw data and ends at --max_steps/--max_minutes: it takes neither "

@@ -11,16 +11,17 @@ A fairseq checkpoint's dictionary (dict.txt, or dict.SRC.txt and dict.TGT.txt, w
 paper's model cannot represent exactly (separate vocabularies, pre-LN layers, extra LayerNorms, learned positions, ...)
 is refused naming the field and its value, and so is a fairseq checkpoint that would unpickle a class other than
 argparse.Namespace. OUTPUT_DIR must be new or empty; --overwrite replaces a previous conversion there, nothing else.
-Nothing is written before every check passed. What converts and how: vanilla_transformer/hub/convert.py.
+Nothing is written before every check passed. What converts and how: vanilla_transformer/converters/.
 """
 
 import sys
 from collections.abc import Sequence
 
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.hub.convert import ConversionError, convert
+from vanilla_transformer.commands.runner import MissingExtra, command
 
 
+@command
 def main(argv: Sequence[str] | None = None) -> int:
     parser = command_parser("vanilla-transformer convert", __doc__)
     parser.add_argument("source", help="a Marian (OPUS-MT) or FSMT folder or Hub id, or a fairseq checkpoint file")
@@ -36,6 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace a previous conversion in output_dir")
     args = parser.parse_args(argv)
     try:
+        from vanilla_transformer.converters.convert import convert
+
         folder = convert(
             args.source,
             args.output_dir,
@@ -47,12 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             revision=args.revision,
             overwrite=args.overwrite,
         )
-    except ConversionError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except ImportError as error:
-        print(f"error: {error}\nThe conversion needs: pip install 'vanilla-transformer[convert]'", file=sys.stderr)
-        return 1
+    except ImportError as error:  # sentencepiece, sacremoses: what a source's tokenizer needs
+        raise MissingExtra(f"{error}\nThe conversion needs: pip install 'vanilla-transformer[convert]'") from error
     print(folder)
     return 0
 

@@ -33,6 +33,7 @@ ROW_FLAGS = {
     "--max_minutes",
     "--max_steps",
     "--resume_from_checkpoint",
+    "--overwrite",
     "--overwrite_output_dir",
 }
 

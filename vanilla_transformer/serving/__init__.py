@@ -1,2 +1,2 @@
-"""Using a trained model: the command-line translator, attention maps, the demo and its Space, the exports to
-CTranslate2 and Marian."""
+"""Using a trained model: the command-line translator, attention maps, the demo and its Space, translation through
+CTranslate2."""

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
+from vanilla_transformer.converters.export_ctranslate2 import ExportError, convert_to_ctranslate2, why_not_an_export
 from vanilla_transformer.model.loading import read_json_file
-from vanilla_transformer.serving.export_ctranslate2 import ExportError, convert_to_ctranslate2, why_not_an_export
 
 
 def model_digest(model_dir: str | Path) -> str:
@@ -37,7 +37,7 @@ def cached_export(model_dir: str | Path, digest: str | None = None) -> Path:
     if export.exists() and why_not_an_export(export) is None:
         return export
     try:
-        convert_to_ctranslate2(folder, export, force=export.exists())
+        convert_to_ctranslate2(folder, export, overwrite=export.exists())
     except OSError as error:
         raise ExportError(
             f"cannot write the CTranslate2 export beside the model, in {export} ({error}): make one with "

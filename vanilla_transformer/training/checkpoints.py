@@ -410,7 +410,7 @@ class OutputSettings:
     """A run's folder, and what the run may do with an earlier run's files there (`output_folder.py`)."""
 
     output_dir: str
-    overwrite: bool = False  # delete the earlier run's files first (--overwrite_output_dir)
+    overwrite: bool = False  # delete the earlier run's files first (--overwrite)
     resume_from: str | None = None  # a checkpoint folder, or "latest" (--resume_from_checkpoint)
 
 
@@ -576,7 +576,7 @@ def how_to_continue(settings: CheckpointSettings) -> str:
     if latest is None:
         return (
             f"There is no complete checkpoint in {settings.root} to continue from: free space on that disk, then "
-            "start the run again with --overwrite_output_dir."
+            "start the run again with --overwrite."
         )
     return (
         f"Free space on that disk, then continue from the last complete checkpoint, {latest}, with "

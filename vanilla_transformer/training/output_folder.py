@@ -10,7 +10,7 @@ decides what the run may do with the folder (`claim_output_dir`):
   checkpoint is refused, as that would start a new run over an old one, and so is a checkpoint from another folder
   or of another run when the folder holds a run (it would replace that run); into an empty folder, any checkpoint
   continues;
-- `--overwrite_output_dir` deletes what an earlier run of ours wrote there, as its record says (below), and leaves
+- `--overwrite` deletes what an earlier run of ours wrote there, as its record says (below), and leaves
   every other entry alone, naming it; a folder holding anything the new run would write over that no run of ours
   wrote (a downloaded model, a project's files) is refused. With a checkpoint from another folder, the run then
   continues from it;
@@ -18,7 +18,7 @@ decides what the run may do with the folder (`claim_output_dir`):
 
 The record: `RUN_RECORD` in the folder lists the ids of the runs that trained there and every top-level entry they
 write, each added before it is written (`RunFolder.record`), so a run killed at any moment leaves nothing of its own
-unlisted; at the end, entries that were never written are dropped. `--overwrite_output_dir` deletes only what it lists,
+unlisted; at the end, entries that were never written are dropped. `--overwrite` deletes only what it lists,
 and inside `checkpoints/` only the checkpoints of the listed runs (each records its run id in trainer_state.json).
 It never follows a symbolic link (a link is deleted as a link), and never deletes a `.py` file or a folder holding one.
 Nothing is ever written through a link: a link where the run writes is refused.
@@ -144,7 +144,7 @@ def listed(names: list[str], at_most: int = 8) -> str:
 
 
 def claim_output_dir(settings: OutputSettings) -> None:
-    """Check (and with --overwrite_output_dir, clear) --output_dir before a training run, saying what was deleted.
+    """Check (and with --overwrite, clear) --output_dir before a training run, saying what was deleted.
     Raises OutputDirError when the folder holds work this run must not touch."""
     folder, overwrite, resume_from_checkpoint = Path(settings.output_dir), settings.overwrite, settings.resume_from
     if folder.exists() and not folder.is_dir():
@@ -154,8 +154,8 @@ def claim_output_dir(settings: OutputSettings) -> None:
     if overwrite:
         if resume_from_checkpoint and is_inside(Path(resume_from_checkpoint), folder):
             raise OutputDirError(
-                f"--overwrite_output_dir would delete --resume_from_checkpoint {resume_from_checkpoint} (inside "
-                f"--output_dir {folder}): continue that run without --overwrite_output_dir"
+                f"--overwrite would delete --resume_from_checkpoint {resume_from_checkpoint} (inside "
+                f"--output_dir {folder}): continue that run without --overwrite"
             )
         clear_run_files(folder)
         return
@@ -169,7 +169,7 @@ def claim_output_dir(settings: OutputSettings) -> None:
     raise OutputDirError(
         f"--output_dir {folder} already holds {describe(folder)}. Continue that run with --resume_from_checkpoint "
         "latest" + ("" if has_checkpoint else " (it has no checkpoint left)") + ", replace it with "
-        "--overwrite_output_dir (deletes what an earlier run wrote there: its checkpoints, logs and model), or choose "
+        "--overwrite (deletes what an earlier run wrote there: its checkpoints, logs and model), or choose "
         "another --output_dir."
     )
 
@@ -203,7 +203,7 @@ def check_resumes_the_folders_run(folder: Path, checkpoint: Path) -> None:
     raise OutputDirError(
         f"--resume_from_checkpoint {checkpoint} is {whose}, and --output_dir {folder} already holds "
         f"{describe(folder)}: resuming would replace that run's checkpoints, model and results. Resume into an "
-        "empty --output_dir, replace the folder's run with --overwrite_output_dir (deletes its checkpoints, logs "
+        "empty --output_dir, replace the folder's run with --overwrite (deletes its checkpoints, logs "
         "and model), or continue the folder's own run with --resume_from_checkpoint latest."
     )
 
@@ -265,12 +265,12 @@ def forget_unwritten(folder: Path) -> None:
         write_run_record(folder, {**record, "entries": entries})
 
 
-# --- --overwrite_output_dir --------------------------------------------------------------------------------------
+# --- --overwrite --------------------------------------------------------------------------------------
 
 
 @dataclass
 class Overwrite:
-    """What --overwrite_output_dir does with a folder: what goes, what stays and why, and what is in the way (the new
+    """What --overwrite does with a folder: what goes, what stays and why, and what is in the way (the new
     run would write over it: refused)."""
 
     delete: list[str] = field(default_factory=list)  # paths relative to the folder
@@ -287,7 +287,7 @@ def plan_overwrite(folder: Path, record: dict | None) -> Overwrite:
     # A folder without a record was written by an older version of this project (or by no run of ours). Its
     # checkpoints whose trainer_state.json has a run id are an older run of ours, and so is a train_log.jsonl of our
     # log lines (a run killed before its first checkpoint, which the Table 3 sweep starts again with
-    # --overwrite_output_dir); nothing else in it is taken for ours.
+    # --overwrite); nothing else in it is taken for ours.
     for name in sorted(contents(folder), key=lambda name: (name != CHECKPOINTS_DIR, name)):
         path = folder / name
         if name == CHECKPOINTS_DIR and (name in ours or record is None) and not path.is_symlink() and path.is_dir():
@@ -360,7 +360,7 @@ def _is_our_log(path: Path) -> bool:
 
 
 def clear_run_files(folder: Path) -> list[str]:
-    """--overwrite_output_dir: delete what runs of ours wrote into `folder` (its record, `plan_overwrite`), print
+    """--overwrite: delete what runs of ours wrote into `folder` (its record, `plan_overwrite`), print
     what went and what stayed, and return what went. OutputDirError, before anything is deleted, when the folder
     holds entries that no run of ours wrote and the new run would write over."""
     record = read_run_record(folder)
@@ -373,7 +373,7 @@ def clear_run_files(folder: Path) -> list[str]:
         )
         raise OutputDirError(
             f"--output_dir {folder} holds {listed(plan.in_the_way)} {whose}: the new run would write over them, and "
-            "--overwrite_output_dir deletes only what a run of ours wrote. Move or delete them yourself, or choose "
+            "--overwrite deletes only what a run of ours wrote. Move or delete them yourself, or choose "
             "another --output_dir."
         )
     for name in plan.delete:
@@ -387,7 +387,7 @@ def clear_run_files(folder: Path) -> list[str]:
         write_run_record(folder, {"entries": entries, "run_ids": []})
     deleted = ", ".join(plan.delete) if plan.delete else "nothing"
     kept = "; ".join(f"{name} ({why})" for name, why in plan.kept.items())
-    print(f"[output] --overwrite_output_dir: deleted {deleted} from {folder}" + (f"; kept {kept}" if kept else ""))
+    print(f"[output] --overwrite: deleted {deleted} from {folder}" + (f"; kept {kept}" if kept else ""))
     return plan.delete
 
 
@@ -520,5 +520,5 @@ def _check_evaluation_files(folder: Path, overwrite: bool) -> None:
     if existing and not overwrite:
         raise OutputDirError(
             f"--output_dir {folder} already holds {', '.join(existing)}; choose another --output_dir for this "
-            "evaluation, or replace them with --overwrite_output_dir"
+            "evaluation, or replace them with --overwrite"
         )

@@ -159,7 +159,7 @@ def training_command(variant: Variant, sweep: Sweep, run_dir: Path) -> list[str]
         command += ["--resume_from_checkpoint", "latest"]  # an interrupted row: continue it
     elif run_dir.is_dir() and any(run_dir.iterdir()):
         print(f"[variants] {variant.name}: its earlier run stopped before its first checkpoint; starting it again")
-        command += ["--overwrite_output_dir"]  # nothing to continue: only that run's own files go
+        command += ["--overwrite"]  # nothing to continue: only that run's own files go
     return command
 
 

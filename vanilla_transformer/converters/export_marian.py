@@ -20,7 +20,7 @@ Marian's position table has `max_position_embeddings` rows and does not grow (ou
 longer than that fail in Marian.
 
 Usage:
-    from vanilla_transformer.serving.export_marian import check_same_function, to_marian
+    from vanilla_transformer.converters.export_marian import check_same_function, to_marian
 
     marian = to_marian(model)  # a MarianMTModel on the model's device, in its dtype and train/eval mode
     check_same_function(model, marian)  # RuntimeError if their logits differ

@@ -14,13 +14,13 @@ The model maps one to one onto CTranslate2's `TransformerSpec`:
 The written table has `max_position_embeddings` rows, which bounds source and output lengths in CTranslate2
 (the PyTorch model grows its table on demand).
 
-The output folder may not be the model folder, nor inside it, nor hold it. If it exists, --force replaces it only
+The output folder may not be the model folder, nor inside it, nor hold it. If it exists, --overwrite replaces it only
 when it is a previous CTranslate2 export (what the converter writes and nothing else): anything else is refused. The
 export is written into a new hidden folder beside it and moved into place only once complete, so a failed export (a
 full disk, an interruption) leaves the output folder as it was, never half written.
 
 Usage:
-    vanilla-transformer export-ctranslate2 MODEL_DIR OUTPUT_DIR [--quantization int8] [--force]
+    vanilla-transformer export-ctranslate2 MODEL_DIR OUTPUT_DIR [--quantization int8] [--overwrite]
 
     translator = ctranslate2.Translator(OUTPUT_DIR, compute_type="int8")
     tokens = tokenizer.convert_ids_to_tokens(tokenizer("A sentence.").input_ids)  # ends with </s>
@@ -51,6 +51,7 @@ from modeling_vanilla_transformer import (
     VanillaTransformerLearnedPositionalEmbedding,
 )
 from vanilla_transformer.data.tokenization import UNK_TOKEN, UNK_TOKEN_ID, load_tokenizer
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import on_full_disk, staged_folder
 from vanilla_transformer.model.loading import ModelFolderError, load_model_folder
 
@@ -64,7 +65,6 @@ ACTIVATIONS = {
     "tanh": "Tanh",
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 # what the converter writes into its folder; a folder of these and nothing else is a previous export
 CONVERTER_FILES = {"model.bin", "config.json", "vmap.txt"} | {
     f"{side}vocabulary.{extension}" for side in ("", "shared_", "source_", "target_") for extension in ("json", "txt")
@@ -72,7 +72,7 @@ CONVERTER_FILES = {"model.bin", "config.json", "vmap.txt"} | {
 CONVERTER_CONFIG_KEYS = {"bos_token", "eos_token", "unk_token"}  # in every config.json it writes
 
 
-class ExportError(RuntimeError):
+class ExportError(VanillaTransformerError, RuntimeError):
     """The model or output folder cannot be used; the message says which and why."""
 
 
@@ -186,7 +186,7 @@ class VanillaTransformerConverter(Converter):
         tokens = vocabulary(self.model_dir, config.vocab_size)
         spec.register_source_vocabulary(tokens)
         spec.register_target_vocabulary(tokens)
-        # a converted Marian model has no bos_token_id and its `<unk>` elsewhere (vanilla_transformer.hub.convert)
+        # a converted Marian model has no bos_token_id and its `<unk>` elsewhere (vanilla_transformer.converters.convert)
         bos_token_id = config.bos_token_id if config.bos_token_id is not None else config.decoder_start_token_id
         spec.config.bos_token = tokens[bos_token_id]
         spec.config.eos_token = tokens[config.eos_token_id]
@@ -213,9 +213,9 @@ def why_not_an_export(folder: Path) -> str | None:
     return None
 
 
-def check_folders(model_dir: str | Path, output_dir: str | Path, force: bool) -> None:
+def check_folders(model_dir: str | Path, output_dir: str | Path, overwrite: bool) -> None:
     """Raise ExportError unless `model_dir` is a model folder and writing `output_dir` can lose nothing but a previous
-    export (with `force`); symbolic links and relative paths are resolved."""
+    export (with `overwrite`); symbolic links and relative paths are resolved."""
     model, output = Path(model_dir).resolve(), Path(output_dir).resolve()
     if not (model / "config.json").is_file():
         raise ExportError(f"{model_dir} is not a model folder: it has no config.json")
@@ -227,16 +227,16 @@ def check_folders(model_dir: str | Path, output_dir: str | Path, force: bool) ->
         if found:
             raise ExportError(
                 f"the output folder {output_dir} {relation} the model folder {model_dir}: export to a folder of its "
-                "own, outside the model folder, so that replacing it (--force) can never touch the model"
+                "own, outside the model folder, so that replacing it (--overwrite) can never touch the model"
             )
     if not Path(output_dir).exists():
         return
-    if not force:
-        raise ExportError(f"{output_dir} already exists: add --force to replace a previous CTranslate2 export")
+    if not overwrite:
+        raise ExportError(f"{output_dir} already exists: add --overwrite to replace a previous CTranslate2 export")
     why = why_not_an_export(output)
     if why:
         raise ExportError(
-            f"--force replaces only a previous CTranslate2 export, and {output_dir} is not one ({why}): move or "
+            f"--overwrite replaces only a previous CTranslate2 export, and {output_dir} is not one ({why}): move or "
             "delete it yourself, or choose another output folder"
         )
 
@@ -253,17 +253,17 @@ def check_exportable(model_dir: str | Path) -> None:
 
 
 def convert_to_ctranslate2(
-    model_dir: str | Path, output_dir: str | Path, quantization: str | None = None, force: bool = False
+    model_dir: str | Path, output_dir: str | Path, quantization: str | None = None, overwrite: bool = False
 ) -> str:
     """Convert the model saved in `model_dir` to a CTranslate2 model in `output_dir`; returns `output_dir`.
 
     quantization: weight type of the written model (e.g. "int8", "int8_float32", "float16"); None keeps float32.
         CTranslate2 can also quantize when it loads: `Translator(output_dir, compute_type="int8")`.
-    force: replace `output_dir` if it is a previous CTranslate2 export. ExportError (before anything is written) if
-        it is something else, if it exists without `force`, or if it is, holds or is inside `model_dir`, or if the
+    overwrite: replace `output_dir` if it is a previous CTranslate2 export. ExportError (before anything is written) if
+        it is something else, if it exists without `overwrite`, or if it is, holds or is inside `model_dir`, or if the
         model has d_k != d_v.
     """
-    check_folders(model_dir, output_dir, force)
+    check_folders(model_dir, output_dir, overwrite)
     check_exportable(model_dir)
     if transformer_spec is None:
         raise ImportError("The export needs CTranslate2: pip install 'vanilla-transformer[export]'.")

@@ -1,0 +1,67 @@
+"""OPUS-MT folders (transformers' `MarianMTModel`), local or from the Hub.
+
+Marian's choices, recorded in the converted config.json: sines first in the position table (`sin_cos`), the paper's
+frequencies from position 0, usually the swish activation, and a `final_logits_bias`. Refused: separate source and
+target vocabularies (`share_encoder_decoder_embeddings: false`, a `decoder_vocab_size` of its own, a
+target_vocab.json), an lm_head of its own, and every field of `CONFIG_REFUSALS` of another value.
+
+The tokenizer stays transformers' `MarianTokenizer` (source.spm, target.spm, vocab.json): a `tokenizers` fast
+tokenizer cannot be exact, as Marian encodes with the source language's SentencePiece model, decodes with the target
+language's, and maps pieces to ids through its own vocab.json (transformers has no fast Marian tokenizer for this
+reason).
+"""
+
+from pathlib import Path
+
+from vanilla_transformer.converters.core import Problems, Source
+from vanilla_transformer.converters.transformers_folder import (
+    check_config,
+    hf_fields,
+    load_reference,
+    reference_weights,
+    source_decoding,
+)
+from vanilla_transformer.converters.untrusted import read_bytes, read_json
+
+
+def read_marian(folder: Path, config: dict) -> Source:
+    """An OPUS-MT (MarianMTModel) folder: its config and tokenizer files checked (one ConversionError naming every
+    problem found), its model loaded by transformers, its tokenizer."""
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    where = str(folder / "config.json")
+    with Problems() as problems:
+        check_config(config, MarianConfig, where, problems)
+        if config.get("decoder_vocab_size") not in (None, config.get("vocab_size", MarianConfig.vocab_size)):
+            problems.add(
+                f"{where}: decoder_vocab_size is {config['decoder_vocab_size']!r} and vocab_size "
+                f"{config.get('vocab_size')!r}: separate source and target vocabularies; the paper's model has one"
+            )
+        check_marian_vocabulary(folder, problems)
+    tokenizer = MarianTokenizer.from_pretrained(folder)
+    reference = load_reference(folder, MarianMTModel)
+    why = "Marian's `tie_word_embeddings: false`: input embeddings and an lm_head of their own"
+    layers, embedding = reference_weights(reference, "sin_cos", "paper", 0, why)
+    bias = reference.final_logits_bias.detach()[0]
+    fields = hf_fields(
+        reference.config, vocab_size=reference.config.vocab_size, position_layout="sin_cos",
+        position_frequencies="paper", position_offset=0,
+        lm_head_bias=bool(bias.any()),
+    )  # fmt: skip
+    languages = (tokenizer.init_kwargs.get("source_lang"), tokenizer.init_kwargs.get("target_lang"))
+    return Source(
+        "Marian (OPUS-MT)", str(folder), fields, layers, embedding, tokenizer, reference,
+        logits_bias=bias if bias.any() else None, decoding=source_decoding(reference), languages=languages,
+    )  # fmt: skip
+
+
+def check_marian_vocabulary(folder: Path, problems: Problems) -> None:
+    """The folder's MarianTokenizer files size-checked; a problem for separate source and target vocabularies."""
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        read_bytes(folder / name)
+    settings = read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    if settings.get("separate_vocabs") or (folder / "target_vocab.json").is_file():
+        problems.add(
+            f"{folder}: tokenizer_config.json has separate_vocabs {settings.get('separate_vocabs')!r} (or the folder "
+            "has a target_vocab.json): separate source and target vocabularies; the paper's model has one"
+        )

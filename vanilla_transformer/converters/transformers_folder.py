@@ -1,0 +1,141 @@
+"""What Marian (marian.py) and FSMT (fsmt.py) folders share, both transformers models: the config fields that name an
+architecture other than the paper's, the sizes and fields of a config, the weights under fairseq's names, the model
+loaded as the reference, and the decoding settings a converted folder keeps.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from configuration_vanilla_transformer import ACTIVATION_FUNCTIONS
+from vanilla_transformer.converters.core import (
+    ConversionError,
+    Problems,
+    check_position_tables,
+    one_embedding,
+    refuse,
+)
+from vanilla_transformer.converters.untrusted import SIZE_LIMITS, check_sizes
+from vanilla_transformer.model.loading import ModelFolderError, load_model_folder
+
+# Fields of a transformers config whose other value names an architecture our model does not have:
+# field -> (the value it must have, what another value means)
+CONFIG_REFUSALS = {
+    "normalize_before": (False, "pre-LN layers (LayerNorm before each sub-layer)"),
+    "encoder_normalize_before": (False, "pre-LN encoder layers"),
+    "decoder_normalize_before": (False, "pre-LN decoder layers"),
+    "add_final_layer_norm": (False, "a LayerNorm after each stack"),
+    "normalize_embedding": (False, "a LayerNorm on the embeddings"),
+    "layernorm_embedding": (False, "a LayerNorm on the embeddings"),
+    "static_position_embeddings": (True, "learned positions"),
+    "share_encoder_decoder_embeddings": (True, "separate source and target vocabularies"),
+}
+# the decoding settings of a source's generation config that the converted folder keeps
+DECODING_FIELDS = (
+    "num_beams",
+    "length_penalty",
+    "early_stopping",
+    "max_length",
+    "min_length",
+    "no_repeat_ngram_size",
+    "repetition_penalty",
+    "bad_words_ids",
+    "forced_eos_token_id",
+    "renormalize_logits",
+)
+
+
+def hf_sizes(config: dict, config_class, vocab_field: str = "vocab_size") -> dict[str, Any]:
+    """The sizes of a transformers config.json (the class's defaults where a field is left out)."""
+    value = lambda name: config.get(name, getattr(config_class, name, None))  # noqa: E731
+    sizes = {name: value(name) for name in SIZE_LIMITS if name != "vocab_size"}
+    return {**sizes, "vocab_size": value(vocab_field)}
+
+
+def check_config(
+    config: dict, config_class, where: str, problems: Problems, vocab_field: str = "vocab_size"
+) -> dict[str, Any]:
+    """A transformers config.json's sizes (`hf_sizes`); a problem for each size out of bounds (`check_sizes`), each
+    field of CONFIG_REFUSALS of another value, and an activation the model does not have."""
+    sizes = hf_sizes(config, config_class, vocab_field)
+    check_sizes(sizes, where, problems)
+    refuse(config, CONFIG_REFUSALS, where, problems)
+    activation = config.get("activation_function", config_class.activation_function)
+    if activation not in ACTIVATION_FUNCTIONS:
+        problems.add(
+            f"{where}: activation_function is {activation!r}; the model has {', '.join(ACTIVATION_FUNCTIONS)}"
+        )
+    return sizes
+
+
+def hf_fields(config, **choices) -> dict[str, Any]:
+    """Our config's fields from a loaded transformers Marian or FSMT config, plus the implementation's `choices`."""
+    names = [name for name in SIZE_LIMITS if name != "vocab_size"]
+    names += ["activation_function", "dropout", "attention_dropout", "activation_dropout", "scale_embedding"]
+    names += ["pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id"]
+    fields = {name: getattr(config, name) for name in names}
+    return {
+        **fields,
+        "position_embedding_type": "sinusoidal",
+        "tie_word_embeddings": True,
+        "layer_norm_eps": 1e-5,
+        **choices,
+    }
+
+
+def hf_weights(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A transformers model's tensors under fairseq's names ("model." dropped): layers, embeddings, position tables."""
+    layers, embeddings, positions = {}, {}, {}
+    for key, tensor in model.state_dict().items():
+        name = key.removeprefix("model.")
+        if (
+            name.endswith(("embed_tokens.weight", "shared.weight", "output_projection.weight"))
+            or name == "lm_head.weight"
+        ):
+            embeddings[name] = tensor
+        elif name.endswith("embed_positions.weight"):
+            positions[name] = tensor
+        elif name != "final_logits_bias":
+            layers[name] = tensor
+    return layers, embeddings, positions
+
+
+def reference_weights(
+    reference: nn.Module, layout: str, frequencies: str, offset: int, why: str
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The source model's layers under fairseq's names, and its one embedding matrix; one ConversionError naming the
+    position tables that are not the sinusoids of `layout`, `frequencies` and `offset`, and embeddings that differ
+    (`why`: the source's field that allows it)."""
+    layers, embeddings, positions = hf_weights(reference)
+    with Problems() as problems:
+        check_position_tables(positions, reference.config.d_model, layout, frequencies, offset, problems)
+        embedding = one_embedding(embeddings, why, problems)
+    return layers, embedding
+
+
+def load_reference(folder: Path, model_class) -> nn.Module:
+    """The source model as transformers runs it (safetensors, or torch.load with weights_only=True); refused when its
+    weights lack tensors its config.json describes (transformers would make them up) or hold ones it has no place for
+    (transformers would drop them)."""
+    try:
+        model = load_model_folder(folder, model_class, dtype=torch.float32, weights_only=True)
+    except ModelFolderError as error:
+        raise ConversionError(str(error)) from None
+    except OSError as error:  # no weights file, or one transformers cannot read
+        raise ConversionError(f"cannot load the weights of {folder}: {error}") from None
+    return model.eval()
+
+
+def source_decoding(reference: nn.Module) -> dict[str, Any]:
+    """The decoding settings of the source model's generation config that a converted folder keeps (DECODING_FIELDS):
+    it then decodes as the source does. num_beams, length_penalty and early_stopping always (transformers' defaults
+    where the source sets none, rather than the paper's beam 4 and length penalty 0.6)."""
+    generation = reference.generation_config
+    decoding = {name: getattr(generation, name, None) for name in DECODING_FIELDS}
+    decoding = {name: value for name, value in decoding.items() if value is not None}
+    decoding.setdefault("num_beams", 1)
+    decoding.setdefault("length_penalty", 1.0)
+    decoding.setdefault("early_stopping", False)
+    return decoding
