@@ -42,11 +42,12 @@ from modeling_vanilla_transformer import VanillaTransformerForConditionalGenerat
 from vanilla_transformer.commands.convert import main
 from vanilla_transformer.converters import convert as conversion
 from vanilla_transformer.converters.convert import convert
-from vanilla_transformer.converters.core import ConversionError
-from vanilla_transformer.converters.untrusted import hub_patterns
+from vanilla_transformer.converters.core import ConversionError, Problems
+from vanilla_transformer.converters.untrusted import check_sizes, hub_patterns
 from vanilla_transformer.data.tokenization import load_tokenizer
 from vanilla_transformer.data.toy_task import synthetic_translation_pairs
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
+from vanilla_transformer.model.loading import MAX_LAYERS, ModelFolderError, check_folder_sizes
 from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences
 
 # Multi30k-like sentences with punctuation, digits, accents, quotes, dashes and abbreviations
@@ -923,3 +924,29 @@ def test_a_converted_folders_stock_tokenizer_has_a_fingerprint_of_its_vocabulary
     if source == "fsmt":
         (changed / "vocab-tgt.json").write_text(json.dumps(entries))
     assert tokenizer_fingerprint(load_tokenizer(changed)) != fingerprint
+
+
+@pytest.mark.parametrize("field", ["encoder_layers", "decoder_layers"])
+def test_the_converters_layer_limit_is_the_loaders(tmp_path, field):
+    """A stack the converter takes is one the loader takes, and one layer more is refused by both."""
+    sizes = {
+        "vocab_size": 100,
+        "d_model": 8,
+        "encoder_layers": 1,
+        "decoder_layers": 1,
+        "encoder_attention_heads": 1,
+        "decoder_attention_heads": 1,
+        "encoder_ffn_dim": 8,
+        "decoder_ffn_dim": 8,
+        "max_position_embeddings": 16,
+    }
+    for layers, accepted in ((MAX_LAYERS, True), (MAX_LAYERS + 1, False)):
+        problems = Problems()
+        check_sizes({**sizes, field: layers}, "source", problems)
+        (tmp_path / "config.json").write_text(json.dumps({**sizes, field: layers}))
+        try:
+            check_folder_sizes(tmp_path)
+            loads = True
+        except ModelFolderError:
+            loads = False
+        assert (not problems.found) == accepted == loads, (layers, problems.found)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from vanilla_transformer.converters.core import TOKENIZER_FILES, ConversionError, Problems
-from vanilla_transformer.model.loading import MAX_CONFIG_BYTES, MAX_TABLE_BYTES
+from vanilla_transformer.model.loading import MAX_CONFIG_BYTES, MAX_LAYERS, MAX_TABLE_BYTES
 
 MAX_TEXT_BYTES = 64 * 2**20  # a dictionary, BPE codes, vocabulary or SentencePiece model: OPUS-MT's are ~1 MB
 MAX_CHECKPOINT_BYTES = 32 * 2**30  # a fairseq checkpoint with its optimizer state; the big WMT models are ~2 GB
@@ -24,8 +24,8 @@ MAX_PARAMETERS = 2 * 10**9  # ten times the paper's big model (213M); 8 GB in fl
 SIZE_LIMITS = {
     "vocab_size": 2**20,
     "d_model": 2**14,
-    "encoder_layers": 256,
-    "decoder_layers": 256,
+    "encoder_layers": MAX_LAYERS,  # the loader's limit: a folder the converter writes is one the loader accepts
+    "decoder_layers": MAX_LAYERS,
     "encoder_attention_heads": 1024,
     "decoder_attention_heads": 1024,
     "encoder_ffn_dim": 2**18,
