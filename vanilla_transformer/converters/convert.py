@@ -62,9 +62,10 @@ from vanilla_transformer.converters.fairseq import read_fairseq
 from vanilla_transformer.converters.fsmt import read_fsmt
 from vanilla_transformer.converters.marian import read_marian
 from vanilla_transformer.converters.output_folder import check_output_folder
-from vanilla_transformer.converters.untrusted import card_license, download, read_json
+from vanilla_transformer.converters.untrusted import card_license, download
 from vanilla_transformer.hub.model_folder import save_model_folder
 from vanilla_transformer.mechanics.files import on_full_disk, staged_folder
+from vanilla_transformer.model.loading import read_json_file
 
 
 def convert(
@@ -106,7 +107,7 @@ def read_source(source, dictionary, bpe_codes, languages, revision, scratch: Pat
         if str(source).endswith((".pt", ".pth", ".bin")) or str(source).startswith((".", "/", "~")):
             raise ConversionError(f"{source}: no such file or folder")
         hub_id, path = str(source), download(str(source), revision)
-    config = read_json(path / "config.json")
+    config = read_json_file(path / "config.json", ConversionError, required=True)
     model_type = config.get("model_type")
     if model_type == "marian":
         read = read_marian(path, config)

@@ -13,7 +13,7 @@ reason).
 
 from pathlib import Path
 
-from vanilla_transformer.converters.core import Problems, Source
+from vanilla_transformer.converters.core import ConversionError, Problems, Source
 from vanilla_transformer.converters.transformers_folder import (
     check_config,
     hf_fields,
@@ -21,7 +21,8 @@ from vanilla_transformer.converters.transformers_folder import (
     reference_weights,
     source_decoding,
 )
-from vanilla_transformer.converters.untrusted import read_bytes, read_json
+from vanilla_transformer.converters.untrusted import read_bytes
+from vanilla_transformer.model.loading import read_json_file
 
 
 def read_marian(folder: Path, config: dict) -> Source:
@@ -59,7 +60,7 @@ def check_marian_vocabulary(folder: Path, problems: Problems) -> None:
     """The folder's MarianTokenizer files size-checked; a problem for separate source and target vocabularies."""
     for name in ("source.spm", "target.spm", "vocab.json"):
         read_bytes(folder / name)
-    settings = read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
+    settings = read_json_file(folder / "tokenizer_config.json", ConversionError)
     if settings.get("separate_vocabs") or (folder / "target_vocab.json").is_file():
         problems.add(
             f"{folder}: tokenizer_config.json has separate_vocabs {settings.get('separate_vocabs')!r} (or the folder "

@@ -1,14 +1,13 @@
 """Reading a source's files, none of them trusted: each with a size limit, sizes checked before any model is built, and
 a Hub repository downloaded with only the files a conversion reads.
 
-Config files, dictionaries, codes and tokenizer files are read with size limits (`read_bytes`, `read_json`); a
+Config files, dictionaries, codes and tokenizer files are read with size limits (`read_bytes`; config files with `loading.read_json_file`); a
 config's sizes are checked before anything is allocated (`check_sizes`); Hub and folder weights load through
 transformers (safetensors, or torch.load with weights_only=True; `loading.load_model_folder` refuses weights that do
 not cover the config), fairseq checkpoints as fairseq.py says (torch.load with weights_only=True and only
 `argparse.Namespace` allowed). Nothing is ever unpickled beyond that, and no remote code runs.
 """
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -48,17 +47,6 @@ def read_bytes(path: Path, limit: int = MAX_TEXT_BYTES) -> bytes:
     if (size := path.stat().st_size) > limit:
         raise ConversionError(f"{path} is {size:,} bytes, over the {limit:,} this kind of file ever needs")
     return path.read_bytes()
-
-
-def read_json(path: Path) -> dict:
-    """A config file as a dict; ConversionError for one missing, too big, or not a JSON object."""
-    try:
-        content = json.loads(read_bytes(path, MAX_CONFIG_BYTES))
-    except ValueError as error:
-        raise ConversionError(f"{path} is not valid JSON: {error}") from None
-    if not isinstance(content, dict):
-        raise ConversionError(f"{path} is not a JSON object")
-    return content
 
 
 def card_license(readme: Path) -> str | None:

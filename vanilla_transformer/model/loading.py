@@ -87,18 +87,22 @@ def name_keys(keys: list[str]) -> str:
     return named + (f" and {len(keys) - MAX_KEYS_NAMED} more" if len(keys) > MAX_KEYS_NAMED else "")
 
 
-def read_json_file(path: Path) -> dict:
-    """A folder's config file as a dict ({} if it is absent); ModelFolderError for one too big or not a JSON object."""
+def read_json_file(path: Path, error: type[Exception] = ModelFolderError, required: bool = False) -> dict:
+    """A config file as a dict ({} if it is absent, unless `required`): the one size-limited JSON reader of the
+    library. `error` (the caller's class: ModelFolderError here, ConversionError for a converter's source) names the
+    file when it is missing and required, over MAX_CONFIG_BYTES, unreadable, or not a JSON object."""
     if not path.is_file():
+        if required:
+            raise error(f"{path} is missing")
         return {}
     if (size := path.stat().st_size) > MAX_CONFIG_BYTES:
-        raise ModelFolderError(f"{path} is {size:,} bytes: a model's {path.name} is a few KB (the limit is 1 MiB).")
+        raise error(f"{path} is {size:,} bytes: a model's {path.name} is a few KB (the limit is 1 MiB).")
     try:
         content = json.loads(path.read_bytes())
-    except (OSError, ValueError) as error:  # unreadable, not UTF-8, not JSON
-        raise ModelFolderError(f"cannot load a model and tokenizer from {path.parent}: {path.name}: {error}") from None
+    except (OSError, ValueError) as problem:  # unreadable, not UTF-8, not JSON
+        raise error(f"cannot load a model and tokenizer from {path.parent}: {path.name}: {problem}") from None
     if not isinstance(content, dict):
-        raise ModelFolderError(f"cannot load a model and tokenizer from {path.parent}: {path.name} is not an object.")
+        raise error(f"cannot load a model and tokenizer from {path.parent}: {path.name} is not an object.")
     return content
 
 
