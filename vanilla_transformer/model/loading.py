@@ -106,28 +106,37 @@ def read_json_file(path: Path, error: type[Exception] = ModelFolderError, requir
     return content
 
 
-def whole_number(path: Path, content: dict, field: str, high: float) -> int | None:
+def finite_number(value) -> bool:
+    """An int or float, not a bool, neither infinite nor NaN: what a number from a config file, the demo's page or a
+    JSON request must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def whole_number(value, high: float = math.inf) -> bool:
+    """Whether `value` is a finite number that is whole (6 or 6.0, not 6.5 or True), from 1 to `high`."""
+    return finite_number(value) and value == int(value) and 1 <= value <= high
+
+
+def whole_field(path: Path, content: dict, field: str, high: float) -> int | None:
     """`content[field]` (None if absent) if it is a whole number from 1 to `high`; else ModelFolderError naming the
     file, the field and the limit."""
     value = content.get(field)
     if value is None:
         return None
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not number or value != int(value) or value < 1:
+    if not whole_number(value):
         raise ModelFolderError(f"{path}: {field} must be a whole number >= 1, got {value!r}.")
     if value > high:
         raise ModelFolderError(f"{path}: {field} is {int(value):,}; the limit is {int(high):,}.")
     return int(value)
 
 
-def finite_number(path: Path, content: dict, field: str, positive: bool = False) -> None:
+def finite_field(path: Path, content: dict, field: str, positive: bool = False) -> None:
     """ModelFolderError naming the file and the field unless `content[field]` is absent or a finite number (> 0
     where `positive`): a NaN `layer_norm_eps` or temperature decodes to empty or random output without an error."""
     value = content.get(field)
     if value is None:
         return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not number or (positive and value <= 0):
+    if not finite_number(value) or (positive and value <= 0):
         kind = "a finite number > 0" if positive else "a finite number"
         raise ModelFolderError(f"{path}: {field} must be {kind}, got {value!r}.")
 
@@ -154,12 +163,12 @@ def check_folder_sizes(folder: Path) -> None:
         (GENERATION_NUMBERS, generation_path, generation),
     ):
         for field, positive in numbers.items():
-            finite_number(path, content, field, positive)
+            finite_field(path, content, field, positive)
     for path, content in ((config_path, config), (generation_path, generation)):
-        whole_number(path, content, "num_beams", MAX_BEAMS)
-        whole_number(path, content, "num_return_sequences", MAX_BEAMS)
+        whole_field(path, content, "num_beams", MAX_BEAMS)
+        whole_field(path, content, "num_return_sequences", MAX_BEAMS)
         for field in ("max_new_tokens", "max_length"):
-            whole_number(path, content, field, MAX_OUTPUT_TOKENS)
+            whole_field(path, content, field, MAX_OUTPUT_TOKENS)
 
 
 def check_model_sizes(config_path: Path, config: dict) -> None:
@@ -169,7 +178,7 @@ def check_model_sizes(config_path: Path, config: dict) -> None:
     layers a stack (the time to build them). ModelFolderError names the file, the field and the limit."""
 
     def size(field: str) -> int:  # a field left out has the config class's default
-        return whole_number(config_path, config, field, math.inf) or getattr(VanillaTransformerConfig, field)
+        return whole_field(config_path, config, field, math.inf) or getattr(VanillaTransformerConfig, field)
 
     d_model, gib = size("d_model"), MAX_TABLE_BYTES / 2**30
     tables = (
@@ -184,7 +193,7 @@ def check_model_sizes(config_path: Path, config: dict) -> None:
                 f"{table}; the limit is {gib:g} GiB, {field} up to {MAX_TABLE_BYTES // entry:,} at this d_model."
             )
     for field in ("encoder_layers", "decoder_layers"):
-        whole_number(config_path, config, field, MAX_LAYERS)
+        whole_field(config_path, config, field, MAX_LAYERS)
     per_layer = {
         stack: (4 if stack == "encoder" else 8) * d_model * d_model + 2 * d_model * size(f"{stack}_ffn_dim")
         for stack in ("encoder", "decoder")

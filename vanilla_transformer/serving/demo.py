@@ -25,7 +25,6 @@ keep a request within seconds on a 2-core CPU and which a Space's owner changes 
 """
 
 import io
-import math
 import os
 import sys
 from dataclasses import dataclass, field, fields
@@ -37,6 +36,7 @@ from transformers.generation import MaxTimeCriteria, StoppingCriteriaList
 
 from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, PAPER_DECODING
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
+from vanilla_transformer.model.loading import finite_number, whole_number
 from vanilla_transformer.serving.attention_maps import ATTENTION_KINDS, compute_attentions, plot_attention_grid
 from vanilla_transformer.serving.translate import (
     CommandLineError,
@@ -54,11 +54,6 @@ MAX_NAME_CHARACTERS = 100
 
 def env(name: str) -> dict:
     return {"env": name}
-
-
-def finite_number(value) -> bool:
-    """An int or float, not a bool, neither infinite nor NaN: what a number from the page or a JSON request must be."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -238,14 +233,14 @@ def load_translator(name: str, limits: Limits | None = None) -> Translator:
 # --- one request, checked where it enters -------------------------------------------------------------------------
 
 
-def whole_number(value, what: str, high: int) -> int:
+def whole_input(value, what: str, high: int) -> int:
     """`value` (from the page or an API call) as a whole number from 1 to `high`; InputError names it otherwise."""
-    if not finite_number(value) or value != int(value) or not 1 <= value <= high:
+    if not whole_number(value, high):
         raise InputError(f"{what} must be a whole number from 1 to {high}, got {value!r}.")
     return int(value)
 
 
-def real_number(value, what: str, high: float) -> float:
+def real_input(value, what: str, high: float) -> float:
     """`value` as a number from 0 to `high`; InputError names it otherwise."""
     if not finite_number(value) or not 0 <= value <= high:
         raise InputError(f"{what} must be a number from 0 to {high:g}, got {value!r}.")
@@ -307,8 +302,8 @@ def translate_text(translator: Translator, text, num_beams, length_penalty) -> t
     settings the page would not send or the limits do not allow, before anything is translated."""
     limits = translator.limits
     budget = TimeBudget(limits.seconds)
-    num_beams = whole_number(num_beams, "The beam size", limits.beams)
-    length_penalty = real_number(length_penalty, "The length penalty", MAX_LENGTH_PENALTY)
+    num_beams = whole_input(num_beams, "The beam size", limits.beams)
+    length_penalty = real_input(length_penalty, "The length penalty", MAX_LENGTH_PENALTY)
     lines = check_text(text, limits)
     lengths = check_lengths(translator, lines)
     settings = {"length_penalty": length_penalty} if num_beams > 1 else {}
@@ -346,7 +341,7 @@ def attention_image(translator: Translator, source: str, translation: str, kind_
     layers = config.encoder_layers if encoder else config.decoder_layers
     heads = config.encoder_attention_heads if encoder else config.decoder_attention_heads
     try:
-        layer, head = whole_number(layer, "The layer", layers), whole_number(head, "The head", heads)
+        layer, head = whole_input(layer, "The layer", layers), whole_input(head, "The head", heads)
     except InputError:
         raise InputError(
             f"{kind_title} has {layers} layers of {heads} heads: pick a layer and head within them."

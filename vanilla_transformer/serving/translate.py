@@ -26,7 +26,7 @@ from vanilla_transformer.model.loading import (
     check_folder_sizes,
     load_model_folder,
     read_json_file,
-    whole_number,
+    whole_field,
 )
 from vanilla_transformer.model.onednn import use_onednn_linears
 from vanilla_transformer.model.registration import register
@@ -165,7 +165,7 @@ def folder_notes(folder: str | Path, trust_remote_code: bool = False) -> list[st
     folder = Path(folder)
     notes = [] if trust_remote_code else [note for note in [code_note(folder)] if note]
     path = folder / "generation_config.json"
-    if (count := whole_number(path, read_json_file(path), "num_return_sequences", MAX_BEAMS)) not in (None, 1):
+    if (count := whole_field(path, read_json_file(path), "num_return_sequences", MAX_BEAMS)) not in (None, 1):
         notes.append(
             f"note: {path}: num_return_sequences is {count}; one translation per line is written, the best "
             "(num_return_sequences 1)"
