@@ -12,7 +12,6 @@ CODE_FILES = (
 # transformers' hook for a repository's own decoding (the paper's output length): generate_vanilla_transformer.py,
 # copied into every saved model folder under this name
 CUSTOM_GENERATE = "custom_generate/generate.py"
-CUSTOM_GENERATE_SOURCE = "generate_vanilla_transformer.py"
 # code files that earlier releases copied into model folders and this one does not (refresh-code sets them aside)
 RETIRED_CODE_FILES = ("fast_paths_vanilla_transformer.py",)
 WEIGHTS_NAME = "model.safetensors"
