@@ -42,14 +42,14 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-# Sibling files, relatively imported so that transformers copies them into every saved folder (and fetches them
-# with the model's code from the Hub); the pipeline is the one config.json's `custom_pipelines` names.
+# Sibling files, relatively imported (transformers fetches them with the model's code from the Hub): the
+# configuration, and the pipeline file's output length (section 6.1's input + 50), which `paper_max_new_tokens` gives
 try:  # as Hub remote code (a package)
     from .configuration_vanilla_transformer import VanillaTransformerConfig
-    from .pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline, output_length  # noqa: F401
+    from .pipeline_vanilla_transformer import output_length
 except ImportError:  # as installed top-level modules
     from configuration_vanilla_transformer import VanillaTransformerConfig
-    from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline, output_length  # noqa: F401
+    from pipeline_vanilla_transformer import output_length
 
 SUPPORTED_TRANSFORMERS = ">=5.24"  # the `cache` name; pyproject.toml declares the same, .ci/run tests it
 

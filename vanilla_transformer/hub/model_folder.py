@@ -31,6 +31,7 @@ from typing import Any
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 import generate_vanilla_transformer
+import pipeline_vanilla_transformer
 from pipeline_vanilla_transformer import PAPER_DECODING, VanillaTransformerTranslationPipeline
 from vanilla_transformer.hub.model_card import render_model_card
 from vanilla_transformer.mechanics.files import (
@@ -54,6 +55,7 @@ BEAM_ONLY = ("length_penalty", "early_stopping")
 MACHINE_SETTINGS = ("is_local", "local_files_only", "cache_dir", "token", "_commit_hash")
 REQUIRED_AUTO_MAP = ("AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM")
 BASE_MODEL = "modeling_vanilla_transformer.VanillaTransformerModel"  # auto_map's AutoModel
+PIPELINE_FILE = "pipeline_vanilla_transformer.py"
 
 
 def save_model_folder(
@@ -75,9 +77,10 @@ def save_model_folder(
     decoding = {**PAPER_DECODING, **(decoding or {})}
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    # Pipeline.save_pretrained writes `custom_pipelines` into config.json and copies the pipeline's file, then saves
-    # the model (safetensors, config with auto_map, the two model files) and the tokenizer. auto_map names the model
-    # classes that save_pretrained knows (AutoConfig, AutoModelForSeq2SeqLM) and the encoder-decoder without its head.
+    # Pipeline.save_pretrained writes `custom_pipelines` into config.json (write_hub_code writes the pipeline's file),
+    # then saves the model (safetensors, config with auto_map, the two model files) and the tokenizer. auto_map names
+    # the model classes that save_pretrained knows (AutoConfig, AutoModelForSeq2SeqLM) and the encoder-decoder without
+    # its head.
     model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), "AutoModel": BASE_MODEL}
     register()  # the pipeline's registration is what save_pretrained writes as `custom_pipelines`
     translator = VanillaTransformerTranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
@@ -86,19 +89,25 @@ def save_model_folder(
     languages = {name: (card_values or {}).get(name) for name in ("source_lang", "target_lang")}
     settle_tokenizer_config(output_dir / "tokenizer_config.json", languages)
     paper_generation_config(model.config, **decoding).save_pretrained(output_dir)
-    write_custom_generate(output_dir)
+    write_hub_code(output_dir)
     card = render_model_card(model, {**(card_values or {}), **decoding})
     (output_dir / "README.md").write_text(card, encoding="utf-8")
     return output_dir
 
 
-def write_custom_generate(folder: Path) -> None:
-    """The folder's custom_generate/generate.py, this installation's generate_vanilla_transformer.py; never written
-    through a symbolic link."""
-    if (link := link_on_the_way(folder, CUSTOM_GENERATE)) is not None:
-        raise FileExistsError(f"{describe_link(link)}: refusing to write {CUSTOM_GENERATE} through it")
-    (folder / CUSTOM_GENERATE).parent.mkdir(exist_ok=True)
-    (folder / CUSTOM_GENERATE).write_bytes(Path(generate_vanilla_transformer.__file__).read_bytes())
+def write_hub_code(folder: Path) -> None:
+    """The folder's code that transformers does not copy with the model's: this installation's
+    pipeline_vanilla_transformer.py (the pipeline config.json's `custom_pipelines` names) and, as
+    custom_generate/generate.py, its generate_vanilla_transformer.py; never written through a symbolic link."""
+    files = {
+        PIPELINE_FILE: Path(pipeline_vanilla_transformer.__file__),
+        CUSTOM_GENERATE: Path(generate_vanilla_transformer.__file__),
+    }
+    for name, source in files.items():
+        if (link := link_on_the_way(folder, name)) is not None:
+            raise FileExistsError(f"{describe_link(link)}: refusing to write {name} through it")
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_bytes(source.read_bytes())
 
 
 def settle_tokenizer_config(tokenizer_config: Path, languages: dict[str, str | None]) -> None:
