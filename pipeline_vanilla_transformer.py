@@ -45,7 +45,8 @@ logger = logging.get_logger(__name__)
 
 def paper_max_new_tokens(attention_mask: torch.Tensor) -> int:
     """Section 6.1's maximum output length for a batch: its longest source, in tokens (padding excluded), + 50.
-    The one definition, used by this pipeline, `vanilla_transformer.serving.translate` and the training's evaluation."""
+    The one definition, used through `output_length` by this pipeline, the model's `paper_max_new_tokens` (a plain
+    generate()), `vanilla_transformer.serving` and the training's evaluation."""
     return int(attention_mask.sum(dim=1).max()) + EXTRA_OUTPUT_TOKENS
 
 
