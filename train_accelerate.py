@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.commands.arguments import TrainingSettings, parse_training_arguments
+from vanilla_transformer.commands.arguments import parse_training_arguments
 from vanilla_transformer.commands.runner import command
 from vanilla_transformer.data import prepare, streaming
 from vanilla_transformer.data.batching import (
@@ -52,12 +52,12 @@ from vanilla_transformer.training.recipe import (
     make_optimizer_and_schedule,
     prefetch,
 )
+from vanilla_transformer.training.settings import TrainingSettings
 
 Steps = PreparedSteps | StreamedSteps  # the optimizer steps' batches, from any data position
 
 
-def train(argv=None) -> None:
-    settings = parse_training_arguments(argv)
+def train(settings: TrainingSettings) -> None:
     accelerator = make_accelerator(
         mixed_precision=settings.mixed_precision,
         log_with=None if settings.report_to == "none" else settings.report_to,
@@ -382,9 +382,9 @@ def write_results(settings: TrainingSettings, summary: dict) -> dict:
 
 @command
 def main(argv=None) -> None:
-    """The command (`vanilla-transformer train`, `python -m train_accelerate`): a refused setting, bad data, a damaged
-    checkpoint or an occupied folder ends it with one message, not a traceback (`commands.runner`)."""
-    train(argv)
+    """`python -m train_accelerate` (and `vanilla-transformer train`, commands/train.py): a refused setting, bad data,
+    a damaged checkpoint or an occupied folder ends it with one message, not a traceback (`commands.runner`)."""
+    train(parse_training_arguments(argv))
 
 
 if __name__ == "__main__":

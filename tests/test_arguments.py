@@ -17,6 +17,7 @@ from vanilla_transformer.commands.arguments import (
     parse_training_arguments,
 )
 from vanilla_transformer.data import prepare
+from vanilla_transformer.data.settings import DataSettings
 from vanilla_transformer.training.recipe import config_for_tokenizer
 
 from .helpers import prepared_folder
@@ -124,7 +125,7 @@ def test_an_old_flag_name_still_sets_its_value_and_says_it_is_deprecated(old, ne
 
 
 def test_the_prepare_command_takes_the_old_filter_flag_too(capsys):
-    def data_flags(*argv: str) -> prepare.DataSettings:
+    def data_flags(*argv: str) -> DataSettings:
         parser = argparse.ArgumentParser()
         add_data_arguments(parser)
         return data_settings(parser, parser.parse_args(list(argv)))

@@ -25,6 +25,7 @@ from vanilla_transformer.training.checkpoints import (
     prune_checkpoints,
     staging_dir,
 )
+from vanilla_transformer.training.settings import CheckpointSettings, OutputSettings
 
 from .helpers import fake_checkpoint, logged_losses, snapshot, train, train_tiny_tokenizer
 
@@ -322,7 +323,7 @@ def saving_accelerator(write) -> SimpleNamespace:
     )
 
 
-def save_step(accelerator, settings: checkpoints.CheckpointSettings, step: int) -> None:
+def save_step(accelerator, settings: CheckpointSettings, step: int) -> None:
     state = checkpoints.RunState("this-run", step)
     checkpoints.save_checkpoint(accelerator, settings, state, SimpleNamespace(state_dict=dict), {}, {})
 
@@ -338,7 +339,7 @@ FULL_DISK = {
 def test_a_full_disk_while_saving_a_checkpoint_is_one_error_that_removes_the_incomplete_folder_and_says_how_to_resume(
     tmp_path, error
 ):
-    settings = checkpoints.CheckpointSettings(checkpoints.OutputSettings(str(tmp_path / "run")), save_steps=2)
+    settings = CheckpointSettings(OutputSettings(str(tmp_path / "run")), save_steps=2)
     fake_checkpoint(settings.root, 2, "this-run")
 
     def fill_the_disk(folder: Path) -> None:
@@ -356,7 +357,7 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_error_that_removes_the_inc
 
 
 def test_another_error_while_saving_a_checkpoint_goes_through_as_it_is(tmp_path):
-    settings = checkpoints.CheckpointSettings(checkpoints.OutputSettings(str(tmp_path / "run")))
+    settings = CheckpointSettings(OutputSettings(str(tmp_path / "run")))
 
     def fail(folder: Path) -> None:
         raise RuntimeError("a bug in the writer")
@@ -366,7 +367,7 @@ def test_another_error_while_saving_a_checkpoint_goes_through_as_it_is(tmp_path)
 
 
 def test_a_run_that_took_no_optimizer_step_is_refused_naming_max_minutes_instead_of_averaging_nothing(tmp_path):
-    settings = checkpoints.CheckpointSettings(checkpoints.OutputSettings(str(tmp_path / "run")))
+    settings = CheckpointSettings(OutputSettings(str(tmp_path / "run")))
     fake_checkpoint(settings.root, 2, "an-earlier-run")  # of another run: never averaged into this one
     with pytest.raises(checkpoints.CheckpointError, match="the run took no optimizer step.*--max_minutes"):
         checkpoints.load_averaged_weights(torch.nn.Linear(2, 2), SimpleNamespace(print=print), settings, "this-run")
@@ -380,9 +381,7 @@ def weights_writer(folder: Path) -> None:
 
 
 def test_a_stop_checkpoint_is_neither_pruned_nor_counted_and_goes_once_a_newer_checkpoint_is_saved(tmp_path):
-    settings = checkpoints.CheckpointSettings(
-        checkpoints.OutputSettings(str(tmp_path / "run")), save_steps=2, keep_last=2
-    )
+    settings = CheckpointSettings(OutputSettings(str(tmp_path / "run")), save_steps=2, keep_last=2)
     accelerator = saving_accelerator(weights_writer)
     for step in (2, 4):
         save_step(accelerator, settings, step)
@@ -396,7 +395,7 @@ def test_a_stop_checkpoint_is_neither_pruned_nor_counted_and_goes_once_a_newer_c
 
 
 def test_a_stop_checkpoint_is_never_averaged(tmp_path, monkeypatch):
-    settings = checkpoints.CheckpointSettings(checkpoints.OutputSettings(str(tmp_path / "run")), average_last=5)
+    settings = CheckpointSettings(OutputSettings(str(tmp_path / "run")), average_last=5)
     fake_checkpoint(settings.root, 2, "this-run")
     fake_checkpoint(settings.root, 3, "this-run", stop=True)
     averaged = []

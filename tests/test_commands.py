@@ -8,22 +8,13 @@ import sys
 
 import pytest
 
+from vanilla_transformer.commands.main import SUBCOMMANDS
 from vanilla_transformer.commands.runner import MissingExtra, command, need
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 
 from .helpers import ROOT
 
 HEAVY = ("torch", "transformers")
-LIGHT_HELP = (
-    "translate",
-    "attention-maps",
-    "export-ctranslate2",
-    "convert",
-    "push",
-    "refresh-code",
-    "space",
-    "demo",
-)  # subcommands' --help
 
 
 def modules_loaded_by(code: str) -> set[str]:
@@ -41,7 +32,7 @@ def test_importing_the_library_imports_neither_torch_nor_transformers():
     assert not loaded & set(HEAVY)
 
 
-@pytest.mark.parametrize("subcommand", [None, *LIGHT_HELP])
+@pytest.mark.parametrize("subcommand", [None, *SUBCOMMANDS])
 def test_help_imports_neither_torch_nor_transformers(subcommand):
     argv = ["--help"] if subcommand is None else [subcommand, "--help"]
     code = (
@@ -104,11 +95,26 @@ def test_every_refusal_of_the_library_derives_from_the_one_root():
     assert [error.__qualname__ for error in errors if not issubclass(error, VanillaTransformerError)] == []
 
 
-def test_the_paper_beam_of_attention_maps_is_the_pipelines():
+def test_the_evaluations_paper_decoding_is_the_pipelines():
+    """The settings state the paper's beam and length penalty without importing the pipeline file (and torch)."""
     from pipeline_vanilla_transformer import PAPER_DECODING
-    from vanilla_transformer.commands.attention_maps import PAPER_BEAMS
+    from vanilla_transformer.training.settings import EvaluationSettings
 
-    assert PAPER_BEAMS == PAPER_DECODING["num_beams"]
+    assert EvaluationSettings().final_decoding == {
+        name: PAPER_DECODING[name] for name in ("num_beams", "length_penalty")
+    }
+
+
+def test_a_preset_is_checked_against_the_config_files_presets():
+    """--preset's names are read from the config file only when a value is given (so --help needs no transformers)."""
+    import argparse
+
+    from configuration_vanilla_transformer import PRESETS
+    from vanilla_transformer.commands.arguments import preset_name
+
+    assert [preset_name(name) for name in PRESETS] == list(PRESETS)
+    with pytest.raises(argparse.ArgumentTypeError, match="must be one of"):
+        preset_name("huge")
 
 
 @pytest.mark.parametrize(

@@ -176,11 +176,11 @@ def test_one_staged_rename_and_one_disk_full_guard():
 
 def test_the_training_script_stands_above_the_library_and_below_the_command_that_runs_it():
     """import-linter does not scan a top-level module: train_accelerate.py imports the library and its own flags and
-    wrapper, never the `vanilla-transformer` command (commands.main imports it) or another command."""
+    wrapper, never the command that runs it (commands/train.py) or another command."""
     imports = imported_modules(parsed(ROOT / "train_accelerate.py"))
     commands = {name for name in imports if name.startswith("vanilla_transformer.commands")}
     assert commands <= {"vanilla_transformer.commands.arguments", "vanilla_transformer.commands.runner"}
-    assert "train_accelerate" in imported_modules(parsed(LIBRARY / "commands" / "main.py"))
+    assert "train_accelerate" in imported_modules(parsed(LIBRARY / "commands" / "train.py"))
 
 
 def test_no_module_of_the_project_imports_another_by_name():

@@ -16,7 +16,6 @@ from vanilla_transformer.mechanics import lock
 from vanilla_transformer.mechanics.lock import LOCK_NAME
 from vanilla_transformer.mechanics.names import CODE_FILES, TRAIN_LOG
 from vanilla_transformer.training import checkpoints, output_folder
-from vanilla_transformer.training.checkpoints import OutputSettings
 from vanilla_transformer.training.output_folder import (
     RUN_RECORD,
     OutputDirError,
@@ -25,6 +24,7 @@ from vanilla_transformer.training.output_folder import (
     claim_run_folder,
     contents,
 )
+from vanilla_transformer.training.settings import OutputSettings
 
 from .helpers import (
     CARD_VALUES,

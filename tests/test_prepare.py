@@ -18,20 +18,21 @@ from vanilla_transformer.commands.arguments import add_data_arguments, data_sett
 from vanilla_transformer.data import prepare
 from vanilla_transformer.data.batching import DataPosition, TokenBatchSampler, TokenizedPairs, TranslationCollator
 from vanilla_transformer.data.readers import DataError
+from vanilla_transformer.data.settings import DataSettings
 from vanilla_transformer.data.tokenization import train_shared_tokenizer
 from vanilla_transformer.training.recipe import optimizer_step_batches
 
 from .helpers import SOURCES, TARGETS, prepared_folder
 
 
-def parse(*argv: str) -> prepare.DataSettings:
+def parse(*argv: str) -> DataSettings:
     """The data settings the prepare command's flags describe."""
     parser = argparse.ArgumentParser()
     add_data_arguments(parser)
     return data_settings(parser, parser.parse_args(list(argv)))
 
 
-def corpus_settings(corpus_dir, cache_dir, *extra: str) -> prepare.DataSettings:
+def corpus_settings(corpus_dir, cache_dir, *extra: str) -> DataSettings:
     options = "--validation_split val --vocab_size 300 --max_sentence_tokens 40".split()
     return parse("--data_dir", str(corpus_dir), *options, "--data_cache_dir", str(cache_dir), *extra)
 
@@ -189,7 +190,7 @@ def test_a_damaged_prepared_folder_is_a_named_error(corpus_dir, tmp_path, how, c
     output = prepared_folder(corpus_dir, tmp_path / "prepared")
     says = damage(output, how)
     with pytest.raises(DataError) as refused:
-        prepare.load_or_prepare(prepare.DataSettings(prepared_data=str(output)))
+        prepare.load_or_prepare(DataSettings(prepared_data=str(output)))
     assert says in str(refused.value) and str(output) in str(refused.value)
     assert output.is_dir()  # a user's folder is named, never deleted
 

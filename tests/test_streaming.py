@@ -11,6 +11,7 @@ from vanilla_transformer.commands.arguments import parse_training_arguments
 from vanilla_transformer.data import prepare, streaming
 from vanilla_transformer.data.batching import DataPosition, TranslationCollator
 from vanilla_transformer.data.readers import DataError
+from vanilla_transformer.data.settings import LengthFilter
 from vanilla_transformer.data.tokenization import train_shared_tokenizer
 
 from .helpers import SOURCES, TARGETS, train
@@ -125,7 +126,7 @@ def test_hub_datasets_stream_through_their_translation_column(monkeypatch, tmp_p
 def test_a_length_filter_that_drops_every_streamed_pair_is_refused_naming_the_flags():
     tokenizer = train_shared_tokenizer(SOURCES + TARGETS, 300)
     pairs = ({"source": source, "target": target} for source, target in zip(SOURCES, TARGETS, strict=True))
-    filters = prepare.LengthFilter(max_sentence_tokens=2, max_length_ratio=1.5)
+    filters = LengthFilter(max_sentence_tokens=2, max_length_ratio=1.5)
     expected = (
         r"this process's share of the stream: the length filter dropped all 60 training pairs \(60 longer than "
         r"--max_sentence_tokens 2, 0 over --max_length_ratio 1.5; .*\): raise --max_sentence_tokens or --max_length_ratio"

@@ -35,6 +35,7 @@ from vanilla_transformer.training.recipe import (
     optimizer_step_batches,
     prefetch,
 )
+from vanilla_transformer.training.settings import CheckpointSettings, OutputSettings
 
 from .helpers import (
     OFFLINE,
@@ -345,7 +346,8 @@ def test_the_model_folder_is_saved_before_a_crash_in_the_final_evaluation(tmp_pa
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
         with pytest.raises(RuntimeError, match="evaluation crashed"):
-            train_accelerate.train(["--output_dir", str(tmp_path / "run"), *TINY_RUN, "--max_steps", "2"])
+            argv = ["--output_dir", str(tmp_path / "run"), *TINY_RUN, "--max_steps", "2"]
+            train_accelerate.train(train_accelerate.parse_training_arguments(argv))
     finally:  # main ran in this process: leave no accelerator state or signal handler behind
         AcceleratorState._reset_state(reset_partial_state=True)
         signal.signal(signal.SIGINT, handlers[0])
@@ -433,7 +435,7 @@ def test_a_log_line_cut_by_a_kill_leaves_every_later_record_a_line_of_its_own(tm
         log_file,
         progress,
         start_step=2,
-        run=checkpoints.CheckpointSettings(checkpoints.OutputSettings(str(tmp_path))),
+        run=CheckpointSettings(OutputSettings(str(tmp_path))),
     )
     log.add(torch.tensor(6.0), 3.0)
     log.write(3, 1e-3, 0)
@@ -457,7 +459,7 @@ def test_a_full_disk_while_logging_is_one_error_naming_the_log_and_the_checkpoin
         log_file,
         SimpleNamespace(set_postfix=dict),
         2,
-        checkpoints.CheckpointSettings(checkpoints.OutputSettings(str(run))),
+        CheckpointSettings(OutputSettings(str(run))),
     )
     log.add(torch.tensor(6.0), 3.0)
     with pytest.raises(checkpoints.CheckpointError) as refused:

@@ -15,6 +15,7 @@ from vanilla_transformer.hub.model_folder import save_model_folder
 from vanilla_transformer.hub.refresh_code import refresh
 from vanilla_transformer.model import upgrade
 from vanilla_transformer.training import checkpoints
+from vanilla_transformer.training.settings import CheckpointSettings, OutputSettings
 
 from .fixtures.old_checkpoints import fused, make_old_folder
 from .helpers import (
@@ -129,7 +130,7 @@ def test_an_old_checkpoints_adam_state_resumes_as_it_was(tiny_config, source_bat
 
 def test_averaging_and_checking_old_and_new_checkpoints_of_one_run(tmp_path, tiny_model):
     """A run resumed after the change holds old checkpoints and new ones: they average by the current names."""
-    settings = checkpoints.CheckpointSettings(checkpoints.OutputSettings(str(tmp_path)), average_last=2)
+    settings = CheckpointSettings(OutputSettings(str(tmp_path)), average_last=2)
     other = VanillaTransformerForConditionalGeneration(tiny_model.config)
     for step, weights in ((1, fused(tiny_model.state_dict())), (2, other.state_dict())):
         folder = checkpoints.checkpoint_dir(settings.root, step)

@@ -5,12 +5,8 @@ frozen `TrainingSettings`; the parsed flags are never changed afterwards."""
 
 import argparse
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from huggingface_hub import constants as hub_constants
-
-from configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from vanilla_transformer.commands.flags import (
     add_deprecated_alias,
     at_least,
@@ -23,61 +19,14 @@ from vanilla_transformer.commands.flags import (
     positive_int,
     probability,
 )
-from vanilla_transformer.data.prepare import Corpus, DataSettings, LengthFilter, TokenizerSettings, read_manifest
 from vanilla_transformer.data.readers import DataError
-from vanilla_transformer.data.streaming import StreamSettings
-from vanilla_transformer.training.checkpoints import CheckpointSettings, OutputSettings
-from vanilla_transformer.training.evaluation import EvaluationSettings
-
-
-@dataclass(frozen=True)
-class TrainingSettings:
-    """One run of train_accelerate.py: the library's settings, and the loop's own."""
-
-    data: DataSettings
-    stream: StreamSettings | None  # None: the corpus is prepared and memory-mapped (the default)
-    output: OutputSettings
-    checkpoints: CheckpointSettings
-    evaluation: EvaluationSettings
-    preset: str
-    model_overrides: dict  # config fields given by flags, over the preset's
-    attn_implementation: str = "sdpa"  # while training
-    max_tokens: int = 4096
-    gradient_accumulation_steps: int = 1
-    warmup_steps: int = 4000
-    learning_rate_scale: float = 1.0
-    label_smoothing: float = 0.1
-    max_grad_norm: float = 0.0
-    seed: int = 42
-    max_steps: int | None = None
-    max_epochs: int | None = None
-    max_minutes: float | None = None
-    mixed_precision: str | None = None
-    ddp_timeout: int = 1800
-    prefetch_batches: int = 2
-    logging_steps: int = 50
-    report_to: str = "none"
-    push_to_hub: bool = False
-    hub_model_id: str | None = None
-    hub_private: bool = False
-    model_to_evaluate: str | None = None  # --evaluate_only: the saved model folder to score, instead of training
-    trust_remote_code: bool = False
-    hyperparameters: dict = field(default_factory=dict)  # the flags as given, for accelerate's trackers
-
-    @property
-    def batches_and_schedule(self) -> dict:
-        """What decides the batches, the learning rate and the loss of each step (part of
-        checkpoints.continuation_settings)."""
-        names = ("max_tokens", "gradient_accumulation_steps", "seed", "learning_rate_scale", "warmup_steps")
-        names += ("label_smoothing",)
-        return {name: getattr(self, name) for name in names}
-
-    @property
-    def card_recipe(self) -> dict:
-        """The recipe as the model card shows it."""
-        names = ("preset", "max_tokens", "warmup_steps", "learning_rate_scale", "label_smoothing")
-        return {name: getattr(self, name) for name in names} | self.evaluation.final_decoding
-
+from vanilla_transformer.data.settings import Corpus, DataSettings, LengthFilter, StreamSettings, TokenizerSettings
+from vanilla_transformer.training.settings import (
+    CheckpointSettings,
+    EvaluationSettings,
+    OutputSettings,
+    TrainingSettings,
+)
 
 # Flags left unset take these values, which depend on the data: the embedded task trains in a few minutes on a laptop
 # CPU; real data follows the paper (warm-up 4000: the settings' defaults) with the CPU-sized model unless --preset says
@@ -220,12 +169,22 @@ def add_process_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def preset_name(text: str) -> str:
+    """An argparse type: a name of configuration_vanilla_transformer.PRESETS (read when a value is given, so that
+    --help needs no transformers)."""
+    from configuration_vanilla_transformer import PRESETS
+
+    if text not in PRESETS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(sorted(PRESETS))}, got {text!r}")
+    return text
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The model: a preset of the paper's Table 3 (or a CPU-sized one) and overrides."""
     group = parser.add_argument_group("model")
     group.add_argument(
         "--preset",
-        choices=sorted(PRESETS),
+        type=preset_name,
         help="Table 3 base/big, or small/tiny (default: small; tiny for the embedded task)",
     )
     group.add_argument("--d_model", type=positive_int)
@@ -394,6 +353,8 @@ def data_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     source_lang = args.source_lang or field_default(Corpus, "source_lang")
     target_lang = args.target_lang or field_default(Corpus, "target_lang")
     if prepared_data:
+        from vanilla_transformer.data.prepare import read_manifest
+
         try:
             key = read_manifest(Path(prepared_data))["key"]
         except DataError as error:
@@ -472,6 +433,8 @@ def training_settings(parser: argparse.ArgumentParser, args: argparse.Namespace)
             "pair would not fit in a batch; lower the first or raise the second"
         )
     overrides = model_overrides(args)
+    from configuration_vanilla_transformer import VanillaTransformerConfig
+
     try:  # the model the flags describe, checked before any data is read
         VanillaTransformerConfig.from_preset(filled["preset"], **overrides)
     except ValueError as error:
@@ -522,6 +485,8 @@ def check_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error("--evaluate_only needs --model_name_or_path")
     if args.push_to_hub and not args.hub_model_id:
         parser.error("--push_to_hub needs --hub_model_id")
+    from huggingface_hub import constants as hub_constants
+
     if args.push_to_hub and hub_constants.HF_HUB_OFFLINE:
         parser.error(
             "--push_to_hub with HF_HUB_OFFLINE set: the upload at the end could not happen; train without it and "

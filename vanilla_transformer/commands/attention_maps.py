@@ -11,10 +11,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vanilla_transformer.commands.flags import beam_size, command_parser, output_tokens, positive_int
+from vanilla_transformer.commands.flags import beam_size, command_parser, field_default, output_tokens, positive_int
 from vanilla_transformer.commands.runner import command
-
-PAPER_BEAMS = 4  # section 6.1; test_commands checks it against pipeline_vanilla_transformer.PAPER_DECODING
+from vanilla_transformer.training.settings import EvaluationSettings
 
 
 @command
@@ -27,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--num_beams",
         type=beam_size,
-        default=PAPER_BEAMS,
+        default=field_default(EvaluationSettings, "num_beams"),
         help="beam size when translating (paper: 4)",
     )
     parser.add_argument(

@@ -41,7 +41,7 @@ def subcommand_main(name: str) -> Callable[[Sequence[str]], int]:
     """The `main(argv)` of a subcommand, imported only when it runs, so that `--help` answers at once."""
     match name:
         case "train":
-            from train_accelerate import main
+            from vanilla_transformer.commands.train import main
         case "prepare":
             from vanilla_transformer.commands.prepare import main
         case "translate":

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from vanilla_transformer.commands.arguments import add_data_arguments, data_settings
 from vanilla_transformer.commands.flags import command_parser
-from vanilla_transformer.data.prepare import corpus_key, prepare_corpus, split_sources
-from vanilla_transformer.data.readers import DataError
+from vanilla_transformer.commands.runner import command
 
 
+@command
 def main(argv=None) -> int:
     parser = command_parser("vanilla-transformer prepare", __doc__)
     add_data_arguments(parser)
@@ -28,15 +28,13 @@ def main(argv=None) -> int:
         parser.error(f"--output_dir {folder} exists; choose a new folder (a prepared corpus is never overwritten)")
     if blocking := next((parent for parent in folder.absolute().parents if parent.is_file()), None):
         parser.error(f"--output_dir {folder}: {blocking} is a file, not a folder")
-    try:
-        tokenizer = settings.tokenizer.load_given()
-        sources = split_sources(settings.corpus)
-        if "train" not in sources:
-            parser.error("no training data: give --data_dir, --train_file or --dataset_name")
-        prepare_corpus(settings, sources, folder, corpus_key(settings, sources, tokenizer), tokenizer)
-    except DataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    from vanilla_transformer.data.prepare import corpus_key, prepare_corpus, split_sources
+
+    tokenizer = settings.tokenizer.load_given()
+    sources = split_sources(settings.corpus)
+    if "train" not in sources:
+        parser.error("no training data: give --data_dir, --train_file or --dataset_name")
+    prepare_corpus(settings, sources, folder, corpus_key(settings, sources, tokenizer), tokenizer)
     return 0
 
 

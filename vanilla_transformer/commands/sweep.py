@@ -14,8 +14,9 @@ resumes: vanilla_transformer/training/sweep.py.
 
 import sys
 
-from configuration_vanilla_transformer import PRESETS
+from vanilla_transformer.commands.arguments import preset_name
 from vanilla_transformer.commands.flags import command_parser, field_default, positive_float, positive_int
+from vanilla_transformer.commands.runner import command
 from vanilla_transformer.training.sweep import GROUPS, Sweep, run_sweep, table3_variants
 
 # the training flags each row of the table sets itself: refused among the flags passed on to every row
@@ -46,7 +47,7 @@ def parse_args(argv=None) -> Sweep:
         help=f"row groups among {','.join(GROUPS)}, or single rows (D2, E1, ...)",
     )
     parser.add_argument(
-        "--scale", choices=sorted(PRESETS), default=field_default(Sweep, "scale"), help="the base row's preset"
+        "--scale", type=preset_name, default=field_default(Sweep, "scale"), help="the base row's preset"
     )
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--minutes", type=positive_float, help="training budget of each row, wall clock")
@@ -85,13 +86,9 @@ def parse_args(argv=None) -> Sweep:
     )
 
 
-def main(argv=None) -> int:
-    try:
-        run_sweep(parse_args(argv))
-    except RuntimeError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+@command
+def main(argv=None) -> None:
+    run_sweep(parse_args(argv))
 
 
 if __name__ == "__main__":

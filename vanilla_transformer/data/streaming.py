@@ -37,16 +37,9 @@ from vanilla_transformer.data import prepare, readers
 from vanilla_transformer.data.batching import DataPosition, TokenBatchSampler, TranslationCollator
 from vanilla_transformer.data.prepare import Corpus, DataSettings, LengthFilter
 from vanilla_transformer.data.readers import DataError
+from vanilla_transformer.data.settings import StreamSettings
 from vanilla_transformer.mechanics.barrier import run_while_others_wait
 from vanilla_transformer.mechanics.files import move_into_place, on_full_disk, staging_path
-
-
-@dataclass(frozen=True)
-class StreamSettings:
-    """How the stream is shuffled and cut into batches (per process)."""
-
-    shuffle_buffer_size: int = 100_000  # pairs
-    pool_batches: int = 100  # batches' worth of tokens sorted and cut together
 
 
 def _local_pairs(source: str, source_lang: str, target_lang: str) -> Iterator[dict]:

@@ -16,7 +16,7 @@ from pipeline_vanilla_transformer import PAPER_DECODING
 from vanilla_transformer.data.toy_task import SYNTHETIC_EXAMPLE, SYNTHETIC_LANGUAGES
 
 if TYPE_CHECKING:
-    from vanilla_transformer.data.prepare import DataSettings
+    from vanilla_transformer.data.settings import DataSettings
 
 # the repository's model_card.md, installed as package data (in a checkout, templates/model_card.md links to it)
 MODEL_CARD_TEMPLATE = resources.files("vanilla_transformer.hub") / "templates" / "model_card.md"

@@ -39,7 +39,7 @@ from vanilla_transformer.mechanics.barrier import run_while_others_wait
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import give_umask_modes, move_into_place, on_full_disk
 from vanilla_transformer.mechanics.integrity import files_problem, record_files
-from vanilla_transformer.mechanics.names import CHECKPOINTS_DIR, WEIGHTS_NAME
+from vanilla_transformer.mechanics.names import WEIGHTS_NAME
 from vanilla_transformer.model.upgrade import (
     OBSOLETE_CONFIG_FIELDS,
     has_fused_projections,
@@ -48,6 +48,7 @@ from vanilla_transformer.model.upgrade import (
     splitting_fused_weights,
     upgrade_config,
 )
+from vanilla_transformer.training.settings import CheckpointSettings
 
 # FSDP with `fsdp_state_dict_type: FULL_STATE_DICT` saves the whole model as one torch file (read here with
 # `weights_only=True`: tensors only, no code). Sharded FSDP checkpoints are refused at start by the script.
@@ -403,35 +404,6 @@ def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
 
 # config fields that are not what the model is (and those of earlier releases): a resumed run may change them
 NOT_MODEL_IDENTITY = {"transformers_version", "use_cache", *OBSOLETE_CONFIG_FIELDS}
-
-
-@dataclass(frozen=True)
-class OutputSettings:
-    """A run's folder, and what the run may do with an earlier run's files there (`output_folder.py`)."""
-
-    output_dir: str
-    overwrite: bool = False  # delete the earlier run's files first (--overwrite)
-    resume_from: str | None = None  # a checkpoint folder, or "latest" (--resume_from_checkpoint)
-
-
-@dataclass(frozen=True)
-class CheckpointSettings:
-    output: OutputSettings  # the run's folder: the checkpoints go into its checkpoints/
-    save_steps: int = 1000
-    keep_last: int = 5  # 0: all (--save_total_limit)
-    average_last: int = 5  # averaged into the final model (paper: 5 for base, 20 for big)
-
-    @property
-    def output_dir(self) -> str:
-        return self.output.output_dir
-
-    @property
-    def resume_from(self) -> str | None:
-        return self.output.resume_from
-
-    @property
-    def root(self) -> Path:
-        return Path(self.output_dir) / CHECKPOINTS_DIR
 
 
 @dataclass

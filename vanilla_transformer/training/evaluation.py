@@ -6,7 +6,6 @@ import contextlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from pipeline_vanilla_transformer import PAPER_DECODING, output_length
+from pipeline_vanilla_transformer import output_length
 from vanilla_transformer.data.batching import TokenizedPairs, TranslationCollator
 from vanilla_transformer.data.prepare import DataSettings, load_or_prepare, tokenizer_fingerprint
 from vanilla_transformer.data.readers import DataError
@@ -22,23 +21,9 @@ from vanilla_transformer.mechanics.barrier import run_while_others_wait
 from vanilla_transformer.mechanics.names import EVALUATION_RESULTS
 from vanilla_transformer.model.loading import load_model_folder
 from vanilla_transformer.model.onednn import use_onednn_linears
-from vanilla_transformer.training.checkpoints import OutputSettings
 from vanilla_transformer.training.metrics import load_bleu_and_chrf
 from vanilla_transformer.training.output_folder import claim_evaluation_dir
-
-
-@dataclass(frozen=True)
-class EvaluationSettings:
-    batch_size: int = 64
-    max_eval_tokens: int = 1024  # longer sources and targets are truncated (counted), bounding evaluation's memory
-    num_beams: int = PAPER_DECODING["num_beams"]  # the final decoding
-    length_penalty: float = PAPER_DECODING["length_penalty"]
-    max_sentences: int = 500  # validation sentences for greedy BLEU during training
-    every_steps: int = 1000  # validation loss and greedy BLEU during training
-
-    @property
-    def final_decoding(self) -> dict:
-        return {"num_beams": self.num_beams, "length_penalty": self.length_penalty}
+from vanilla_transformer.training.settings import EvaluationSettings, OutputSettings
 
 
 def sharded_generation_kwargs(accelerator) -> dict:

@@ -54,7 +54,7 @@ from vanilla_transformer.mechanics.names import (
     WEIGHTS_NAME,
 )
 from vanilla_transformer.training import checkpoints
-from vanilla_transformer.training.checkpoints import OutputSettings
+from vanilla_transformer.training.settings import OutputSettings
 
 RUN_RECORD = ".vanilla_transformer_run.json"  # what the runs in a folder wrote (never uploaded: not on the allow-list)
 BOOKKEEPING = (RUN_RECORD, LOCK_NAME)  # ours, and never counted as what a folder holds

@@ -19,6 +19,7 @@ from vanilla_transformer.data.readers import DataError
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import on_full_disk, replace_file
 from vanilla_transformer.training import checkpoints
+from vanilla_transformer.training.settings import CheckpointSettings
 
 
 class UnsupportedSetup(VanillaTransformerError):
@@ -233,7 +234,7 @@ class TrainingLog:
     """Every --logging_steps: the mean loss per target token and tokens/s since the last line, into `file` (JSON
     lines, main process), accelerate's trackers and the progress bar."""
 
-    def __init__(self, accelerator, file: Path, progress, start_step: int, run: checkpoints.CheckpointSettings):
+    def __init__(self, accelerator, file: Path, progress, start_step: int, run: CheckpointSettings):
         self.accelerator, self.progress, self.file, self.run = accelerator, progress, file, run
         self.loss, self.tokens, self.start = 0.0, 0.0, time.time()
         if accelerator.is_main_process and self.file.is_file():

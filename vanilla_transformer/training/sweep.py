@@ -33,10 +33,16 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from configuration_vanilla_transformer import PRESETS
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.names import CHECKPOINTS_DIR, RESULTS
 
 GROUPS = ("base", "A", "B", "C", "D", "E")
+
+
+class SweepError(VanillaTransformerError, RuntimeError):
+    """A row that cannot run or failed; the message names it and its log."""
+
+
 SETTINGS_FILE = "variant.json"  # in each row's run folder: what it was trained with (`row_settings`)
 
 
@@ -86,6 +92,8 @@ class Variant:
 
 def table3_variants(scale: str) -> list[Variant]:
     """Every row of the table for the base row of `scale` (a preset name)."""
+    from configuration_vanilla_transformer import PRESETS
+
     preset = PRESETS[scale]
     base = Variant(
         "base",
@@ -175,7 +183,7 @@ def check_row_settings(run_dir: Path, settings: dict, name: str) -> None:
     recorded_file = run_dir / SETTINGS_FILE
     if not recorded_file.is_file():  # a row that died before its first checkpoint starts again (`training_command`)
         if (run_dir / RESULTS).is_file() or any((run_dir / CHECKPOINTS_DIR).glob("step_*")):
-            raise RuntimeError(
+            raise SweepError(
                 f"row {name} in {run_dir} has no {SETTINGS_FILE}: what it was trained with is unknown; use another "
                 f"--output_dir, or retrain it with --restart_rows {name} (deletes that row's run)"
             )
@@ -183,7 +191,7 @@ def check_row_settings(run_dir: Path, settings: dict, name: str) -> None:
     recorded = json.loads(recorded_file.read_text())
     if differing := [key for key in settings if recorded.get(key) != settings[key]]:
         details = "; ".join(f"{key}: {recorded.get(key)} there, {settings[key]} now" for key in differing)
-        raise RuntimeError(
+        raise SweepError(
             f"row {name} in {run_dir} was trained with other settings ({details}): use another --output_dir, "
             f"or retrain it with --restart_rows {name} (deletes that row's run)"
         )
@@ -210,7 +218,7 @@ def run_variant(variant: Variant, sweep: Sweep) -> dict:
         with open(log_file, "a") as log:
             finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
         if finished.returncode != 0 or not results_file.is_file():
-            raise RuntimeError(f"row {variant.name} failed (exit {finished.returncode}): see {log_file}")
+            raise SweepError(f"row {variant.name} failed (exit {finished.returncode}): see {log_file}")
     return table_line(variant, json.loads(results_file.read_text()))
 
 
