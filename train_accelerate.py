@@ -42,7 +42,8 @@ from vanilla_transformer.training.output_folder import (
     RunFolder,
     claim_for_training,
 )
-from vanilla_transformer.training.recipe import (
+from vanilla_transformer.training.settings import TrainingSettings
+from vanilla_transformer.training.steps import (
     PreparedSteps,
     StopSignals,
     TrainingLog,
@@ -52,7 +53,6 @@ from vanilla_transformer.training.recipe import (
     make_optimizer_and_schedule,
     prefetch,
 )
-from vanilla_transformer.training.settings import TrainingSettings
 
 Steps = PreparedSteps | StreamedSteps  # the optimizer steps' batches, from any data position
 

@@ -63,7 +63,7 @@ from vanilla_transformer.data.batching import (  # noqa: E402
     TokenizedPairs,
     TranslationCollator,
 )
-from vanilla_transformer.training.recipe import count_target_tokens, optimizer_step_batches  # noqa: E402
+from vanilla_transformer.training.steps import count_target_tokens, optimizer_step_batches  # noqa: E402
 
 MB = 2**20
 HELD_OUT_PAIRS = 3000  # validation and test pairs each

@@ -20,7 +20,7 @@ from vanilla_transformer.data.batching import DataPosition, TokenBatchSampler, T
 from vanilla_transformer.data.readers import DataError
 from vanilla_transformer.data.settings import DataSettings
 from vanilla_transformer.data.tokenization import train_shared_tokenizer
-from vanilla_transformer.training.recipe import optimizer_step_batches
+from vanilla_transformer.training.steps import optimizer_step_batches
 
 from .helpers import SOURCES, TARGETS, prepared_folder
 

@@ -1,4 +1,4 @@
-"""The training loop's pieces (vanilla_transformer/training/recipe.py) and train_accelerate.py end to end: multi-process runs,
+"""The training loop's pieces (vanilla_transformer/training/steps.py) and train_accelerate.py end to end: multi-process runs,
 gradient equivalence, exact resume, signals, the final evaluation after the model is saved, bad data."""
 
 import errno
@@ -27,7 +27,8 @@ from vanilla_transformer.data.readers import DataError
 from vanilla_transformer.training import checkpoints, evaluation
 from vanilla_transformer.training.evaluation import bare_model
 from vanilla_transformer.training.output_folder import final_model_problem
-from vanilla_transformer.training.recipe import (
+from vanilla_transformer.training.settings import CheckpointSettings, OutputSettings
+from vanilla_transformer.training.steps import (
     StopSignals,
     TrainingLog,
     inverse_sqrt_learning_rate,
@@ -35,7 +36,6 @@ from vanilla_transformer.training.recipe import (
     optimizer_step_batches,
     prefetch,
 )
-from vanilla_transformer.training.settings import CheckpointSettings, OutputSettings
 
 from .helpers import (
     OFFLINE,
