@@ -35,6 +35,7 @@ from vanilla_transformer.mechanics.files import on_full_disk
 from vanilla_transformer.mechanics.names import RESULTS, TRACKER_LOGS, TRAIN_LOG
 from vanilla_transformer.training import checkpoints, evaluation
 from vanilla_transformer.training.checkpoints import RunState
+from vanilla_transformer.training.log import TrainingLog
 from vanilla_transformer.training.loss import forward_inputs, label_smoothed_cross_entropy, output_head
 from vanilla_transformer.training.output_folder import (
     FINAL_ENTRIES,
@@ -42,17 +43,11 @@ from vanilla_transformer.training.output_folder import (
     RunFolder,
     claim_for_training,
 )
+from vanilla_transformer.training.run_setup import config_for_tokenizer, make_accelerator
+from vanilla_transformer.training.schedule import make_optimizer_and_schedule
 from vanilla_transformer.training.settings import TrainingSettings
-from vanilla_transformer.training.steps import (
-    PreparedSteps,
-    StopSignals,
-    TrainingLog,
-    config_for_tokenizer,
-    count_target_tokens,
-    make_accelerator,
-    make_optimizer_and_schedule,
-    prefetch,
-)
+from vanilla_transformer.training.signals import StopSignals
+from vanilla_transformer.training.steps import PreparedSteps, count_target_tokens, prefetch
 
 Steps = PreparedSteps | StreamedSteps  # the optimizer steps' batches, from any data position
 

@@ -34,7 +34,8 @@ from modeling_vanilla_transformer import VanillaTransformerForConditionalGenerat
 from vanilla_transformer.data.batching import TokenBatchSampler, TranslationCollator  # noqa: E402
 from vanilla_transformer.data.readers import read_parallel_text  # noqa: E402
 from vanilla_transformer.data.tokenization import train_shared_tokenizer  # noqa: E402
-from vanilla_transformer.training.steps import config_for_tokenizer, count_target_tokens  # noqa: E402
+from vanilla_transformer.training.run_setup import config_for_tokenizer  # noqa: E402
+from vanilla_transformer.training.steps import count_target_tokens  # noqa: E402
 
 VARIANTS = [("float32", "sdpa"), ("float32", "eager"), ("bf16", "sdpa"), ("bf16", "eager")]
 

@@ -17,7 +17,8 @@ from tests.helpers import TINY  # run as `python -m tests.distributed_gradients`
 from vanilla_transformer.data.batching import DataPosition, TranslationCollator
 from vanilla_transformer.mechanics.names import TRAIN_LOG
 from vanilla_transformer.training.checkpoints import RunState
-from vanilla_transformer.training.steps import StopSignals, make_accelerator
+from vanilla_transformer.training.run_setup import make_accelerator
+from vanilla_transformer.training.signals import StopSignals
 
 
 class GradientRecorder(torch.optim.SGD):

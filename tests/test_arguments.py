@@ -18,7 +18,7 @@ from vanilla_transformer.commands.arguments import (
 )
 from vanilla_transformer.data import prepare
 from vanilla_transformer.data.settings import DataSettings
-from vanilla_transformer.training.steps import config_for_tokenizer
+from vanilla_transformer.training.run_setup import config_for_tokenizer
 
 from .helpers import prepared_folder
 

@@ -20,8 +20,8 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from vanilla_transformer.training import checkpoints
 from vanilla_transformer.training.evaluation import bare_model, sharded_generation_kwargs
+from vanilla_transformer.training.run_setup import UnsupportedSetup, check_distributed_setup, make_accelerator
 from vanilla_transformer.training.settings import CheckpointSettings, OutputSettings
-from vanilla_transformer.training.steps import UnsupportedSetup, check_distributed_setup, make_accelerator
 
 from .helpers import OFFLINE, ROOT, TINY_RUN, train
 

@@ -1,4 +1,4 @@
-"""The training loop's pieces (vanilla_transformer/training/steps.py) and train_accelerate.py end to end: multi-process runs,
+"""The training loop's pieces (vanilla_transformer/training/: steps, schedule, log, signals) and train_accelerate.py end to end: multi-process runs,
 gradient equivalence, exact resume, signals, the final evaluation after the model is saved, bad data."""
 
 import errno
@@ -26,16 +26,12 @@ from vanilla_transformer.data.batching import DataPosition, TokenBatchSampler, T
 from vanilla_transformer.data.readers import DataError
 from vanilla_transformer.training import checkpoints, evaluation
 from vanilla_transformer.training.evaluation import bare_model
+from vanilla_transformer.training.log import TrainingLog
 from vanilla_transformer.training.output_folder import final_model_problem
+from vanilla_transformer.training.schedule import inverse_sqrt_learning_rate, make_optimizer_and_schedule
 from vanilla_transformer.training.settings import CheckpointSettings, OutputSettings
-from vanilla_transformer.training.steps import (
-    StopSignals,
-    TrainingLog,
-    inverse_sqrt_learning_rate,
-    make_optimizer_and_schedule,
-    optimizer_step_batches,
-    prefetch,
-)
+from vanilla_transformer.training.signals import StopSignals
+from vanilla_transformer.training.steps import optimizer_step_batches, prefetch
 
 from .helpers import (
     OFFLINE,
