@@ -8,10 +8,10 @@ place when done, so an interrupted save never looks like a checkpoint. The weigh
 safetensors, or FSDP's full-state file with `weights_only=True` (no code runs).
 
 The script's side, in the order a run meets it (fairseq keeps these in `checkpoint_utils` the same way):
-`output_dir_is_shared` (one filesystem for every process, or a copy of every checkpoint on each machine),
-`new_run_id` and `run_identity`, `save_checkpoint`, `resume` (`find_resume_checkpoint`: the processes agree on one
-intact checkpoint before any loads it; `check_checkpoint_matches`: it must be of this model and tokenizer), and
-`load_averaged_weights` (section 6.1).
+`writes_checkpoints` (the main process, or each machine's first one where no filesystem is shared by every process:
+output_folder.output_dir_is_shared), `new_run_id` and `run_identity`, `save_checkpoint`, `resume`
+(`find_resume_checkpoint`: the processes agree on one intact checkpoint before any loads it;
+`check_checkpoint_matches`: it must be of this model and tokenizer), and `load_averaged_weights` (section 6.1).
 
 Integrity: `checkpoint_problem` compares a folder against its `checksums.json`, so a truncated or damaged file is
 named before anything is loaded. Ownership: listing, pruning and averaging take `run_id` and only ever touch that
@@ -35,7 +35,6 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from vanilla_transformer.data.batching import DataPosition
-from vanilla_transformer.mechanics.barrier import run_while_others_wait
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import give_umask_modes, move_into_place, on_full_disk
 from vanilla_transformer.mechanics.integrity import files_problem, record_files
@@ -416,30 +415,6 @@ class RunState:
     elapsed_seconds: float = 0.0
     # the checkpoint of `step` is a stop checkpoint (resumed from one): the run's end saves a regular one in its place
     at_stop_checkpoint: bool = False
-
-
-def output_dir_is_shared(accelerator, output_dir: str | Path) -> bool:
-    """Whether every process sees the main process's `output_dir`: the main process leaves a marker beside it and
-    every process looks for it."""
-    from accelerate.utils import broadcast_object_list, gather_object
-
-    if accelerator.num_processes == 1:
-        return True
-    token = [uuid.uuid4().hex]
-    broadcast_object_list(token)
-    folder = Path(output_dir).absolute()
-    marker = folder.parent / f".{folder.name}.shared-{token[0]}"
-
-    def leave_marker():
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-
-    run_while_others_wait(accelerator, leave_marker, "checking --output_dir", accelerator.is_main_process)
-    seen = gather_object([marker.exists()])
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        marker.unlink()
-    return all(seen)
 
 
 def writes_checkpoints(accelerator) -> bool:

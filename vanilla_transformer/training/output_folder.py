@@ -31,6 +31,7 @@ import fnmatch
 import json
 import os
 import shutil
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -465,6 +466,30 @@ def refused_for_full_disk(folder: Path) -> Callable[[BaseException], OutputDirEr
     )
 
 
+def output_dir_is_shared(accelerator, output_dir: str | Path) -> bool:
+    """Whether every process sees the main process's `output_dir`: the main process leaves a marker beside it and
+    every process looks for it."""
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    if accelerator.num_processes == 1:
+        return True
+    token = [uuid.uuid4().hex]
+    broadcast_object_list(token)
+    folder = Path(output_dir).absolute()
+    marker = folder.parent / f".{folder.name}.shared-{token[0]}"
+
+    def leave_marker():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+
+    run_while_others_wait(accelerator, leave_marker, "checking --output_dir", accelerator.is_main_process)
+    seen = gather_object([marker.exists()])
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        marker.unlink()
+    return all(seen)
+
+
 def claim_for_training(accelerator, settings: OutputSettings) -> RunFolder:
     """The output folder is this run's (or refused), on every machine that writes one: with no filesystem shared
     by every process, each machine keeps its own copy of every checkpoint. Returns the folder, locked by the process
@@ -474,7 +499,7 @@ def claim_for_training(accelerator, settings: OutputSettings) -> RunFolder:
     the lock. Without one, each machine's first process writes that machine's own copy of the folder and claims it,
     lock included: a second run can only write into a machine's copy through that machine's first process, which
     then meets the lock there (on other machines' folders nobody else writes)."""
-    save_on_each_node = not checkpoints.output_dir_is_shared(accelerator, settings.output_dir)
+    save_on_each_node = not output_dir_is_shared(accelerator, settings.output_dir)
     accelerator.project_configuration.save_on_each_node = save_on_each_node
     if save_on_each_node:
         accelerator.print("[output] --output_dir is not shared between the machines: each keeps its own checkpoints")
