@@ -522,7 +522,9 @@ def test_overwrite_replaces_only_what_the_previous_space_export_wrote_and_only_u
     folder = tmp_path / "space"
     space.write_space("someone/old-model", folder)
     (folder / "notes.txt").write_text("mine\n")
-    with pytest.raises(space.SpaceError, match="replace it with --overwrite"):
+    with pytest.raises(
+        space.SpaceError, match="holds a Space that `vanilla-transformer space` wrote: add --overwrite to replace it"
+    ):
         space.write_space("someone/new-model", folder)
     space.write_space("someone/new-model", folder, overwrite=True)
     assert "someone/new-model" in (folder / "README.md").read_text()

@@ -10,6 +10,10 @@ from collections.abc import Callable, Sequence
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 
 
+class UsageError(VanillaTransformerError):
+    """A flag's value that this machine or this input cannot use (argparse's own errors exit 2 before this)."""
+
+
 class MissingExtra(VanillaTransformerError):
     """A package that an optional part of the project needs is not installed."""
 

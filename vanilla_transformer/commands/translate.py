@@ -44,7 +44,7 @@ from vanilla_transformer.commands.flags import (
     positive_float,
     positive_int,
 )
-from vanilla_transformer.commands.runner import command, need
+from vanilla_transformer.commands.runner import UsageError, command, need
 from vanilla_transformer.serving.corpus import (
     DATASET_SUFFIXES,
     CorpusError,
@@ -214,8 +214,6 @@ def this_process(args: argparse.Namespace) -> tuple[Process, str]:
     from accelerate import PartialState
     from accelerate.utils import broadcast_object_list
 
-    from vanilla_transformer.serving.translate import resolve_device
-
     # without an accelerator, `accelerate launch --multi_gpu` (or torchrun) starts CPU processes: gloo needs cpu=True
     has_device = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
     state = PartialState(cpu=not has_device or (args.device or "").startswith("cpu"))
@@ -227,6 +225,19 @@ def this_process(args: argparse.Namespace) -> tuple[Process, str]:
         if args.input is None and not (args.dataset_name or args.data_files):
             raise CorpusError("several processes read the input each: give --input FILE (stdin is read once)")
     return process, resolve_device(args.device) if args.device else str(state.device)
+
+
+def resolve_device(name: str) -> str:
+    """--device's value, checked: a device torch knows, and CUDA only where there is one."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise UsageError(f"--device {name!r} is not a device: {error}") from error
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {name}: CUDA is not available on this machine; use --device cpu.")
+    return name
 
 
 def translate_to_output(args: argparse.Namespace, source, settings: CorpusSettings, process, device) -> None:

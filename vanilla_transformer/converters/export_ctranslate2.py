@@ -53,6 +53,7 @@ from modeling_vanilla_transformer import (
 from vanilla_transformer.data.tokenization import UNK_TOKEN, UNK_TOKEN_ID, load_tokenizer
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import on_full_disk, staged_folder
+from vanilla_transformer.mechanics.outputs import check_output_folder
 from vanilla_transformer.model.loading import ModelFolderError, load_model_folder
 
 # config.activation_function -> the name of CTranslate2's common_spec.Activation
@@ -214,31 +215,18 @@ def why_not_an_export(folder: Path) -> str | None:
 
 
 def check_folders(model_dir: str | Path, output_dir: str | Path, overwrite: bool) -> None:
-    """Raise ExportError unless `model_dir` is a model folder and writing `output_dir` can lose nothing but a previous
-    export (with `overwrite`); symbolic links and relative paths are resolved."""
-    model, output = Path(model_dir).resolve(), Path(output_dir).resolve()
-    if not (model / "config.json").is_file():
+    """Raise ExportError unless `model_dir` is a model folder and `output_dir` may be written under the one
+    output-folder rule (mechanics/outputs.py): never the model's folder, and with `overwrite` a previous export only."""
+    if not (Path(model_dir) / "config.json").is_file():
         raise ExportError(f"{model_dir} is not a model folder: it has no config.json")
-    for relation, found in (
-        ("is", output == model),
-        ("is inside", model in output.parents),
-        ("holds", output in model.parents),
-    ):
-        if found:
-            raise ExportError(
-                f"the output folder {output_dir} {relation} the model folder {model_dir}: export to a folder of its "
-                "own, outside the model folder, so that replacing it (--overwrite) can never touch the model"
-            )
-    if not Path(output_dir).exists():
-        return
-    if not overwrite:
-        raise ExportError(f"{output_dir} already exists: add --overwrite to replace a previous CTranslate2 export")
-    why = why_not_an_export(output)
-    if why:
-        raise ExportError(
-            f"--overwrite replaces only a previous CTranslate2 export, and {output_dir} is not one ({why}): move or "
-            "delete it yourself, or choose another output folder"
-        )
+    check_output_folder(
+        output_dir,
+        overwrite=overwrite,
+        why_not_previous=why_not_an_export,
+        previous="a previous CTranslate2 export",
+        inputs=[("the model folder", model_dir)],
+        error=ExportError,
+    )
 
 
 def check_exportable(model_dir: str | Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.converters.core import TOKENIZER_FILES, ConversionError
 from vanilla_transformer.mechanics.names import UPLOADED_FILES, UPLOADED_PATTERNS
+from vanilla_transformer.mechanics.outputs import check_output_folder as check_output_folder_rule
 
 # what a written folder holds: a folder of these and nothing else is a previous conversion (--overwrite replaces it)
 CONVERTED_FILES = {*UPLOADED_FILES, *TOKENIZER_FILES}
@@ -43,30 +44,15 @@ def why_not_a_conversion(folder: Path) -> str | None:
 
 
 def check_output_folder(source: str | Path, output_dir: str | Path, overwrite: bool) -> None:
-    """Refuse (ConversionError) an output folder that is, holds or is inside a source folder, a file, or a non-empty
-    folder: with `overwrite`, a previous conversion and nothing else may be replaced (a folder holding a checkpoint
-    file is no previous conversion, so it is never replaced)."""
-    output = Path(output_dir).resolve()
-    if Path(source).is_dir():
-        local = Path(source).resolve()
-        if output == local or local in output.parents or output in local.parents:
-            raise ConversionError(
-                f"the output folder {output_dir} is, holds or is inside the source's folder {local}: write the "
-                "converted model to a folder of its own"
-            )
-    if not Path(output_dir).exists() and not Path(output_dir).is_symlink():
-        return
-    if Path(output_dir).is_symlink() or not output.is_dir():
-        raise ConversionError(f"{output_dir} exists and is not a folder: choose another output folder")
-    if not any(output.iterdir()):
-        return
-    if not overwrite:
-        raise ConversionError(
-            f"{output_dir} is not empty: choose another output folder, or add --overwrite to replace a previous "
-            "conversion there"
-        )
-    if why := why_not_a_conversion(output):
-        raise ConversionError(
-            f"--overwrite replaces only a previous conversion, and {output_dir} is not one ({why}): move or delete it "
-            "yourself, or choose another output folder"
-        )
+    """The one output-folder rule (mechanics/outputs.py) for `convert`: never the source's folder, and with
+    `overwrite`, a previous conversion and nothing else is replaced (a folder holding a checkpoint file is no previous
+    conversion). ConversionError otherwise."""
+    inputs = [("the source's folder", source)] if Path(source).is_dir() else []
+    check_output_folder_rule(
+        output_dir,
+        overwrite=overwrite,
+        why_not_previous=why_not_a_conversion,
+        previous="a previous conversion",
+        inputs=inputs,
+        error=ConversionError,
+    )

@@ -46,6 +46,7 @@ from vanilla_transformer.mechanics.files import (
     staging_path,
 )
 from vanilla_transformer.mechanics.names import CODE_FILES, CUSTOM_GENERATE, RETIRED_CODE_FILES, WEIGHTS_NAME
+from vanilla_transformer.mechanics.outputs import check_output_folder
 from vanilla_transformer.model.loading import ModelFolderError, check_folder_sizes, load_model_folder
 from vanilla_transformer.model.upgrade import (
     folder_needs_upgrade,
@@ -79,26 +80,42 @@ class RefreshError(VanillaTransformerError):
 
 
 def check_folder(folder: Path) -> dict:
-    """config.json's content, once the folder is known to be a model folder of this project that we may write."""
+    """config.json's content, once the folder is known to be a model folder of this project that we may write (the
+    one output-folder rule, mechanics/outputs.py, for a folder replaced in place)."""
+    if not folder.is_dir() and not folder.is_symlink():
+        raise RefreshError(f"{folder} is not a folder: give a model folder written by this project")
+    replaced = check_output_folder(
+        folder,
+        overwrite=True,
+        why_not_previous=why_not_ours,
+        previous="a model folder of this project",
+        error=RefreshError,
+        flag=None,
+    )
+    if not replaced:
+        raise RefreshError(f"{folder} is empty: give a model folder written by this project")
+    return json.loads((folder / "config.json").read_text(encoding="utf-8"))
+
+
+def why_not_ours(folder: Path) -> str | None:
+    """None if `folder` is a model folder of this project that refresh-code may rewrite in place; else why not."""
     config_file = folder / "config.json"
     if not config_file.is_file():
-        raise RefreshError(f"{folder} is not a model folder: it has no config.json")
+        return "it has no config.json"
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise RefreshError(f"{config_file} is not valid JSON: {error}") from error
-    model_type = config.get("model_type")
+        return f"its config.json is not valid JSON: {error}"
+    model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type != modeling_vanilla_transformer.VanillaTransformerConfig.model_type:
-        raise RefreshError(f"{folder} holds a {model_type!r} model, not a vanilla_transformer one")
+        return f"it holds a {model_type!r} model, not a vanilla_transformer one"
     if not (folder / WEIGHTS_NAME).is_file():
-        raise RefreshError(f"{folder} has no {WEIGHTS_NAME} (a sharded folder is refreshed by saving it again)")
+        return f"it has no {WEIGHTS_NAME} (a sharded folder is refreshed by saving it again)"
     names = ["config.json", WEIGHTS_NAME, BACKUP_FOLDER, CUSTOM_GENERATE, *CODE_FILES, *RETIRED_CODE_FILES]
     for name in names:
         if (link := link_on_the_way(folder, name)) is not None:
-            raise RefreshError(
-                f"{describe_link(link)}: refresh-code writes only inside the folder, never through a link"
-            )
-    return config
+            return f"{describe_link(link)}: refresh-code writes only inside the folder, never through a link"
+    return None
 
 
 @torch.no_grad()

@@ -39,7 +39,7 @@ from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.model.loading import finite_number, whole_number
 from vanilla_transformer.serving.attention_maps import ATTENTION_KINDS, compute_attentions, plot_attention_grid
 from vanilla_transformer.serving.translate import (
-    CommandLineError,
+    ModelLoadError,
     load_model_and_tokenizer,
     split_lines,
     translate_sentences,
@@ -92,7 +92,7 @@ class Limits:
 
     @classmethod
     def from_environment(cls, environ=None) -> "Limits":
-        """The defaults, with those given by environment variables; CommandLineError names a bad one."""
+        """The defaults, with those given by environment variables; InputError names a bad one."""
         environ = os.environ if environ is None else environ
         values = {}
         for spec in fields(cls):
@@ -105,7 +105,7 @@ class Limits:
                 cls(**{spec.name: values[spec.name]})
             except ValueError:
                 kind = "a whole number >= 1" if spec.type is int else "a number of seconds > 0"
-                raise CommandLineError(f"{name}={text!r}: the demo's limit must be {kind}.") from None
+                raise InputError(f"{name}={text!r}: the demo's limit must be {kind}.") from None
         return cls(**values)
 
 
@@ -113,7 +113,7 @@ class InputError(VanillaTransformerError, ValueError):
     """Input the demo refuses (too long, too many lines, a setting out of range), with a message for the page."""
 
 
-class LoadError(CommandLineError):
+class LoadError(ModelLoadError):
     """A model the demo cannot serve: the message names the model as the page does (no path of this machine);
     `detail`, for the server's log, may name the path."""
 
@@ -148,7 +148,7 @@ def model_folder(name: str) -> Path:
 
         return Path(snapshot_download(name))
     except Exception as error:  # noqa: BLE001 - an invalid id, offline, unreachable, unknown: the page says which
-        raise CommandLineError(
+        raise ModelLoadError(
             f"{name} is neither a folder here nor a model the Hub gave ({type(error).__name__}: {error})"
         ) from error
 
@@ -219,7 +219,7 @@ def load_translator(name: str, limits: Limits | None = None) -> Translator:
     shown = model_name(name, folder)
     try:
         model, tokenizer = load_model_and_tokenizer(folder, attn_implementation="eager")
-    except CommandLineError as error:
+    except ModelLoadError as error:
         message = str(error)
         for path in sorted({str(folder.resolve()), str(folder)}, key=len, reverse=True):
             message = message.replace(path, shown)
@@ -407,12 +407,12 @@ def build_demo(name: str, limits: Limits | None = None):
 
     try:
         limits = limits or Limits.from_environment()
-    except CommandLineError as error:
+    except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return failed_page(error, "The demo's limits are not valid.")
     try:
         translator = load_translator(name, limits)
-    except CommandLineError as error:
+    except ModelLoadError as error:
         print(f"error: {getattr(error, 'detail', error)}", file=sys.stderr)
         return failed_page(error)
     config, limits = translator.model.config, translator.limits

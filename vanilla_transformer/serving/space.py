@@ -37,6 +37,7 @@ from vanilla_transformer.mechanics.files import (
 )
 from vanilla_transformer.mechanics.integrity import sha256_of
 from vanilla_transformer.mechanics.names import CODE_FILES
+from vanilla_transformer.mechanics.outputs import check_output_folder
 
 # the library modules the demo imports, by their path in the Space (= their path in the installed package)
 LIBRARY_CODE = (  # what the demo imports, as paths inside the package
@@ -149,41 +150,35 @@ def read_space_record(folder: Path) -> dict:
 
 
 def check_space_folder(output_dir: Path, overwrite: bool) -> None:
-    """Refuse (SpaceError, before anything is written) a file, a model folder, another README.md, any symbolic link
-    where a Space file goes, and a folder holding anything unless `overwrite` and every Space file there is one a
-    previous export wrote and nobody changed since."""
-    if output_dir.exists() and not output_dir.is_dir():
-        raise SpaceError(f"--output_dir {output_dir} is a file, not a folder")
-    names = sorted(path.name for path in output_dir.iterdir()) if output_dir.is_dir() else []
-    if not [name for name in names if name != SPACE_RECORD]:
-        return
-    if links := sorted({str(link) for name in SPACE_FILES if (link := link_on_the_way(output_dir, name))}):
-        raise SpaceError(
-            f"{'; '.join(describe_link(Path(link)) for link in links)}: the Space writer never writes through a "
-            "link; remove it, or choose another --output_dir"
-        )
-    readme = output_dir / "README.md"
-    if (output_dir / "config.json").is_file():
-        raise SpaceError(f"{output_dir} is a model folder: its model card would be replaced; use {output_dir}/space")
+    """The one output-folder rule (mechanics/outputs.py) for a Space: SpaceError, before anything is written, for a
+    file or link there, or a folder holding anything, unless `overwrite` and every Space file there is one a previous
+    export wrote and nobody changed since (a record alone counts as nothing)."""
+    check_output_folder(
+        output_dir,
+        overwrite=overwrite,
+        why_not_previous=why_not_a_space,
+        previous="a Space that `vanilla-transformer space` wrote",
+        error=SpaceError,
+        ignore=(SPACE_RECORD,),
+    )
+
+
+def why_not_a_space(folder: Path) -> str | None:
+    """None if every Space file in `folder` is one a previous export wrote, unchanged since; else why not (a link where
+    a Space file goes, a model folder, another card, a file no export wrote or one changed since)."""
+    if links := sorted({str(link) for name in SPACE_FILES if (link := link_on_the_way(folder, name))}):
+        return f"{'; '.join(describe_link(Path(link)) for link in links)}, and the Space writer never writes through a link"
+    if (folder / "config.json").is_file():
+        return f"it is a model folder, whose model card would be replaced: use {folder}/space"
+    readme = folder / "README.md"
     if readme.is_file() and "\nsdk: gradio\n" not in readme.read_text(encoding="utf-8", errors="replace"):
-        raise SpaceError(f"{readme} exists and is not a Space's card: choose another --output_dir")
-    recorded = read_space_record(output_dir)
-    shown = ", ".join(name for name in names if name != SPACE_RECORD)
-    if not overwrite:
-        previous = (
-            "a Space that `vanilla-transformer space` wrote: replace it with --overwrite"
-            if recorded
-            else (
-                "files no Space export wrote: choose an empty or new --output_dir (--overwrite replaces only the files "
-                "of a Space this command wrote)"
-            )
-        )
-        raise SpaceError(f"--output_dir {output_dir} already holds {shown}; {previous}")
+        return "its README.md is not a Space's card"
+    recorded = read_space_record(folder)
     foreign = []
-    if (output_dir / "vanilla_transformer").exists() and not (output_dir / "vanilla_transformer").is_dir():
+    if (folder / "vanilla_transformer").exists() and not (folder / "vanilla_transformer").is_dir():
         foreign.append("vanilla_transformer (a file where the Space's code folder goes)")
     for name in SPACE_FILES:
-        path = output_dir / name
+        path = folder / name
         if not path.exists():
             continue
         if name not in recorded:
@@ -191,10 +186,8 @@ def check_space_folder(output_dir: Path, overwrite: bool) -> None:
         elif recorded[name] is not None and (not path.is_file() or sha256_of(path) != recorded[name]):
             foreign.append(f"{name} (changed since vanilla-transformer space wrote it)")
     if foreign:
-        raise SpaceError(
-            f"--overwrite replaces only the files a previous Space export wrote, and {output_dir} holds "
-            f"{', '.join(foreign)}: move them away or choose another --output_dir"
-        )
+        return f"it holds {', '.join(foreign)}"
+    return None if recorded else "it holds no record of a Space export"
 
 
 def gradio_version() -> str:

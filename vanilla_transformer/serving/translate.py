@@ -36,8 +36,8 @@ from vanilla_transformer.serving.settings import BATCH_SIZE, DTYPE_NAMES
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
-class CommandLineError(VanillaTransformerError):
-    """A problem with the command's model or input, reported as one message without a traceback."""
+class ModelLoadError(VanillaTransformerError):
+    """A model folder that cannot be loaded, with the reason in one message."""
 
 
 class ModelBackend:
@@ -104,19 +104,19 @@ def translate_sentences(
 def load_model_and_tokenizer(
     model_dir: str | Path, device: str = "cpu", **model_kwargs
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model (in eval mode, on `device`) and tokenizer of a saved model folder; CommandLineError if it is none.
+    """The model (in eval mode, on `device`) and tokenizer of a saved model folder; ModelLoadError if it is none.
 
     `model_kwargs` go to `from_pretrained`, e.g. attn_implementation="eager". The folder's sizes are checked first
     (`loading.check_folder_sizes`): a downloaded folder must not make us allocate without bound."""
     folder = Path(model_dir)
     if not folder.is_dir():
-        raise CommandLineError(f"{model_dir} is not a folder: give the folder of a saved model.")
+        raise ModelLoadError(f"{model_dir} is not a folder: give the folder of a saved model.")
     if not (folder / "config.json").is_file():
-        raise CommandLineError(f"{model_dir} is not a model folder: it has no config.json.")
+        raise ModelLoadError(f"{model_dir} is not a model folder: it has no config.json.")
     try:
         check_folder_sizes(folder)  # before anything is built (load_model_folder checks again)
     except ModelFolderError as error:
-        raise CommandLineError(str(error)) from None
+        raise ModelLoadError(str(error)) from None
     register()  # the folder's tokenizer may be found through its config's model type
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=model_kwargs.get("trust_remote_code"))
@@ -128,7 +128,7 @@ def load_model_and_tokenizer(
             why = (
                 weights_mismatch(folder, model_kwargs.get("trust_remote_code")) or "its weights do not fit config.json"
             )
-        raise CommandLineError(f"cannot load a model and tokenizer from {model_dir}: {why}") from error
+        raise ModelLoadError(f"cannot load a model and tokenizer from {model_dir}: {why}") from error
     return model, tokenizer
 
 
@@ -202,15 +202,3 @@ def split_lines(text: str) -> list[str]:
     if len(lines) > 1 and not lines[-1]:
         lines.pop()
     return [line.removesuffix("\r") for line in lines]
-
-
-def resolve_device(name: str | None) -> str:
-    if name is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError as error:
-        raise CommandLineError(f"--device {name!r} is not a device: {error}") from error
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CommandLineError(f"--device {name}: CUDA is not available on this machine; use --device cpu.")
-    return name
