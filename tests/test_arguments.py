@@ -61,7 +61,7 @@ def refusal(capsys, parse, argv: list[str]) -> str:
             "`encoder_attention_heads` (4)",
         ),
         (
-            ["--resume_from_checkpoint", "latest", "--overwrite_output_dir"],
+            ["--resume_from_checkpoint", "latest", "--overwrite"],
             "--resume_from_checkpoint continues the run in --output_dir; --overwrite deletes it",
         ),
         (

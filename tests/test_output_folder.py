@@ -48,20 +48,20 @@ def test_a_new_run_into_a_finished_runs_folder_is_refused_and_changes_nothing(tm
 
     again = train(output_dir, "--max_steps", "4", "--save_steps", "2", check=False)
     assert again.returncode != 0
-    assert "already holds a finished run (4 steps" in again.stderr and "--overwrite_output_dir" in again.stderr
+    assert "already holds a finished run (4 steps" in again.stderr and "--overwrite" in again.stderr
     assert "Traceback" not in again.stderr
     assert snapshot(output_dir) == before
 
 
 @pytest.mark.slow
-def test_overwrite_output_dir_replaces_the_earlier_run_and_keeps_other_files(tmp_path):
+def test_overwrite_replaces_the_earlier_run_and_keeps_other_files(tmp_path):
     output_dir = tmp_path / "run"
     train(output_dir, "--max_steps", "6", "--save_steps", "2")
     old_model = digest(output_dir / "model.safetensors")
     (output_dir / "notes.txt").write_text("the user's own file")
 
-    result = train(output_dir, "--max_steps", "3", "--save_steps", "1", "--seed", "7", "--overwrite_output_dir")
-    assert "--overwrite_output_dir: deleted checkpoints" in result.stdout
+    result = train(output_dir, "--max_steps", "3", "--save_steps", "1", "--seed", "7", "--overwrite")
+    assert "--overwrite: deleted checkpoints" in result.stdout
     assert sorted(path.name for path in (output_dir / "checkpoints").iterdir()) == [
         "step_000001",
         "step_000002",
@@ -106,7 +106,7 @@ def test_resuming_another_runs_checkpoint_into_a_folder_holding_a_run_is_refused
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     assert "is from outside it" in result.stderr and "already holds a finished run (4 steps" in result.stderr
-    assert "empty --output_dir" in result.stderr and "--overwrite_output_dir" in result.stderr
+    assert "empty --output_dir" in result.stderr and "--overwrite" in result.stderr
     assert snapshot(mine) == before
 
 
@@ -164,14 +164,14 @@ def test_evaluation_never_writes_through_a_link(tmp_path):
     assert outside.read_text() == "mine"
 
 
-# --- what --overwrite_output_dir deletes: only what a run of ours recorded -------------------------------------
+# --- what --overwrite deletes: only what a run of ours recorded -------------------------------------
 
 
 @pytest.mark.slow
 def test_overwrite_keeps_a_downloaded_model_that_no_run_wrote(tmp_path):
     downloaded = save_tiny_model_folder(tmp_path / "downloaded", CARD_VALUES)  # config, weights, tokenizer, card, .py
     before = snapshot(downloaded)
-    result = train(downloaded, "--max_steps", "2", "--overwrite_output_dir", check=False)
+    result = train(downloaded, "--max_steps", "2", "--overwrite", check=False)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "config.json" in result.stderr and "model.safetensors" in result.stderr
     assert f"no record of a run of this project ({RUN_RECORD})" in result.stderr

@@ -13,6 +13,7 @@ Every refusal comes before anything is written and names the folder, what is wro
 
 import os
 from collections.abc import Callable, Collection, Sequence
+from fnmatch import fnmatch
 from pathlib import Path
 
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
@@ -38,7 +39,7 @@ def check_output_folder(
     """Apply the rule (the module docstring) to `folder`; raise `error` if it may not be written. `previous` names a
     previous output in words ("a previous conversion"); `inputs` are (what, path) pairs ("the source's folder",
     path); `flag` None: the command always replaces the folder (`overwrite` True); `ignore`: names of the command's
-    own bookkeeping, which do not make a folder non-empty. True if the folder holds a previous output that will be
+    own bookkeeping (fnmatch patterns), which do not make a folder non-empty. True if the folder holds a previous output that will be
     replaced, False if it is new or empty. Whether the folder is a previous output is asked first, so that a refusal
     without `overwrite` says whether the flag would help."""
     path = Path(folder)
@@ -60,7 +61,7 @@ def check_output_folder(
         return False
     if not path.is_dir():
         raise error(f"{folder} exists and is not a folder: choose another output folder")
-    if not any(name not in ignore for name in os.listdir(path)):
+    if all(any(fnmatch(name, pattern) for pattern in ignore) for name in os.listdir(path)):
         return False
     why = why_not_previous(path)
     if why and flag is None:

@@ -54,6 +54,7 @@ from vanilla_transformer.mechanics.names import (
     UPLOADED_PATTERNS,
     WEIGHTS_NAME,
 )
+from vanilla_transformer.mechanics.outputs import check_output_folder
 from vanilla_transformer.training import checkpoints
 from vanilla_transformer.training.settings import OutputSettings
 
@@ -145,8 +146,10 @@ def listed(names: list[str], at_most: int = 8) -> str:
 
 
 def claim_output_dir(settings: OutputSettings) -> None:
-    """Check (and with --overwrite, clear) --output_dir before a training run, saying what was deleted.
-    Raises OutputDirError when the folder holds work this run must not touch."""
+    """Check (and with --overwrite, clear) --output_dir before a training run, saying what was deleted. Raises
+    OutputDirError when the folder holds work this run must not touch. With --overwrite, the one output-folder rule
+    (mechanics/outputs.py) decides, a previous output being what earlier runs of ours wrote; without, a folder that
+    holds a run is continued (--resume_from_checkpoint) or refused."""
     folder, overwrite, resume_from_checkpoint = Path(settings.output_dir), settings.overwrite, settings.resume_from
     if folder.exists() and not folder.is_dir():
         raise OutputDirError(f"--output_dir {folder} is a file, not a folder")
@@ -158,6 +161,14 @@ def claim_output_dir(settings: OutputSettings) -> None:
                 f"--overwrite would delete --resume_from_checkpoint {resume_from_checkpoint} (inside "
                 f"--output_dir {folder}): continue that run without --overwrite"
             )
+        check_output_folder(
+            folder,
+            overwrite=True,
+            why_not_previous=why_not_a_run_of_ours,
+            previous="what earlier runs of this project wrote",
+            error=OutputDirError,
+            ignore=(*BOOKKEEPING, f".{RUN_RECORD}.*"),
+        )
         clear_run_files(folder)
         return
     refuse_links_where_the_run_writes(folder)
@@ -360,23 +371,26 @@ def _is_our_log(path: Path) -> bool:
     )
 
 
+def why_not_a_run_of_ours(folder: Path) -> str | None:
+    """None if everything in `folder` that a new run would write over was written by a run of ours (its record,
+    `plan_overwrite`); else what is in the way."""
+    record = read_run_record(folder)
+    if not (in_the_way := plan_overwrite(folder, record).in_the_way):
+        return None
+    whose = (
+        f"and no record of a run of this project ({RUN_RECORD})"
+        if record is None
+        else f"that no run of ours wrote (its record, {RUN_RECORD}, does not list them)"
+    )
+    return f"it holds {listed(in_the_way)} {whose}, which the new run would write over"
+
+
 def clear_run_files(folder: Path) -> list[str]:
-    """--overwrite: delete what runs of ours wrote into `folder` (its record, `plan_overwrite`), print
-    what went and what stayed, and return what went. OutputDirError, before anything is deleted, when the folder
-    holds entries that no run of ours wrote and the new run would write over."""
+    """--overwrite: delete what runs of ours wrote into `folder` (its record, `plan_overwrite`), print what went and
+    what stayed, and return what went. The caller has checked that nothing a new run writes over is another's
+    (`why_not_a_run_of_ours`)."""
     record = read_run_record(folder)
     plan = plan_overwrite(folder, record)
-    if plan.in_the_way:
-        whose = (
-            f"and no record of a run of this project ({RUN_RECORD})"
-            if record is None
-            else f"that no run of ours wrote (its record, {RUN_RECORD}, does not list them)"
-        )
-        raise OutputDirError(
-            f"--output_dir {folder} holds {listed(plan.in_the_way)} {whose}: the new run would write over them, and "
-            "--overwrite deletes only what a run of ours wrote. Move or delete them yourself, or choose "
-            "another --output_dir."
-        )
     for name in plan.delete:
         path = folder / name
         if path.is_dir() and not path.is_symlink():
