@@ -16,18 +16,9 @@ from datetime import date
 
 from timing import median_seconds
 
-SUBCOMMANDS = (
-    None,
-    "train",
-    "prepare",
-    "translate",
-    "attention-maps",
-    "sweep",
-    "export-ctranslate2",
-    "convert",
-    "push",
-)
-SUBCOMMANDS += ("refresh-code", "space", "demo")
+from vanilla_transformer.commands.main import SUBCOMMANDS as COMMANDS
+
+SUBCOMMANDS = (None, *COMMANDS)  # `vanilla-transformer --help`, then each subcommand's
 HEAVY = ("torch", "transformers")
 
 

@@ -189,3 +189,28 @@ def test_no_module_of_the_project_imports_another_by_name():
     for path in [*sorted(LIBRARY.rglob("*.py")), ROOT / "train_accelerate.py"]:
         calls = [ast.unparse(node.func) for node in ast.walk(parsed(path)) if isinstance(node, ast.Call)]
         assert not [call for call in calls if call.endswith("import_module") or call == "__import__"], path
+
+
+def test_no_code_cites_an_issue_number():
+    """A comment says why, in words that stay true; a number of this project's tracker means nothing to a reader of
+    the code (the history has it). Another project's issue, named with its project, is a reference."""
+    import re
+
+    ours = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+    theirs = re.compile(
+        r"(accelerate|transformers|fairseq|torch|pytorch|datasets|ctranslate2|opus-mt)\S* issues? #?\d", re.I
+    )
+    files = [
+        *LIBRARY.rglob("*.py"),
+        *ROOT.glob("*.py"),
+        *(ROOT / "tests").rglob("*.py"),
+        *(ROOT / "benchmarks").glob("*.py"),
+    ]
+    cited = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in files
+        if path != Path(__file__)
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if ours.search(line) and not theirs.search(line)
+    ]
+    assert cited == []

@@ -105,13 +105,13 @@ def test_the_folder_loads_with_transformers_alone_in_a_clean_process(trained):
 
 
 HELP_OF_EACH_SUBCOMMAND = """
-import contextlib, io, importlib, json
-from vanilla_transformer.commands.main import SUBCOMMANDS
+import contextlib, io, json
+from vanilla_transformer.commands.main import SUBCOMMANDS, subcommand_main
 helps = {}
-for name, module in SUBCOMMANDS.items():
+for name in SUBCOMMANDS:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), contextlib.suppress(SystemExit):
-        importlib.import_module(module).main(["--help"])
+        subcommand_main(name)(["--help"])
     helps[name] = printed.getvalue()
 print(json.dumps(helps))
 """

@@ -55,7 +55,7 @@ def test_refresh_refuses_a_folder_of_another_model_and_changes_nothing(tmp_path,
 def test_a_folder_saved_before_the_projections_were_separate_layers_refreshes_and_decodes_as_before(
     tmp_path, capsys, umask
 ):
-    """Saved before issue 33, a folder holds self-attention's fused `qkv_proj` and encoder-decoder attention's fused
+    """Saved with fused projections, a folder holds self-attention's fused `qkv_proj` and encoder-decoder attention's fused
     `kv_proj`: refreshed, it holds the separate layers and decodes the tokens of the model it was made from."""
     folder = save_tiny_model_folder(tmp_path / "model", CARD_VALUES)
     tokenizer = load_tokenizer(folder)

@@ -1,4 +1,4 @@
-"""The calls Hugging Face users make, with no argument of ours, give the paper's answer (issue 33).
+"""The calls Hugging Face users make, with no argument of ours, give the paper's answer.
 
 generate() of a loaded model folder without a length decodes up to section 6.1's input length + 50, ending early at
 </s>, as the pipeline and the commands do (the folder's custom_generate/generate.py, transformers' hook for a

@@ -232,7 +232,7 @@ def test_resume_continues_exactly_and_a_prepared_folder_trains_like_the_cached_c
 
 @pytest.mark.slow
 def test_a_checkpoint_state_written_before_the_training_refactor_resumes_exactly(tmp_path):
-    """tests/fixtures holds what our code wrote at step 2 of a 4-step run before issue 25's redesign
+    """tests/fixtures holds what our code wrote at step 2 of a 4-step run before the checkpoint format's redesign
     (trainer_state.json: step, data position, schedule, run id, model config, tokenizer fingerprint). The tensors
     beside it are accelerate's files (no weights are kept in the repository), trained here for 2 steps: resumed from
     the old state, steps 3 and 4 must repeat the losses of an uninterrupted 4-step run (same model, optimizer,

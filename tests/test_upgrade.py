@@ -1,5 +1,5 @@
 """Formats of earlier releases, upgraded in one place (vanilla_transformer/model/upgrade.py): folders and checkpoints saved
-before the attention's projections were separate layers (issue 33), and config fields that are gone."""
+before the attention's projections were separate layers, and config fields that are gone."""
 
 import copy
 import json

@@ -45,6 +45,7 @@ from vanilla_transformer.commands.flags import (
     positive_int,
 )
 from vanilla_transformer.commands.runner import UsageError, command, need
+from vanilla_transformer.converters.ctranslate2_types import COMPUTE_TYPES
 from vanilla_transformer.serving.corpus import (
     DATASET_SUFFIXES,
     CorpusError,
@@ -54,7 +55,7 @@ from vanilla_transformer.serving.corpus import (
     same_file,
     translate_to_stream,
 )
-from vanilla_transformer.serving.settings import COMPUTE_TYPES, DTYPE_NAMES, CorpusSettings
+from vanilla_transformer.serving.settings import DTYPE_NAMES, CorpusSettings
 from vanilla_transformer.serving.sources import MAX_LINE_BYTES, NO_STDIN, DatasetSource, InputError, TextSource
 
 

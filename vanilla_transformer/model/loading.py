@@ -71,7 +71,7 @@ def loading_problem(info: dict) -> str | None:
         )
     if not problems:
         return None
-    if has_fused_projections(unexpected):  # the attention weights of a release before issue 33
+    if has_fused_projections(unexpected):  # the fused attention weights of an earlier release
         return (
             "it was saved by an earlier release of vanilla-transformer (fused qkv_proj/kv_proj attention weights): "
             "upgrade it with `vanilla-transformer refresh-code FOLDER`"

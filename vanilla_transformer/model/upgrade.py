@@ -3,7 +3,7 @@
 format only.
 
 What changed, and what this module converts:
-- Until issue 33, self-attention's W^Q, W^K, W^V were one layer `qkv_proj` (rows q, k, v) and encoder-decoder
+- Until the projections became separate layers, self-attention's W^Q, W^K, W^V were one layer `qkv_proj` (rows q, k, v) and encoder-decoder
   attention's W^K, W^V one layer `kv_proj` (rows k, v): their weights and biases are split by rows into the separate
   `q_proj`, `k_proj`, `v_proj` (`split_fused_projections`), and Adam's state, which followed the old parameter order,
   the same way (`split_fused_optimizer_state`).
@@ -39,7 +39,7 @@ _FUSED_KEY = re.compile(
 
 
 def has_fused_projections(keys: Iterable[str]) -> bool:
-    """Whether weights under these names were saved by the code before issue 33."""
+    """Whether weights under these names were saved in the fused-projection format (qkv_proj, kv_proj)."""
     return any(_FUSED_KEY.match(key) for key in keys)
 
 
@@ -85,7 +85,7 @@ def splitting_fused_weights(model: torch.nn.Module) -> Iterator[None]:
         handle.remove()
 
 
-# --- Adam's state of a checkpoint saved before issue 33 -------------------------------------------------------------
+# --- Adam's state of a checkpoint saved with fused projections ------------------------------------------------------
 
 
 def _attention_layer(name: str) -> tuple[str, str, str, str | None, tuple[str, ...]]:
@@ -98,7 +98,7 @@ def _attention_layer(name: str) -> tuple[str, str, str, str | None, tuple[str, .
 
 
 def old_parameter_names(model: torch.nn.Module) -> list[str]:
-    """`model`'s parameters as the code before issue 33 named and ordered them (`model.parameters()`' order, which
+    """`model`'s parameters as the fused-projection code named and ordered them (`model.parameters()`' order, which
     the optimizer's state follows): each fused layer where its first part is."""
     names = {}
     for name, _ in model.named_parameters():

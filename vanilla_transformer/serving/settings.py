@@ -3,8 +3,6 @@ This module imports neither torch nor transformers, so that `vanilla-transformer
 
 from dataclasses import dataclass
 
-from vanilla_transformer.converters.ctranslate2_types import COMPUTE_TYPES  # noqa: F401 - the flag's choices
-
 BATCH_SIZE = 32  # sentences translated together, by default, outside a corpus run (the demo, translate_sentences)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the model's weights and computation (`translate.DTYPES`)
 

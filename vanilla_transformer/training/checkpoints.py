@@ -636,7 +636,7 @@ def resume(accelerator, settings: CheckpointSettings, model, schedule, identity:
         return None
     check_checkpoint_matches(path, identity, accelerator.unwrap_model(model))
     hooks = []
-    if has_fused_projections(weight_shapes(path)):  # saved before issue 33: upgraded as it loads (upgrade.py)
+    if has_fused_projections(weight_shapes(path)):  # fused projections: upgraded as it loads (upgrade.py)
         split = partial(split_fused_optimizer_state, accelerator.unwrap_model(model))
         optimizers = [getattr(optimizer, "optimizer", optimizer) for optimizer in accelerator._optimizers]
         hooks = [optimizer.register_load_state_dict_pre_hook(split) for optimizer in optimizers]
