@@ -788,13 +788,34 @@ def test_a_checkpoint_converts_into_a_new_folder_beside_it_but_never_over_its_fo
         convert(folder / "model.pt", folder, overwrite=True)
 
 
-def test_overwrite_replaces_a_previous_conversion(fsmt, fsmt_folder, tmp_path, capsys):
-    output = Path(shutil.copytree(fsmt[4], tmp_path / "out"))
-    (output / "config.json").write_text(
-        json.dumps({**json.loads((output / "config.json").read_text()), "dropout": 0.5})
-    )
+def test_overwrite_replaces_a_previous_conversion(fsmt, fsmt_folder, tmp_path):
+    output = Path(shutil.copytree(fsmt[4], tmp_path / "out"))  # a conversion, unchanged: its record still holds
+    (output / "model.safetensors").unlink()
+    (output / "model.safetensors").write_bytes((fsmt[4] / "model.safetensors").read_bytes())  # replaced by the same
+    before = (output / "model.safetensors").stat().st_ino
     assert main([str(fsmt_folder), str(output), "--overwrite"]) == 0
-    assert json.loads((output / "config.json").read_text())["dropout"] == fsmt[2].config.dropout
+    assert (output / "model.safetensors").stat().st_ino != before  # written again
+    assert (output / ".vanilla_transformer_conversion.json").is_file()
+
+
+def test_overwrite_never_replaces_a_trained_models_folder_of_the_same_file_names(fsmt, fsmt_folder, tmp_path, capsys):
+    """A folder of the names a conversion writes, with a vanilla-transformer config.json (a trained model's Hub
+    files), but no record of a conversion: --overwrite refuses it and leaves every file as it was."""
+    output = Path(shutil.copytree(fsmt[4], tmp_path / "trained"))
+    (output / ".vanilla_transformer_conversion.json").unlink()
+    before = {path: path.read_bytes() for path in output.rglob("*") if path.is_file()}
+    assert main([str(fsmt_folder), str(output), "--overwrite"]) == 1
+    assert "no readable record of a conversion" in capsys.readouterr().err
+    assert {path: path.read_bytes() for path in output.rglob("*") if path.is_file()} == before
+
+
+def test_overwrite_never_replaces_a_conversion_edited_since(fsmt, fsmt_folder, tmp_path, capsys):
+    output = Path(shutil.copytree(fsmt[4], tmp_path / "out"))
+    config = {**json.loads((output / "config.json").read_text()), "dropout": 0.5}
+    (output / "config.json").write_text(json.dumps(config))
+    assert main([str(fsmt_folder), str(output), "--overwrite"]) == 1
+    assert "config.json has " in capsys.readouterr().err  # another size than the conversion wrote
+    assert json.loads((output / "config.json").read_text())["dropout"] == 0.5
 
 
 def test_the_card_names_the_source_its_license_and_the_conversion(marian):

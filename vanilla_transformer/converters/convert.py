@@ -61,7 +61,7 @@ from vanilla_transformer.converters.core import ConversionError, Source, build_m
 from vanilla_transformer.converters.fairseq import read_fairseq
 from vanilla_transformer.converters.fsmt import read_fsmt
 from vanilla_transformer.converters.marian import read_marian
-from vanilla_transformer.converters.output_folder import check_output_folder
+from vanilla_transformer.converters.output_folder import check_output_folder, record_conversion
 from vanilla_transformer.converters.untrusted import card_license, download
 from vanilla_transformer.hub.model_folder import save_model_folder
 from vanilla_transformer.mechanics.files import on_full_disk, staged_folder
@@ -134,3 +134,4 @@ def write_folder(model: nn.Module, source: Source, output_dir: Path, difference:
     with on_full_disk(lambda cause: full_disk), staged_folder(output) as staging:
         save_model_folder(model, source.tokenizer, staging, card_values=languages, decoding=source.decoding)
         (staging / "README.md").write_text(conversion_card(model, source, difference), encoding="utf-8")
+        record_conversion(staging)  # last: what --overwrite may replace later

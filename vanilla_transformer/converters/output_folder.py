@@ -1,17 +1,24 @@
 """Where `convert` may write: a new or empty folder, never the source's own, and with --overwrite a previous
-conversion there (a folder of the files a conversion writes and nothing else), never anything else."""
+conversion there, never anything else. A conversion is marked as one: `CONVERSION_RECORD` lists every file it wrote
+with its size and sha256, so that a folder of the same file names (a trained model's, a copy of another conversion's,
+one whose card was edited since) is never taken for a conversion that --overwrite may replace."""
 
 import json
 from fnmatch import fnmatch
 from pathlib import Path
 
-from configuration_vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.converters.core import TOKENIZER_FILES, ConversionError
+from vanilla_transformer.mechanics.integrity import files_problem, record_files
 from vanilla_transformer.mechanics.names import UPLOADED_FILES, UPLOADED_PATTERNS
 from vanilla_transformer.mechanics.outputs import check_output_folder as check_output_folder_rule
+from vanilla_transformer.model.loading import read_json_file
 
-# what a written folder holds: a folder of these and nothing else is a previous conversion (--overwrite replaces it)
-CONVERTED_FILES = {*UPLOADED_FILES, *TOKENIZER_FILES}
+WRITTEN_BY = "vanilla-transformer convert"
+CONVERSION_RECORD = (
+    ".vanilla_transformer_conversion.json"  # what a conversion wrote (never uploaded: not allow-listed)
+)
+# what a written folder holds
+CONVERTED_FILES = {*UPLOADED_FILES, *TOKENIZER_FILES, CONVERSION_RECORD}
 
 
 def foreign_entries(folder: Path, prefix: str = "") -> list[str]:
@@ -31,16 +38,29 @@ def foreign_entries(folder: Path, prefix: str = "") -> list[str]:
 
 
 def why_not_a_conversion(folder: Path) -> str | None:
-    """None if `folder` holds a previous conversion (a model folder of ours and nothing else); else why not."""
+    """None if `folder` holds a previous conversion: its record, and every file it lists unchanged and nothing else;
+    else why not."""
     if others := foreign_entries(folder):
         return f"it holds {', '.join(others[:5])}" + (f" and {len(others) - 5} more" if len(others) > 5 else "")
     try:
-        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        model_type = None
-    if model_type != VanillaTransformerConfig.model_type:
-        return "its config.json is not a vanilla-transformer model's"
+        record = read_json_file(folder / CONVERSION_RECORD, ConversionError, required=True)
+    except ConversionError:
+        return f"it has no readable record of a conversion ({CONVERSION_RECORD}): `vanilla-transformer convert` did not write it"
+    files = record.get("files")
+    if record.get("written_by") != WRITTEN_BY or (problem := files_problem(folder, files)):
+        return problem or f"its {CONVERSION_RECORD} is not a conversion's record"
+    written = {path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file()} - {
+        CONVERSION_RECORD
+    }
+    if unlisted := sorted(written - set(files)):
+        return f"it holds {', '.join(unlisted[:5])}, which the conversion did not write"
     return None
+
+
+def record_conversion(folder: Path) -> None:
+    """Mark `folder`, just written by `convert`, as a conversion: its files with their sizes and sha256."""
+    record = {"written_by": WRITTEN_BY, "files": record_files(folder, excluded=(CONVERSION_RECORD,))}
+    (folder / CONVERSION_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
 def check_output_folder(source: str | Path, output_dir: str | Path, overwrite: bool) -> None:
