@@ -971,3 +971,47 @@ def test_the_converters_layer_limit_is_the_loaders(tmp_path, field):
         except ModelFolderError:
             loads = False
         assert (not problems.found) == accepted == loads, (layers, problems.found)
+
+
+# --- what a source may carry into the converted folder -------------------------------------------------------------
+
+
+def test_a_source_file_linked_out_of_the_source_folder_is_refused_and_nothing_is_written(marian_source, tmp_path):
+    source = Path(shutil.copytree(marian_source, tmp_path / "source"))
+    secrets = tmp_path / "home" / ".docker" / "config.json"
+    secrets.parent.mkdir(parents=True)
+    settings = json.loads((source / "tokenizer_config.json").read_text())
+    secrets.write_text(json.dumps({**settings, "auths": {"registry": {"auth": "c2VjcmV0"}}}))
+    (source / "tokenizer_config.json").unlink()
+    (source / "tokenizer_config.json").symlink_to(secrets)
+    with pytest.raises(
+        ConversionError, match="tokenizer_config.json is a symbolic link to .*outside the source folder"
+    ):
+        convert(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_keys_a_tokenizer_does_not_take_are_not_carried_into_the_converted_folder(marian_source, tmp_path):
+    source = Path(shutil.copytree(marian_source, tmp_path / "source"))
+    settings = json.loads((source / "tokenizer_config.json").read_text())
+    (source / "tokenizer_config.json").write_text(json.dumps({**settings, "auths": {"registry": "secret"}}))
+    output = convert(source, tmp_path / "out")
+    written = json.loads((output / "tokenizer_config.json").read_text())
+    assert "auths" not in written
+    assert written["tokenizer_class"] and written["eos_token"] == settings.get("eos_token", written["eos_token"])
+
+
+def test_a_hub_snapshot_may_link_into_its_repositorys_blobs_only(tmp_path):
+    from vanilla_transformer.converters.untrusted import check_no_link_leaves
+
+    repo = tmp_path / "models--user--model"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "abc").write_text("{}")
+    snapshot = repo / "snapshots" / "rev"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").symlink_to(repo / "blobs" / "abc")
+    check_no_link_leaves(snapshot, allowed_root=repo)  # the cache's own layout
+    (tmp_path / "elsewhere").write_text("{}")
+    (snapshot / "vocab.json").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConversionError, match="vocab.json is a symbolic link"):
+        check_no_link_leaves(snapshot, allowed_root=repo)

@@ -51,6 +51,7 @@ Untrusted input: size limits and no remote code (untrusted.py), no class unpickl
 (fairseq.py).
 """
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -62,7 +63,7 @@ from vanilla_transformer.converters.fairseq import read_fairseq
 from vanilla_transformer.converters.fsmt import read_fsmt
 from vanilla_transformer.converters.marian import read_marian
 from vanilla_transformer.converters.output_folder import check_output_folder, record_conversion
-from vanilla_transformer.converters.untrusted import card_license, download
+from vanilla_transformer.converters.untrusted import card_license, check_no_link_leaves, download, tokenizer_settings
 from vanilla_transformer.hub.model_folder import save_model_folder
 from vanilla_transformer.mechanics.files import on_full_disk, staged_folder
 from vanilla_transformer.model.loading import read_json_file
@@ -107,6 +108,7 @@ def read_source(source, dictionary, bpe_codes, languages, revision, scratch: Pat
         if str(source).endswith((".pt", ".pth", ".bin")) or str(source).startswith((".", "/", "~")):
             raise ConversionError(f"{source}: no such file or folder")
         hub_id, path = str(source), download(str(source), revision)
+    check_no_link_leaves(path, allowed_root=path.parents[1] if hub_id else None)  # a Hub snapshot links to its blobs
     config = read_json_file(path / "config.json", ConversionError, required=True)
     model_type = config.get("model_type")
     if model_type == "marian":
@@ -133,5 +135,8 @@ def write_folder(model: nn.Module, source: Source, output_dir: Path, difference:
     full_disk = ConversionError(f"no space left on device while writing {output_dir}: it is as it was")
     with on_full_disk(lambda cause: full_disk), staged_folder(output) as staging:
         save_model_folder(model, source.tokenizer, staging, card_values=languages, decoding=source.decoding)
+        written = read_json_file(staging / "tokenizer_config.json", ConversionError)
+        kept = tokenizer_settings(source.tokenizer, written)
+        (staging / "tokenizer_config.json").write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", "utf-8")
         (staging / "README.md").write_text(conversion_card(model, source, difference), encoding="utf-8")
         record_conversion(staging)  # last: what --overwrite may replace later

@@ -8,6 +8,8 @@ not cover the config), fairseq checkpoints as fairseq.py says (torch.load with w
 `argparse.Namespace` allowed). Nothing is ever unpickled beyond that, and no remote code runs.
 """
 
+import inspect
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -117,3 +119,47 @@ def download(repo_id: str, revision: str | None) -> Path:
         raise ConversionError(f"{repo_id} is not a file, a folder, nor a Hub model id") from None
     except Exception as error:  # noqa: BLE001 - offline, not found, gated: one line naming it
         raise ConversionError(f"cannot download {repo_id} from the Hub: {type(error).__name__}: {error}") from error
+
+
+def check_no_link_leaves(folder: Path, allowed_root: Path | None = None) -> None:
+    """ConversionError for an entry of the source `folder` that is a symbolic link leading out of it (or out of
+    `allowed_root`: a Hub cache's repository folder, whose snapshots link into its blobs). Transformers' loaders
+    follow such a link, and what they read (a tokenizer_config.json linked to another folder's secrets) would be
+    written into the converted folder."""
+    root = (allowed_root or folder).resolve()
+    for directory, folders, files in os.walk(folder):  # links to folders are listed, not followed
+        for name in sorted([*folders, *files]):
+            path = Path(directory) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise ConversionError(
+                    f"{path} is a symbolic link to {path.resolve()}, outside the source folder: the conversion reads "
+                    "no file through such a link; copy the file into the folder if it is the source's"
+                )
+
+
+def tokenizer_settings(tokenizer, settings: dict) -> dict:
+    """Of a source's tokenizer_config.json `settings` (which transformers' tokenizers write back whole, whatever keys
+    they hold), those a tokenizer of its class takes: its own parameters and the base class's. Anything else (a key
+    planted in a downloaded file) is not carried into the converted folder."""
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    known = {*inspect.signature(type(tokenizer).__init__).parameters, *TOKENIZER_BASE_SETTINGS}
+    known |= set(PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES)
+    return {name: value for name, value in settings.items() if name in known}
+
+
+# what every transformers tokenizer reads from tokenizer_config.json besides its class's own parameters
+TOKENIZER_BASE_SETTINGS = (
+    "tokenizer_class",
+    "added_tokens_decoder",
+    "model_max_length",
+    "padding_side",
+    "truncation_side",
+    "model_input_names",
+    "clean_up_tokenization_spaces",
+    "split_special_tokens",
+    "extra_special_tokens",
+    "additional_special_tokens",
+    "source_lang",
+    "target_lang",
+)
