@@ -1015,3 +1015,28 @@ def test_a_hub_snapshot_may_link_into_its_repositorys_blobs_only(tmp_path):
     (snapshot / "vocab.json").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(ConversionError, match="vocab.json is a symbolic link"):
         check_no_link_leaves(snapshot, allowed_root=repo)
+
+
+@pytest.mark.parametrize("field", ["max_position_embeddings", "vocab_size"])
+def test_the_converters_table_bounds_are_the_loaders(tmp_path, field):
+    """A position table is bounded at its peak (float64 with temporaries, 24 bytes an entry), an embedding matrix in
+    float32, by the same limit as the loader's: a folder convert writes is one translate loads."""
+    from vanilla_transformer.model.loading import MAX_TABLE_BYTES, POSITION_TABLE_BYTES
+
+    d_model = 512
+    per_entry = POSITION_TABLE_BYTES if field == "max_position_embeddings" else 4
+    sizes = {
+        "vocab_size": 1000, "d_model": d_model, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 8,
+        "decoder_attention_heads": 8, "encoder_ffn_dim": 8, "decoder_ffn_dim": 8, "max_position_embeddings": 16,
+    }  # fmt: skip
+    limit = MAX_TABLE_BYTES // (per_entry * d_model)
+    for rows, accepted in ((limit, True), (limit + 1, False)):
+        problems = Problems()
+        check_sizes({**sizes, field: rows}, "source", problems)
+        (tmp_path / "config.json").write_text(json.dumps({**sizes, field: rows}))
+        try:
+            check_folder_sizes(tmp_path)
+            loads = True
+        except ModelFolderError:
+            loads = False
+        assert (not problems.found) == accepted == loads, (rows, problems.found)

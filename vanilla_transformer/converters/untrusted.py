@@ -17,11 +17,10 @@ from typing import Any
 import yaml
 
 from vanilla_transformer.converters.core import TOKENIZER_FILES, ConversionError, Problems
-from vanilla_transformer.model.loading import MAX_CONFIG_BYTES, MAX_LAYERS, MAX_TABLE_BYTES
+from vanilla_transformer.model.loading import MAX_CONFIG_BYTES, MAX_LAYERS, ModelFolderError, check_model_sizes
 
 MAX_TEXT_BYTES = 64 * 2**20  # a dictionary, BPE codes, vocabulary or SentencePiece model: OPUS-MT's are ~1 MB
 MAX_CHECKPOINT_BYTES = 32 * 2**30  # a fairseq checkpoint with its optimizer state; the big WMT models are ~2 GB
-MAX_PARAMETERS = 2 * 10**9  # ten times the paper's big model (213M); 8 GB in float32
 SIZE_LIMITS = {
     "vocab_size": 2**20,
     "d_model": 2**14,
@@ -68,9 +67,10 @@ def card_license(readme: Path) -> str | None:
 
 def check_sizes(sizes: dict[str, Any], where: str, problems: Problems) -> None:
     """A problem for each size no model of the paper's architecture has, found before anything is allocated: each a
-    whole number up to SIZE_LIMITS, the embedding matrix and position table at most 1 GiB (what `translate` loads),
-    the parameters at most MAX_PARAMETERS. A size left out of `sizes` is the caller's problem to name; the totals are
-    checked only when every size is there and valid."""
+    whole number up to SIZE_LIMITS, then the loader's own bounds (`loading.check_model_sizes`: each position table at
+    its peak, the embedding matrix, every weight), so that a folder the converter writes is one every command loads. A
+    size left out of `sizes` is the caller's problem to name; the totals are checked only when every size is there
+    and valid."""
     valid = True
     for name, limit in SIZE_LIMITS.items():
         value = sizes.get(name)
@@ -80,15 +80,10 @@ def check_sizes(sizes: dict[str, Any], where: str, problems: Problems) -> None:
                 problems.add(f"{where}: {name} is {value!r}; this converter takes a whole number from 1 to {limit:,}")
     if not valid:
         return
-    d_model = sizes["d_model"]
-    for name in ("vocab_size", "max_position_embeddings"):
-        if sizes[name] * d_model * 4 > MAX_TABLE_BYTES:
-            problems.add(f"{where}: {name} {sizes[name]:,} x d_model {d_model:,} in float32 is over 1 GiB")
-    parameters = sizes["vocab_size"] * d_model
-    parameters += sizes["encoder_layers"] * (4 * d_model**2 + 2 * d_model * sizes["encoder_ffn_dim"])
-    parameters += sizes["decoder_layers"] * (8 * d_model**2 + 2 * d_model * sizes["decoder_ffn_dim"])
-    if parameters > MAX_PARAMETERS:
-        problems.add(f"{where}: these sizes make {parameters:,} parameters, over {MAX_PARAMETERS:,}")
+    try:
+        check_model_sizes(Path(where), dict(sizes))
+    except ModelFolderError as error:
+        problems.add(str(error))
 
 
 def hub_patterns(files: list[str]) -> list[str]:
