@@ -1040,3 +1040,29 @@ def test_the_converters_table_bounds_are_the_loaders(tmp_path, field):
         except ModelFolderError:
             loads = False
         assert (not problems.found) == accepted == loads, (rows, problems.found)
+
+
+def test_a_duplicated_merge_keeps_its_first_rank_as_subword_nmt_does(tmp_path):
+    """subword-nmt ranks a duplicated merge by its first line, FSMTTokenizer by its last: the written merges.txt
+    gives subword-nmt's segmentation."""
+    from subword_nmt.apply_bpe import BPE
+    from transformers import FSMTTokenizer
+
+    from vanilla_transformer.converters.fairseq import fsmt_merges
+
+    codes = "#version: 0.2\na b\nb c</w>\na b\n"  # "a b" first at rank 0, again after "b c</w>"
+    (tmp_path / "bpecodes").write_text(codes)
+    (tmp_path / "merges.txt").write_text(fsmt_merges(tmp_path / "bpecodes"))
+    vocabulary = tmp_path / "vocab.json"
+    vocabulary.write_text(json.dumps({token: i for i, token in enumerate(["<s>", "<pad>", "</s>", "<unk>"])}))
+    tokenizer = FSMTTokenizer(["en", "de"], str(vocabulary), str(vocabulary), str(tmp_path / "merges.txt"))
+    assert BPE(io.StringIO(codes)).process_line("abc") == "ab@@ c"
+    assert tokenizer.bpe("abc") == "ab c</w>"
+
+
+def test_empty_bpe_codes_are_refused(tmp_path):
+    from vanilla_transformer.converters.fairseq import fsmt_merges
+
+    (tmp_path / "bpecodes").write_text("#version: 0.2\n")
+    with pytest.raises(ConversionError, match="holds no merges"):
+        fsmt_merges(tmp_path / "bpecodes")

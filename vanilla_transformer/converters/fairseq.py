@@ -297,12 +297,14 @@ def fsmt_merges(path: Path) -> str:
         if lines[0].split()[-1] != "0.2":
             raise ConversionError(f"{path}: {lines[0]!r}; FSMTTokenizer applies subword-nmt 0.2 codes")
         lines = lines[1:]
-    merges = []
+    merges = {}  # in rank order; a duplicate keeps its first rank, as subword-nmt does (FSMTTokenizer keeps the last)
     for number, line in enumerate(lines, 1):
         parts = line.split()
         if len(parts) not in (2, 3) or parts[1] == "</w>":
             raise ConversionError(f"{path}, line {number}: {line[:80]!r} is not a 0.2 merge `a b` (or `a b count`)")
-        merges.append(f"{parts[0]} {parts[1]}")
+        merges.setdefault(f"{parts[0]} {parts[1]}", number)
+    if not merges:
+        raise ConversionError(f"{path} holds no merges: give the BPE codes the model was trained with")
     return "\n".join(merges) + "\n"
 
 
