@@ -9,7 +9,8 @@ under `custom_pipelines` in config.json, so that
     translator(["One.", "Two."], batch_size=2)     # [{"translation_text": "..."}, {"translation_text": "..."}]
 
 The arguments of transformers 4's TranslationPipeline keep their meaning: `return_text` and `return_tensors` (the
-output ids, as `translation_token_ids`), `clean_up_tokenization_spaces`, `truncation`, `src_lang` and `tgt_lang`
+output ids, as `translation_token_ids`), `clean_up_tokenization_spaces` (default: the tokenizer's own setting, as
+`tokenizer.decode`), `truncation`, `src_lang` and `tgt_lang`
 (checked against the languages the model was trained on, where its tokenizer_config.json records them). Generation
 arguments (`num_beams`, `max_new_tokens`, `length_penalty`, ...) pass through to `model.generate`; those not given
 come from the model's generation_config.json (the paper: beam 4, length penalty 0.6).
@@ -19,8 +20,8 @@ What a call costs is bounded, whatever the input:
   MAX_OUTPUT_TOKENS when a tokenizer sets none), with a warning: `truncation=True` by default, where transformers 4
   did not truncate. `truncation=False` translates a longer source whole, at the memory and time it takes.
 - the output follows the paper's maximum length, input length + 50 (section 6.1): when neither `max_new_tokens` nor
-  `max_length` is set, a batch may generate (its longest source, in tokens) + 50 new tokens, at most
-  MAX_OUTPUT_TOKENS (4096). A `max_new_tokens` or `max_length` over that limit, given or from generation_config.json,
+  `max_length` is set, by the call or the model's generation_config.json, a batch may generate (its longest source,
+  in tokens) + 50 new tokens, at most MAX_OUTPUT_TOKENS (4096). A `max_new_tokens` or `max_length` over that limit, given or from generation_config.json,
   is refused with a ValueError before anything is generated. To raise the limit, set it on the pipeline:
   `translator.max_output_tokens = 8192`.
 """
@@ -39,6 +40,7 @@ MAX_OUTPUT_TOKENS = 4096
 # The widest search a call or a model's generation_config.json may ask for: 16 times the paper's beam of 4 (the memory
 # and time of a step grow with it; a million beams took 6.1 GB)
 MAX_BEAMS = 64
+LENGTH_SETTINGS = ("max_new_tokens", "max_length")  # the settings of a generation config that give a length
 
 logger = logging.get_logger(__name__)
 
@@ -65,6 +67,35 @@ def output_length(
         f"than {cap} tokens are cut there."
     )
     return cap
+
+
+def length_arguments(
+    attention_mask: torch.Tensor,
+    config,
+    generation_config,
+    requested: int | None = None,
+    limit: int = MAX_OUTPUT_TOKENS,
+) -> dict:
+    """The length arguments of a `generate()` call on a batch: `requested` new tokens when given, else the length the
+    model's `generation_config` gives (`max_new_tokens` or `max_length`: the model decodes to it, as a converted
+    model's source does), else section 6.1's input + 50 up to `limit`; at most what the model can represent
+    (`output_length`). Said in the generation config's own setting, so that generate() never sees both; none when the
+    generation config's own length stands."""
+    configured = configured_new_tokens(generation_config)
+    by_max_length = configured is not None and getattr(generation_config, "max_new_tokens", None) is None
+    new_tokens = output_length(attention_mask, config, configured if requested is None else requested, limit)
+    if requested is None and new_tokens == configured:
+        return {}
+    return {"max_length": new_tokens + 1} if by_max_length else {"max_new_tokens": new_tokens}
+
+
+def configured_new_tokens(generation_config) -> int | None:
+    """The new tokens the model's generation config allows (its `max_new_tokens`, or its `max_length` less the decoder
+    start token); None where it gives no length."""
+    for name in LENGTH_SETTINGS:
+        if (value := getattr(generation_config, name, None)) is not None:
+            return value if name == "max_new_tokens" else value - 1
+    return None
 
 
 def check_output_length(settings: dict, limit: int = MAX_OUTPUT_TOKENS) -> None:
@@ -194,9 +225,11 @@ class VanillaTransformerTranslationPipeline(Pipeline):
         model_outputs: dict[str, torch.Tensor],
         with_text: bool = True,
         with_ids: bool = False,
-        clean_up_tokenization_spaces: bool = False,
+        clean_up_tokenization_spaces: bool | None = None,
     ) -> list[dict]:
-        """One dict per returned sequence: `translation_text`, and/or `translation_token_ids` (`return_tensors`)."""
+        """One dict per returned sequence: `translation_text`, and/or `translation_token_ids` (`return_tensors`). The
+        text is decoded as the tokenizer's `decode` does (`clean_up_tokenization_spaces`: the tokenizer's own setting
+        unless given), as every other way of translating with the model does."""
         records = []
         for ids in model_outputs["output_ids"][0]:
             record = {"translation_token_ids": ids} if with_ids else {}

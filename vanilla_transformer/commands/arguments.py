@@ -291,7 +291,11 @@ def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
     add_deprecated_alias(group, "--max_eval_source_tokens", "--max_eval_tokens")
     for name, kind in (("num_beams", positive_int), ("length_penalty", number_in(-math.inf))):
         default = field_default(EvaluationSettings, name)
-        group.add_argument(f"--{name}", type=kind, default=default, help=f"final decoding (paper: {default})")
+        group.add_argument(
+            f"--{name}",
+            type=kind,
+            help=f"final decoding (default: paper's {default}; --evaluate_only: the model's generation_config.json)",
+        )
     group.add_argument("--evaluate_only", action="store_true", help="translate and score with a saved model")
     group.add_argument("--model_name_or_path", help="saved model folder for --evaluate_only")
     group.add_argument(
@@ -445,8 +449,7 @@ def training_settings(parser: argparse.ArgumentParser, args: argparse.Namespace)
     evaluation = EvaluationSettings(
         batch_size=args.eval_batch_size,
         max_eval_tokens=args.max_eval_tokens,
-        num_beams=args.num_beams,
-        length_penalty=args.length_penalty,
+        **final_decoding(args),
         max_sentences=args.eval_max_sentences,
         every_steps=filled["eval_steps"],
     )
@@ -470,6 +473,15 @@ def training_settings(parser: argparse.ArgumentParser, args: argparse.Namespace)
         hyperparameters={k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))},
         **{name: getattr(args, name) for name in copied},
     )
+
+
+def final_decoding(args: argparse.Namespace) -> dict:
+    """--num_beams and --length_penalty as given; left out, the paper's for a training run (the settings' defaults),
+    None for --evaluate_only: a saved model is scored as its generation_config.json decodes."""
+    given = {name: getattr(args, name) for name in ("num_beams", "length_penalty")}
+    if args.evaluate_only:
+        return given
+    return {name: field_default(EvaluationSettings, name) if value is None else value for name, value in given.items()}
 
 
 def check_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -35,6 +35,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--license", help="the license the model card records (default: the source card's)")
     parser.add_argument("--revision", help="a Hub id's branch, tag or commit")
     parser.add_argument("--overwrite", action="store_true", help="replace a previous conversion in output_dir")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        help="the dtype of the folder's weights (default: the source's)",
+    )
     args = parser.parse_args(argv)
     try:
         from vanilla_transformer.converters.convert import convert
@@ -49,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             license=args.license,
             revision=args.revision,
             overwrite=args.overwrite,
+            dtype=args.dtype,
         )
     except ImportError as error:  # sentencepiece, sacremoses: what a source's tokenizer needs
         raise MissingExtra(f"{error}\nThe conversion needs: pip install 'vanilla-transformer[convert]'") from error

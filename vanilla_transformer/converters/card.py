@@ -66,14 +66,25 @@ or `vanilla-transformer translate FOLDER < source.txt`, `vanilla-transformer dem
 """)
 
 
-def conversion_card(model: nn.Module, source: Source, difference: float) -> str:
-    """README.md of a converted folder: the source, its license, the conversion and what the model is."""
+def decoding_line(generation: dict) -> str:
+    """The decoding of a generation_config.json's settings, in words."""
+    beams = generation.get("num_beams") or 1
+    line = "greedy search" if beams == 1 else (
+        f"beam search with beam size {beams} and length penalty {generation.get('length_penalty', 1.0)}"
+    )  # fmt: skip
+    if generation.get("max_new_tokens") is not None:
+        return f"{line}, at most {generation['max_new_tokens']} new tokens"
+    if generation.get("max_length") is not None:
+        return f"{line}, at most {generation['max_length']} tokens"
+    return f"{line}, at most input length + 50 tokens"
+
+
+def conversion_card(model: nn.Module, source: Source, difference: float, generation: dict) -> str:
+    """README.md of a converted folder: the source, its license, the conversion and what the model is; its decoding
+    from `generation`, the folder's generation_config.json."""
     config = model.config
     languages = [language for language in source.languages if language]
-    generation = model.generation_config
-    decoding = "greedy search" if (generation.num_beams or 1) == 1 else (
-        f"beam search with beam size {generation.num_beams} and length penalty {generation.length_penalty}"
-    )  # fmt: skip
+    decoding = decoding_line(generation)
     base_model = f"base_model: {json.dumps(source.hub_id)}\n" if source.hub_id else ""
     return CARD.substitute(
         language=json.dumps(languages, ensure_ascii=False), license=json.dumps(source.license or "unknown"),

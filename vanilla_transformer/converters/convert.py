@@ -55,6 +55,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from vanilla_transformer.converters.card import conversion_card
@@ -68,6 +69,8 @@ from vanilla_transformer.hub.model_folder import save_model_folder
 from vanilla_transformer.mechanics.files import on_full_disk, staged_folder
 from vanilla_transformer.model.loading import read_json_file
 
+DTYPES = ("float32", "float16", "bfloat16")  # what a converted folder's weights may be stored as
+
 
 def convert(
     source: str | Path,
@@ -80,18 +83,23 @@ def convert(
     license: str | None = None,
     revision: str | None = None,
     overwrite: bool = False,
+    dtype: str | None = None,
 ) -> Path:
     """Convert `source` (a Marian or FSMT folder or Hub id, or a fairseq checkpoint file with its `dictionary` and
     `bpe_codes`) into a model folder of this project at `output_dir`; returns its path. ConversionError, before
     anything is written, for a source that cannot be converted exactly or an output folder that holds anything but a
     previous conversion (which `overwrite` replaces). `source_lang`, `target_lang` and `license` override the
-    source's."""
+    source's. The folder's weights have the source's dtype, or `dtype` (DTYPES); the check against the source runs
+    in float32 whatever the dtype (float16 and bfloat16 values are float32 values)."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ConversionError(f"--dtype is {dtype!r}; give one of {', '.join(DTYPES)}")
     check_output_folder(source, output_dir, overwrite)
     with tempfile.TemporaryDirectory(prefix="vanilla-transformer-convert-") as scratch:
         read = read_source(source, dictionary, bpe_codes, (source_lang, target_lang), revision, Path(scratch))
         read.license = license or read.license
         model = build_model(read)
-        difference = check_against_reference(model, read)
+        difference = check_against_reference(model, read)  # both in float32
+        model = model.to(getattr(torch, dtype) if dtype is not None else read.dtype)
         write_folder(model, read, Path(output_dir), difference)
     return Path(output_dir)
 
@@ -138,5 +146,7 @@ def write_folder(model: nn.Module, source: Source, output_dir: Path, difference:
         written = read_json_file(staging / "tokenizer_config.json", ConversionError)
         kept = tokenizer_settings(source.tokenizer, written)
         (staging / "tokenizer_config.json").write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", "utf-8")
-        (staging / "README.md").write_text(conversion_card(model, source, difference), encoding="utf-8")
+        generation = read_json_file(staging / "generation_config.json", ConversionError)
+        card = conversion_card(model, source, difference, generation)
+        (staging / "README.md").write_text(card, encoding="utf-8")
         record_conversion(staging)  # last: what --overwrite may replace later

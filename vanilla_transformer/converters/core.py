@@ -78,6 +78,7 @@ class Source:
     languages: tuple[str | None, str | None] = (None, None)
     license: str | None = None
     hub_id: str | None = None
+    dtype: torch.dtype = torch.float32  # the source's weights' (the reference and our model are checked in float32)
 
 
 def refuse(settings: dict[str, Any], refusals: dict[str, tuple[Any, str]], where: str, problems: Problems) -> None:

@@ -101,7 +101,16 @@ def read_fairseq(path: Path, dictionary, bpe_codes, languages, scratch: Path) ->
     # the paper's decoding (Ott et al. 2018 report their BLEU with it), and </s> at the last step as fairseq forces it
     decoding = {"forced_eos_token_id": fields["eos_token_id"]}
     return Source(
-        "fairseq", card_name, fields, layers, embedding, tokenizer, reference, decoding=decoding, languages=languages
+        "fairseq",
+        card_name,
+        fields,
+        layers,
+        embedding,
+        tokenizer,
+        reference,
+        decoding=decoding,
+        languages=languages,
+        dtype=embedding.dtype,
     )
 
 

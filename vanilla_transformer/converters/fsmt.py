@@ -39,7 +39,7 @@ def read_fsmt(folder: Path, config: dict) -> Source:
             )
         check_fsmt_vocabularies(folder, problems)
     tokenizer = FSMTTokenizer.from_pretrained(folder)
-    reference = load_reference(folder, FSMTForConditionalGeneration)
+    reference, dtype = load_reference(folder, FSMTForConditionalGeneration)
     pad = reference.config.pad_token_id
     why = "FSMT's `tie_word_embeddings: false`, with embeddings or an output projection of their own"
     layers, embedding = reference_weights(reference, "sin_cos", "fairseq", pad + 1, why)
@@ -49,7 +49,7 @@ def read_fsmt(folder: Path, config: dict) -> Source:
     )  # fmt: skip
     return Source(
         "FSMT", str(folder), fields, layers, embedding, tokenizer, reference,
-        decoding=source_decoding(reference), languages=(tokenizer.src_lang, tokenizer.tgt_lang),
+        decoding=source_decoding(reference), languages=(tokenizer.src_lang, tokenizer.tgt_lang), dtype=dtype,
     )  # fmt: skip
 
 

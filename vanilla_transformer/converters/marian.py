@@ -40,7 +40,7 @@ def read_marian(folder: Path, config: dict) -> Source:
             )
         check_marian_vocabulary(folder, problems)
     tokenizer = MarianTokenizer.from_pretrained(folder)
-    reference = load_reference(folder, MarianMTModel)
+    reference, dtype = load_reference(folder, MarianMTModel)
     why = "Marian's `tie_word_embeddings: false`: input embeddings and an lm_head of their own"
     layers, embedding = reference_weights(reference, "sin_cos", "paper", 0, why)
     bias = reference.final_logits_bias.detach()[0]
@@ -53,6 +53,7 @@ def read_marian(folder: Path, config: dict) -> Source:
     return Source(
         "Marian (OPUS-MT)", str(folder), fields, layers, embedding, tokenizer, reference,
         logits_bias=bias if bias.any() else None, decoding=source_decoding(reference), languages=languages,
+        dtype=dtype,
     )  # fmt: skip
 
 

@@ -115,17 +115,19 @@ def reference_weights(
     return layers, embedding
 
 
-def load_reference(folder: Path, model_class) -> nn.Module:
-    """The source model as transformers runs it (safetensors, or torch.load with weights_only=True); refused when its
-    weights lack tensors its config.json describes (transformers would make them up) or hold ones it has no place for
-    (transformers would drop them)."""
+def load_reference(folder: Path, model_class) -> tuple[nn.Module, torch.dtype]:
+    """The source model as transformers runs it (safetensors, or torch.load with weights_only=True), in float32 (which
+    holds float16 and bfloat16 values exactly), and the dtype of its weights; refused when its weights lack tensors
+    its config.json describes (transformers would make them up) or hold ones it has no place for (transformers would
+    drop them)."""
     try:
-        model = load_model_folder(folder, model_class, dtype=torch.float32, weights_only=True)
+        model = load_model_folder(folder, model_class, dtype="auto", weights_only=True)
     except ModelFolderError as error:
         raise ConversionError(str(error)) from None
     except OSError as error:  # no weights file, or one transformers cannot read
         raise ConversionError(f"cannot load the weights of {folder}: {error}") from None
-    return model.eval()
+    dtype = model.dtype
+    return model.float().eval(), dtype
 
 
 def source_decoding(reference: nn.Module) -> dict[str, Any]:

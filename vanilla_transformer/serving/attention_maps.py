@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline_vanilla_transformer import PAPER_DECODING, output_length
+from pipeline_vanilla_transformer import PAPER_DECODING, length_arguments
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 
 # model output name -> (file name, title, query side, key side)
@@ -100,8 +100,9 @@ def compute_attentions(
     start = torch.tensor([[model.config.decoder_start_token_id]], device=model.device)
     with torch.inference_mode():
         if target is None:
-            max_new_tokens = output_length(torch.ones_like(source_ids), model.config, max_new_tokens)
-            generated = model.generate(source_ids, num_beams=num_beams, max_new_tokens=max_new_tokens)[0]
+            mask = torch.ones_like(source_ids)
+            lengths = length_arguments(mask, model.config, model.generation_config, max_new_tokens)
+            generated = model.generate(source_ids, num_beams=num_beams, **lengths)[0]
             target_ids = generated[1:][generated[1:] != model.config.pad_token_id]  # drop the start token and padding
         else:
             target_ids = tokenizer(target, return_tensors="pt")["input_ids"][0].to(model.device)

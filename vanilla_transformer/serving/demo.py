@@ -34,7 +34,7 @@ from pathlib import Path
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation import MaxTimeCriteria, StoppingCriteriaList
 
-from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, PAPER_DECODING
+from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, PAPER_DECODING, configured_new_tokens
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.model.loading import finite_number, whole_number
 from vanilla_transformer.serving.attention_maps import ATTENTION_KINDS, compute_attentions, plot_attention_grid
@@ -63,7 +63,8 @@ class Limits:
     settings): `VANILLA_DEMO_MAX_BEAMS=4 vanilla-transformer demo MODEL`.
 
     A request is at most `lines` lines of at most `line_tokens` source tokens each (and the model's positions),
-    `request_tokens` in all; each line's translation gets the paper's input + 50 tokens, at most `new_tokens` (the
+    `request_tokens` in all; each line's translation gets the length the model's generation_config.json gives, else the paper's input + 50
+    tokens, at most `new_tokens` (the
     defaults never cut a line the demo accepts: 200 + 50 < 256); beam search uses at most `beams`; generation stops
     when the request has run `seconds` (transformers' MaxTimeCriteria), and the page says so. The attention picture
     is drawn for lines of at most `attention_tokens` tokens a side. `concurrency` requests run at once, so a long one
@@ -296,6 +297,12 @@ class TimeBudget(MaxTimeCriteria):
         return done
 
 
+def wanted_new_tokens(model, lengths: list[int]) -> int:
+    """The length the model's generation config gives, else section 6.1's: the longest line (in tokens) + 50."""
+    configured = configured_new_tokens(model.generation_config)
+    return max(lengths, default=0) + EXTRA_OUTPUT_TOKENS if configured is None else configured
+
+
 def translate_text(translator: Translator, text, num_beams, length_penalty) -> tuple[str, str]:
     """Each line of `text` translated, all lines as one batch; line i of the result translates line i. Returns the
     translation and a note ("" if none): the time budget ran out and lines may be cut. InputError refuses text and
@@ -313,7 +320,7 @@ def translate_text(translator: Translator, text, num_beams, length_penalty) -> t
         lines,
         batch_size=max(len(lines), 1),
         num_beams=num_beams,
-        max_new_tokens=min(max(lengths, default=0) + EXTRA_OUTPUT_TOKENS, limits.new_tokens),
+        max_new_tokens=min(wanted_new_tokens(translator.model, lengths), limits.new_tokens),
         max_time=limits.seconds,  # also overrides a max_time of the model's own generation_config.json
         stopping_criteria=StoppingCriteriaList([budget]),
         **settings,

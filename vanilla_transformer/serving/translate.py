@@ -1,6 +1,7 @@
 """Translation with a saved model: loading a folder (checked before any model is built), and `ModelBackend`, the
 backend of `batches.translate_texts` that decodes through the model's `generate()`. Decoding follows the model's
-generation_config.json with section 6.1's maximum output length, input length + 50, unless a length is given.
+generation_config.json, with section 6.1's maximum output length, input length + 50, where neither the call nor
+generation_config.json gives a length.
 
 A model folder may come from anyone: its config.json and generation_config.json are read as plain JSON first, and
 sizes that would allocate without bound are refused, naming the file, the field and the limit (a position table or
@@ -17,7 +18,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import modeling_vanilla_transformer  # registers the model with the Auto classes; its folder holds the installed code
-from pipeline_vanilla_transformer import output_length
+from pipeline_vanilla_transformer import length_arguments
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.names import CODE_FILES, WEIGHTS_NAME
 from vanilla_transformer.model.loading import (
@@ -43,7 +44,8 @@ class ModelLoadError(VanillaTransformerError):
 class ModelBackend:
     """Translation with a loaded model through `generate()`: `encode` gives source token ids, `translate` a batch of
     them (one translation each, and the target tokens generated). Decoding follows the model's generation config, with
-    `num_beams` and `max_new_tokens` given here on top (None: the config's beam, section 6.1's input + 50)."""
+    `num_beams` and `max_new_tokens` given here on top (None: the config's beam, and the config's length where it sets
+    one, else section 6.1's input + 50). The text is decoded as the tokenizer's `batch_decode` does."""
 
     def __init__(self, model, tokenizer, num_beams: int | None = None, max_new_tokens: int | None = None, **kwargs):
         if kwargs.setdefault("num_return_sequences", 1) != 1:
@@ -72,10 +74,12 @@ class ModelBackend:
     def translate(self, batch: list[list[int]]) -> tuple[list[str], int]:
         padded = self.tokenizer.pad({"input_ids": batch}, padding=True, return_tensors="pt")
         inputs = {name: padded[name].to(self.model.device) for name in ("input_ids", "attention_mask")}
-        length = output_length(inputs["attention_mask"], self.model.config, self.max_new_tokens)
+        lengths = length_arguments(
+            inputs["attention_mask"], self.model.config, self.model.generation_config, self.max_new_tokens
+        )
         self.model.eval()
         with torch.inference_mode():
-            output_ids = self.model.generate(**inputs, max_new_tokens=length, **self.generate_kwargs)
+            output_ids = self.model.generate(**inputs, **lengths, **self.generate_kwargs)
         is_special = torch.isin(output_ids, torch.tensor(sorted(self.special_ids), device=output_ids.device))
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True), int((~is_special).sum())
 
@@ -92,8 +96,9 @@ def translate_sentences(
 ) -> list[str]:
     """Translate `sentences` with a loaded model; one translation per sentence, in the input order (`translate_texts`
     with a ModelBackend): batches of `batch_size` sentences, or of `max_tokens` source tokens times the beams; a
-    sentence longer than the model's positions is cut into pieces that fit. Without `max_new_tokens`, a batch may
-    generate its longest source (in tokens) + 50 new tokens; `num_beams` and other generation arguments default to
+    sentence longer than the model's positions is cut into pieces that fit. Without `max_new_tokens`, a batch decodes to the
+    length the model's generation config gives, or where it gives none, its longest source (in tokens) + 50 new
+    tokens; `num_beams` and other generation arguments default to
     the model's generation config, but for `num_return_sequences`, always 1."""
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")

@@ -13,7 +13,7 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from pipeline_vanilla_transformer import output_length
+from pipeline_vanilla_transformer import LENGTH_SETTINGS, length_arguments
 from vanilla_transformer.data.batching import TokenizedPairs, TranslationCollator
 from vanilla_transformer.data.prepare import DataSettings, load_or_prepare, tokenizer_fingerprint
 from vanilla_transformer.data.readers import DataError
@@ -94,13 +94,17 @@ def translate_for_evaluation(
     batches = tqdm(loader, desc=description, disable=description is None or not accelerator.is_local_main_process)
     with gathered:
         for batch in batches:
-            max_new_tokens = output_length(
-                batch["attention_mask"], unwrapped.config, generation_kwargs.get("max_new_tokens")
-            )
+            lengths = length_arguments(
+                batch["attention_mask"],
+                unwrapped.config,
+                unwrapped.generation_config,
+                generation_kwargs.get("max_new_tokens"),
+            )  # the model's own length where its generation config gives one, else section 6.1's input + 50
             generated = unwrapped.generate(
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
-                **{**generation_kwargs, "max_new_tokens": max_new_tokens},
+                **{name: value for name, value in generation_kwargs.items() if name != "max_new_tokens"},
+                **lengths,
             )
             generated = accelerator.pad_across_processes(generated, dim=1, pad_index=tokenizer.pad_token_id)
             generated, indices = accelerator.gather_for_metrics((generated, batch["example_index"]))
@@ -173,7 +177,9 @@ def evaluate_split(
 
 
 def score_splits(accelerator, model, tokenizer, splits: dict, settings: EvaluationSettings, output_dir) -> dict:
-    """The paper's decoding (6.1: beam 4, length penalty 0.6, input + 50) of the validation and test splits there are;
+    """The decoding of `settings.final_decoding` (training's: the paper's, 6.1: beam 4, length penalty 0.6), on top of
+    the model's generation config (its length where it gives one, else input + 50), of the validation and test splits
+    there are;
     writes `<split>.hyp.txt` into `output_dir`; returns BLEU, chrF, the signature and the per-token perplexity (no
     label smoothing; Table 3's dev PPL) per split."""
     metric = load_bleu_and_chrf()
@@ -250,8 +256,31 @@ def _score_saved_model(accelerator, model_name_or_path, data, settings, output, 
         raise DataError(f"{corpus.folder} was tokenized with another tokenizer than {model_name_or_path}'s")
     accelerator.print("\n".join(corpus.summary()))  # which files were scored
     model = accelerator.unwrap_model(model)
+    accelerator.print(decoding_used(settings.final_decoding, model.generation_config))
     results = score_splits(accelerator, model, tokenizer, corpus.splits, settings, output.output_dir)
     if accelerator.is_main_process:
         scored = {"model": model_name_or_path, "data": corpus.summary(), "results": results}
         (Path(output.output_dir) / EVALUATION_RESULTS).write_text(json.dumps(scored, indent=2))
     return results
+
+
+def decoding_used(given: dict, generation_config) -> str:
+    """One line naming the decoding a saved model is scored with, each setting with where it comes from: the flag
+    given (`given`, the settings' final decoding) or the model's generation_config.json; its length, or section 6.1's
+    input + 50 where it gives none."""
+    defaults = {"num_beams": 1, "length_penalty": 1.0}  # generate()'s where generation_config.json sets none
+    parts = [
+        f"{name} {given[name]} (--{name})"
+        if name in given
+        else f"{name} {_or(getattr(generation_config, name, None), default)} (generation_config.json)"
+        for name, default in defaults.items()
+    ]
+    lengths = [(name, getattr(generation_config, name, None)) for name in LENGTH_SETTINGS]
+    parts += [f"{name} {value} (generation_config.json)" for name, value in lengths if value is not None][:1] or [
+        "at most input length + 50 tokens (section 6.1)"
+    ]
+    return "decoding: " + ", ".join(parts)
+
+
+def _or(value, default):
+    return default if value is None else value

@@ -42,14 +42,18 @@ class CheckpointSettings:
 class EvaluationSettings:
     batch_size: int = 64
     max_eval_tokens: int = 1024  # longer sources and targets are truncated (counted), bounding evaluation's memory
-    num_beams: int = 4  # the final decoding: section 6.1's (pipeline_vanilla_transformer.PAPER_DECODING, held equal
-    length_penalty: float = 0.6  # by tests/test_commands.py)
+    # the final decoding: section 6.1's (pipeline_vanilla_transformer.PAPER_DECODING, held equal by
+    # tests/test_commands.py); None (--evaluate_only without the flag) leaves it to the model's generation_config.json
+    num_beams: int | None = 4
+    length_penalty: float | None = 0.6
     max_sentences: int = 500  # validation sentences for greedy BLEU during training
     every_steps: int = 1000  # validation loss and greedy BLEU during training
 
     @property
     def final_decoding(self) -> dict:
-        return {"num_beams": self.num_beams, "length_penalty": self.length_penalty}
+        """The decoding settings given (None ones are the model's generation config's)."""
+        decoding = {"num_beams": self.num_beams, "length_penalty": self.length_penalty}
+        return {name: value for name, value in decoding.items() if value is not None}
 
 
 @dataclass(frozen=True)
