@@ -40,6 +40,9 @@ MAX_OUTPUT_TOKENS = 4096
 # The widest search a call or a model's generation_config.json may ask for: 16 times the paper's beam of 4 (the memory
 # and time of a step grow with it; a million beams took 6.1 GB)
 MAX_BEAMS = 64
+# a source longer than its cut (in tokens) times this is shortened before it is tokenized: tokenizing costs ~100 bytes
+# of memory a character (a 20 MB string took 3.3 GB), and no text averages 64 characters a token
+MAX_CHARACTERS_PER_TOKEN = 64
 LENGTH_SETTINGS = ("max_new_tokens", "max_length")  # the settings of a generation config that give a length
 
 logger = logging.get_logger(__name__)
@@ -194,6 +197,8 @@ class VanillaTransformerTranslationPipeline(Pipeline):
         """The source's ids, cut at `input_limit` unless `truncation` is False (a cut is logged once)."""
         _check_text(text)
         limit = self.input_limit() if truncation else None
+        if limit is not None and len(text) > limit * MAX_CHARACTERS_PER_TOKEN:  # a huge string costs no more than this
+            text = text[: limit * MAX_CHARACTERS_PER_TOKEN]
         encoding = self.tokenizer(text, return_tensors="pt", truncation=bool(truncation), max_length=limit)
         if limit is not None and encoding["input_ids"].shape[1] >= limit:
             logger.warning_once(

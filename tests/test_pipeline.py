@@ -190,3 +190,30 @@ def test_the_default_output_length_is_capped_at_max_output_tokens_and_a_pipeline
         {"source_tokens": MAX_OUTPUT_TOKENS, "max_new_tokens": MAX_OUTPUT_TOKENS},
         {"source_tokens": len(translator.tokenizer(ONE)["input_ids"]), "max_new_tokens": 5000},
     ]
+
+
+def test_a_20_megabyte_string_is_shortened_before_it_is_tokenized_and_cut_as_before(folder):
+    """Tokenizing costs memory by the character: a huge source is shortened to its cut x MAX_CHARACTERS_PER_TOKEN
+    characters first, which leaves the cut source's ids as they were."""
+    from pipeline_vanilla_transformer import MAX_CHARACTERS_PER_TOKEN
+
+    translator = VanillaTransformerTranslationPipeline(
+        model=AutoModelForSeq2SeqLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder), device=-1
+    )
+    seen = []
+    tokenize = translator.tokenizer.__class__.__call__
+
+    def recording(tokenizer, text, **kwargs):
+        seen.append(len(text))
+        return tokenize(tokenizer, text, **kwargs)
+
+    huge = "the red dog " * 1_700_000  # 20 MB
+    translator.tokenizer.__class__.__call__ = recording
+    try:
+        ids = translator.preprocess(huge)["input_ids"]
+    finally:
+        translator.tokenizer.__class__.__call__ = tokenize
+    limit = translator.input_limit()
+    assert seen == [limit * MAX_CHARACTERS_PER_TOKEN]
+    whole = translator.tokenizer(huge[: 100 * limit], return_tensors="pt", truncation=True, max_length=limit)
+    assert torch.equal(ids, whole["input_ids"])
