@@ -93,3 +93,8 @@ def test_every_command_that_writes_a_folder_decides_through_the_one_rule(path):
         for alias in node.names
     }
     assert "check_output_folder" in imported
+
+
+def test_an_empty_name_is_refused_not_taken_for_the_current_folder():
+    with pytest.raises(OutputFolderError, match="name is empty"):
+        check("", overwrite=True)

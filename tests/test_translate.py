@@ -465,3 +465,20 @@ def test_weights_whose_header_is_over_its_bound_are_refused_before_it_is_read(fo
     monkeypatch.setattr(sys, "stdin", io.StringIO("the house is small\n"))
     assert main([str(untrusted)]) == 1
     assert f"{weights}: its header declares 104,857,600 bytes" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_early_ends_the_command_quietly(folder, tmp_path):
+    """`translate ... | head -1`: the closed pipe stops the command with exit 0 and no error."""
+    (tmp_path / "input.txt").write_text("".join(f"{SOURCES[index % len(SOURCES)]}\n" for index in range(3000)))
+    command = (
+        f"set -o pipefail; {sys.executable} -m vanilla_transformer translate {folder} --device cpu --batch_size 1 "
+        f"--buffer_size 1 < {tmp_path / 'input.txt'} | head -1"
+    )
+    result = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, cwd=PROJECT_ROOT, env={**os.environ, **OFFLINE},
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(result.stdout.splitlines()) == 1
+    assert "error" not in result.stderr.lower() and "Traceback" not in result.stderr

@@ -31,6 +31,7 @@ runs (a note names the folder's code files that differ).
 """
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -280,11 +281,17 @@ def is_terminal() -> bool:
     return sys.stderr is not None and sys.stderr.isatty()
 
 
+class StdoutClosed(Exception):
+    """The reader of stdout went away (`| head -1`): the command stops, as `cat` does, without an error."""
+
+
 def write_stdout(text: str) -> None:
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
-    except OSError as error:  # a closed pipe, a full disk behind a redirection
+    except BrokenPipeError:
+        raise StdoutClosed from None
+    except OSError as error:  # a full disk behind a redirection
         raise CorpusError(f"cannot write the output (stdout): {error}") from error
 
 
@@ -310,6 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         run(args)
+    except StdoutClosed:  # nobody reads any more: stop quietly, and let Python's exit flush nothing into the pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         if args.output:
             print(

@@ -42,6 +42,8 @@ def check_output_folder(
     own bookkeeping (fnmatch patterns), which do not make a folder non-empty. True if the folder holds a previous output that will be
     replaced, False if it is new or empty. Whether the folder is a previous output is asked first, so that a refusal
     without `overwrite` says whether the flag would help."""
+    if not str(folder).strip():  # Path("") is the current folder
+        raise error("the output folder's name is empty: give the folder to write")
     path = Path(folder)
     resolved = path.resolve()
     for name, input_path in inputs:
