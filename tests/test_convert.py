@@ -17,6 +17,7 @@ import collections
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import types
@@ -1066,3 +1067,10 @@ def test_empty_bpe_codes_are_refused(tmp_path):
     (tmp_path / "bpecodes").write_text("#version: 0.2\n")
     with pytest.raises(ConversionError, match="holds no merges"):
         fsmt_merges(tmp_path / "bpecodes")
+
+
+def test_a_source_folders_name_goes_into_the_card_as_plain_text(marian_source, tmp_path):
+    source = Path(shutil.copytree(marian_source, tmp_path / "m<img src=x onerror=alert(1)>\nodel"))
+    card = (convert(source, tmp_path / "out") / "README.md").read_text()
+    assert not re.search(r"(?<!\\)<img", card)  # no tag a Markdown renderer would show as HTML
+    assert "m\\<img src=x onerror=alert\\(1\\)\\> odel" in card  # escaped, and on one line

@@ -86,9 +86,10 @@ def conversion_card(model: nn.Module, source: Source, difference: float, generat
     languages = [language for language in source.languages if language]
     decoding = decoding_line(generation)
     base_model = f"base_model: {json.dumps(source.hub_id)}\n" if source.hub_id else ""
+    name = plain_text(source.name)
     return CARD.substitute(
         language=json.dumps(languages, ensure_ascii=False), license=json.dumps(source.license or "unknown"),
-        base_model=base_model, title=f"{source.name.split('/')[-1]} (vanilla-transformer)", source=source.name,
+        base_model=base_model, title=f"{name.split('/')[-1]} (vanilla-transformer)", source=name,
         kind=source.kind, source_lang=source.languages[0] or "?", target_lang=source.languages[1] or "?",
         difference=f"{difference:.2g}", license_text=source.license or "not recorded",
         transformers_range=SUPPORTED_TRANSFORMERS, d_model=config.d_model, encoder_layers=config.encoder_layers,
@@ -100,3 +101,11 @@ def conversion_card(model: nn.Module, source: Source, difference: float, generat
         tokenizer=type(source.tokenizer).__name__, decoding=decoding, model_id="your-username/model-id",
         example="The house is small.",
     )  # fmt: skip
+
+
+def plain_text(text: str, limit: int = 200) -> str:
+    """A name from the source (a folder's name, a Hub id) as card text: one line, no HTML or Markdown markup, at
+    most `limit` characters; the name is the user's, but whoever reads the card on the Hub is not."""
+    line = " ".join(str(text).split())
+    line = "".join(f"\\{character}" if character in "\\`*_{}[]<>()#+!|" else character for character in line)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
