@@ -17,6 +17,7 @@ import collections
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import types
@@ -493,7 +494,7 @@ def test_fairseq_checkpoints_with_older_names_convert_to_the_same_model(fairseq,
 
 
 def test_a_fairseq_cfg_saved_as_a_plain_dict_converts(fsmt_model, fairseq_files, tmp_path):
-    """The way OMEGACONF_HINT gives newer (cfg) checkpoints: `cfg` as a plain dict with model and task sections."""
+    """fairseq 0.12's checkpoints: `cfg` as a plain dict with model and task sections."""
     args = vars(fairseq_args())
     cfg = {"model": args, "task": {"source_lang": "en", "target_lang": "de"}, "common": {"fp16": True}}
     path = write_fairseq(tmp_path / "cfg", fsmt_model, fairseq_files, args=None)
@@ -711,22 +712,71 @@ def test_a_checkpoint_that_would_run_code_is_refused_without_running_it(
     assert not marker.exists()
 
 
-def test_a_newer_fairseq_checkpoint_with_an_omegaconf_cfg_is_refused_with_the_way_to_convert_it(
-    fsmt_model, fairseq_files, tmp_path, monkeypatch
-):
+class SubclassedOrderedDict(collections.OrderedDict):
+    """A container subclass: a class of its own, not on the allow-list."""
+
+
+class RunsShell:
+    """Unpickling it would run a shell command (os.system) that leaves a marker."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def fake_omegaconf(monkeypatch) -> type:
+    """A class pickled under omegaconf's DictConfig name, with its state layout (`_metadata`, `_parent`, `_content`):
+    omegaconf is not installed here."""
     module = types.ModuleType("omegaconf.dictconfig")
 
-    class DictConfig(dict):
-        pass
+    class DictConfig:
+        def __init__(self, content):
+            self._metadata, self._parent, self._content = None, None, content
 
     DictConfig.__module__, DictConfig.__qualname__, module.DictConfig = module.__name__, "DictConfig", DictConfig
-    monkeypatch.setitem(sys.modules, "omegaconf", types.ModuleType("omegaconf"))  # omegaconf is not installed here
+    monkeypatch.setitem(sys.modules, "omegaconf", types.ModuleType("omegaconf"))
     monkeypatch.setitem(sys.modules, module.__name__, module)
+    return DictConfig
+
+
+@pytest.mark.parametrize("zip_format", [True, False])
+@pytest.mark.parametrize(
+    "inside, named",
+    [
+        (lambda marker: RunsShell(marker), f"{os.system.__module__}.system"),  # posix.system
+        (lambda marker: SubclassedOrderedDict(a=1), "tests.test_convert.SubclassedOrderedDict"),
+    ],
+)
+def test_an_omegaconf_cfg_holding_any_other_class_is_refused_naming_it_and_runs_nothing(
+    fsmt_model, fairseq_files, tmp_path, monkeypatch, zip_format, inside, named
+):
+    DictConfig = fake_omegaconf(monkeypatch)  # noqa: N806
+    marker = tmp_path / "code-ran"
     path = write_fairseq(tmp_path / "wmt", fsmt_model, fairseq_files)
     state = torch.load(path, weights_only=False)  # our own file
-    torch.save({**state, "args": None, "cfg": DictConfig(model={})}, path)
-    with pytest.raises(ConversionError, match=r"omegaconf\.dictconfig\.DictConfig.*OmegaConf\.to_container"):
+    cfg = DictConfig({"model": DictConfig(vars(fairseq_args())), "common": DictConfig({"x": inside(marker)})})
+    torch.save({**state, "args": None, "cfg": cfg}, path, _use_new_zipfile_serialization=zip_format)
+    with pytest.raises(ConversionError, match=rf"{re.escape(str(path))} needs {re.escape(named)}"):
         convert(path, tmp_path / "out")
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+def test_an_omegaconf_cfg_of_omegaconfs_layout_converts_without_omegaconf(
+    fairseq, fsmt_model, fairseq_files, tmp_path, monkeypatch
+):
+    DictConfig = fake_omegaconf(monkeypatch)  # noqa: N806
+    path = write_fairseq(tmp_path / "wmt", fsmt_model, fairseq_files)
+    state = torch.load(path, weights_only=False)  # our own file
+    cfg = DictConfig({"model": DictConfig(vars(fairseq_args())), "task": DictConfig({"source_lang": "en"})})
+    torch.save({**state, "args": None, "cfg": cfg}, path)
+    monkeypatch.delitem(sys.modules, "omegaconf.dictconfig")
+    monkeypatch.delitem(sys.modules, "omegaconf")
+    ours = converted_model(convert(path, tmp_path / "converted"))
+    assert "omegaconf" not in sys.modules
+    expected = fairseq[2].state_dict()
+    assert all(torch.equal(tensor, expected[key]) for key, tensor in ours.state_dict().items())
 
 
 # --- the written folder and the command --------------------------------------------------------------------------
