@@ -293,6 +293,51 @@ def fairseq_checkpoint(fsmt_model, fairseq_files, tmp_path_factory) -> Path:
     return write_fairseq(tmp_path_factory.mktemp("fairseq") / "wmt", fsmt_model, fairseq_files)
 
 
+FAIRSEQ_TRAIN = Path(__file__).parent / "fixtures" / "fairseq_train"
+FAIRSEQ_TRAIN_SENTENCES = [
+    "the man sees a dog",
+    "a small red ball near the house",
+    "big cat runs under the blue street",
+]
+
+
+def fsmt_fed(checkpoint: Path) -> FSMTForConditionalGeneration:
+    """FSMT built from a fairseq-train checkpoint's weights (tied embeddings) and the sizes it was trained with."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        weights = torch.load(checkpoint, weights_only=True)["model"]
+    size = weights["encoder.embed_tokens.weight"].shape[0]
+    config = FSMTConfig(
+        langs=["en", "de"], src_vocab_size=size, tgt_vocab_size=size, d_model=16, encoder_layers=2, decoder_layers=2,
+        encoder_ffn_dim=32, decoder_ffn_dim=32, encoder_attention_heads=2, decoder_attention_heads=2,
+        max_position_embeddings=64, activation_function="relu", scale_embedding=True, tie_word_embeddings=True,
+        dropout=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+    )  # fmt: skip
+    reference = FSMTForConditionalGeneration(config).eval()
+    state = {
+        f"model.{key}": tensor for key, tensor in weights.items() if not key.endswith(("version", "_float_tensor"))
+    }
+    result = reference.load_state_dict(state, strict=False)
+    assert not result.unexpected_keys and all("embed_positions" in key for key in result.missing_keys)
+    return reference
+
+
+@pytest.fixture(scope="module", params=["checkpoint_last.pt", "checkpoint_dictconfig.pt"])
+def fairseq_train(request, tmp_path_factory):
+    """A checkpoint fairseq-train wrote (fairseq 0.12: `cfg` a plain dict), and the same with `cfg` the omegaconf
+    DictConfig fairseq loads it as (fairseq 0.10's layout), converted; the reference is FSMT fed its weights."""
+    checkpoint = FAIRSEQ_TRAIN / request.param
+    if not checkpoint.is_file():
+        pytest.skip(f"{checkpoint} is missing: make it with tests/fixtures/make_fairseq_checkpoint.sh (needs fairseq)")
+    output = convert(checkpoint, tmp_path_factory.mktemp("fairseq_train") / "converted")
+    return (
+        fsmt_fed(FAIRSEQ_TRAIN / "checkpoint_last.pt"),
+        None,
+        converted_model(output),
+        load_tokenizer(output),
+        output,
+    )
+
+
 # --- the conversions ---------------------------------------------------------------------------------------------
 
 
@@ -367,9 +412,9 @@ def generated(model, batch, num_beams: int) -> torch.Tensor:
         )  # fmt: skip
 
 
-def check_same_generation(pair, tokenizer, num_beams: int) -> None:
+def check_same_generation(pair, tokenizer, num_beams: int, sentences=MULTI30K_LIKE[4:10]) -> None:
     source, _, ours, _, _ = pair
-    batch = tokenizer(MULTI30K_LIKE[4:10], return_tensors="pt", padding=True)
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
     expected = generated(source, batch, num_beams)
     distinct = [len(set(row[1:])) for row in expected.tolist()]
     assert len({tuple(row) for row in expected.tolist()}) > 1 and max(distinct) > 3, "the random source repeats itself"
@@ -456,6 +501,29 @@ def test_converted_fairseq_checkpoint_gives_the_logits_of_fairseq_itself(fairseq
         expected = model.eval()(batch["input_ids"], batch["attention_mask"].sum(1), batch["decoder_input_ids"])[0]
         actual = fairseq[2](**batch).logits
     assert (expected - actual).abs().max().item() < TOLERANCE
+
+
+def test_a_fairseq_train_checkpoint_converts_to_fairseqs_own_logits_and_ids(fairseq_train):
+    """fairseq's own model's logits and its dictionary's ids (subword-nmt, then Dictionary.encode_line), recorded by
+    make_fairseq_checkpoint.sh on a right-padded batch."""
+    recorded = torch.load(FAIRSEQ_TRAIN / "fairseq_logits.pt", weights_only=True)
+    _, _, ours, tokenizer, _ = fairseq_train
+    ids = tokenizer(
+        ["the man sees a dog", "a small red ball near the house", "cat"], return_tensors="pt", padding=True
+    )
+    assert torch.equal(ids["input_ids"], recorded["input_ids"])
+    with torch.inference_mode():
+        logits = ours(**ids, decoder_input_ids=recorded["decoder_input_ids"]).logits
+    assert (logits - recorded["logits"]).abs().max().item() < TOLERANCE
+
+
+def test_a_fairseq_train_checkpoint_gives_the_logits_of_fsmt_fed_its_weights(fairseq_train):
+    assert logits_difference(fairseq_train, padded_batch(fairseq_train[3], fairseq_train[2])) < TOLERANCE
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_fairseq_train_checkpoint_generates_the_tokens_of_fsmt_fed_its_weights(fairseq_train, num_beams):
+    check_same_generation(fairseq_train, fairseq_train[3], num_beams, FAIRSEQ_TRAIN_SENTENCES)
 
 
 def test_fairseq_tokenizer_gives_the_ids_and_text_of_moses_and_subword_nmt(fairseq, fairseq_files):
