@@ -9,7 +9,9 @@ on every token and position (`scramble`): a model at transformers' initialisatio
 The fairseq checkpoint is checked against FSMT (transformers' port of fairseq's transformer) fed the same weights, and
 against fairseq's own TransformerModel where fairseq is installed: `fairseq-fixed` (PyPI) builds from source here in
 about 2 minutes (`pip install --no-deps --no-build-isolation`, with cython), but it needs hydra-core, omegaconf and
-scikit-learn, so it is no dev dependency and the fairseq test skips without it.
+scikit-learn, so it is no dev dependency and the fairseq test skips without it. What fairseq itself writes is in
+tests/fixtures/fairseq_train: a checkpoint fairseq-train wrote, the same with its `cfg` an omegaconf DictConfig, and
+fairseq's own logits on a batch, made by tests/fixtures/make_fairseq_checkpoint.sh in an environment with fairseq.
 """
 
 import argparse
