@@ -9,7 +9,9 @@ on every token and position (`scramble`): a model at transformers' initialisatio
 The fairseq checkpoint is checked against FSMT (transformers' port of fairseq's transformer) fed the same weights, and
 against fairseq's own TransformerModel where fairseq is installed: `fairseq-fixed` (PyPI) builds from source here in
 about 2 minutes (`pip install --no-deps --no-build-isolation`, with cython), but it needs hydra-core, omegaconf and
-scikit-learn, so it is no dev dependency and the fairseq test skips without it.
+scikit-learn, so it is no dev dependency and the fairseq test skips without it. What fairseq itself writes is in
+tests/fixtures/fairseq_train: a checkpoint fairseq-train wrote, the same with its `cfg` an omegaconf DictConfig, and
+fairseq's own logits on a batch, made by tests/fixtures/make_fairseq_checkpoint.sh in an environment with fairseq.
 """
 
 import argparse
@@ -293,6 +295,51 @@ def fairseq_checkpoint(fsmt_model, fairseq_files, tmp_path_factory) -> Path:
     return write_fairseq(tmp_path_factory.mktemp("fairseq") / "wmt", fsmt_model, fairseq_files)
 
 
+FAIRSEQ_TRAIN = Path(__file__).parent / "fixtures" / "fairseq_train"
+FAIRSEQ_TRAIN_SENTENCES = [
+    "the man sees a dog",
+    "a small red ball near the house",
+    "big cat runs under the blue street",
+]
+
+
+def fsmt_fed(checkpoint: Path) -> FSMTForConditionalGeneration:
+    """FSMT built from a fairseq-train checkpoint's weights (tied embeddings) and the sizes it was trained with."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        weights = torch.load(checkpoint, weights_only=True)["model"]
+    size = weights["encoder.embed_tokens.weight"].shape[0]
+    config = FSMTConfig(
+        langs=["en", "de"], src_vocab_size=size, tgt_vocab_size=size, d_model=16, encoder_layers=2, decoder_layers=2,
+        encoder_ffn_dim=32, decoder_ffn_dim=32, encoder_attention_heads=2, decoder_attention_heads=2,
+        max_position_embeddings=64, activation_function="relu", scale_embedding=True, tie_word_embeddings=True,
+        dropout=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+    )  # fmt: skip
+    reference = FSMTForConditionalGeneration(config).eval()
+    state = {
+        f"model.{key}": tensor for key, tensor in weights.items() if not key.endswith(("version", "_float_tensor"))
+    }
+    result = reference.load_state_dict(state, strict=False)
+    assert not result.unexpected_keys and all("embed_positions" in key for key in result.missing_keys)
+    return reference
+
+
+@pytest.fixture(scope="module", params=["checkpoint_last.pt", "checkpoint_dictconfig.pt"])
+def fairseq_train(request, tmp_path_factory):
+    """A checkpoint fairseq-train wrote (fairseq 0.12: `cfg` a plain dict), and the same with `cfg` the omegaconf
+    DictConfig fairseq loads it as (fairseq 0.10's layout), converted; the reference is FSMT fed its weights."""
+    checkpoint = FAIRSEQ_TRAIN / request.param
+    if not checkpoint.is_file():
+        pytest.skip(f"{checkpoint} is missing: make it with tests/fixtures/make_fairseq_checkpoint.sh (needs fairseq)")
+    output = convert(checkpoint, tmp_path_factory.mktemp("fairseq_train") / "converted")
+    return (
+        fsmt_fed(FAIRSEQ_TRAIN / "checkpoint_last.pt"),
+        None,
+        converted_model(output),
+        load_tokenizer(output),
+        output,
+    )
+
+
 # --- the conversions ---------------------------------------------------------------------------------------------
 
 
@@ -367,9 +414,9 @@ def generated(model, batch, num_beams: int) -> torch.Tensor:
         )  # fmt: skip
 
 
-def check_same_generation(pair, tokenizer, num_beams: int) -> None:
+def check_same_generation(pair, tokenizer, num_beams: int, sentences=MULTI30K_LIKE[4:10]) -> None:
     source, _, ours, _, _ = pair
-    batch = tokenizer(MULTI30K_LIKE[4:10], return_tensors="pt", padding=True)
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
     expected = generated(source, batch, num_beams)
     distinct = [len(set(row[1:])) for row in expected.tolist()]
     assert len({tuple(row) for row in expected.tolist()}) > 1 and max(distinct) > 3, "the random source repeats itself"
@@ -458,6 +505,29 @@ def test_converted_fairseq_checkpoint_gives_the_logits_of_fairseq_itself(fairseq
     assert (expected - actual).abs().max().item() < TOLERANCE
 
 
+def test_a_fairseq_train_checkpoint_converts_to_fairseqs_own_logits_and_ids(fairseq_train):
+    """fairseq's own model's logits and its dictionary's ids (subword-nmt, then Dictionary.encode_line), recorded by
+    make_fairseq_checkpoint.sh on a right-padded batch."""
+    recorded = torch.load(FAIRSEQ_TRAIN / "fairseq_logits.pt", weights_only=True)
+    _, _, ours, tokenizer, _ = fairseq_train
+    ids = tokenizer(
+        ["the man sees a dog", "a small red ball near the house", "cat"], return_tensors="pt", padding=True
+    )
+    assert torch.equal(ids["input_ids"], recorded["input_ids"])
+    with torch.inference_mode():
+        logits = ours(**ids, decoder_input_ids=recorded["decoder_input_ids"]).logits
+    assert (logits - recorded["logits"]).abs().max().item() < TOLERANCE
+
+
+def test_a_fairseq_train_checkpoint_gives_the_logits_of_fsmt_fed_its_weights(fairseq_train):
+    assert logits_difference(fairseq_train, padded_batch(fairseq_train[3], fairseq_train[2])) < TOLERANCE
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_fairseq_train_checkpoint_generates_the_tokens_of_fsmt_fed_its_weights(fairseq_train, num_beams):
+    check_same_generation(fairseq_train, fairseq_train[3], num_beams, FAIRSEQ_TRAIN_SENTENCES)
+
+
 def test_fairseq_tokenizer_gives_the_ids_and_text_of_moses_and_subword_nmt(fairseq, fairseq_files):
     """The ids of fairseq's WMT pipeline (Moses normalization and tokenization, subword-nmt, the dictionary, </s>) and
     its detokenized text. FSMTTokenizer normalizes punctuation as WMT's data preparation did (e.g. "–" becomes "-"),
@@ -494,7 +564,7 @@ def test_fairseq_checkpoints_with_older_names_convert_to_the_same_model(fairseq,
 
 
 def test_a_fairseq_cfg_saved_as_a_plain_dict_converts(fsmt_model, fairseq_files, tmp_path):
-    """The way OMEGACONF_HINT gives newer (cfg) checkpoints: `cfg` as a plain dict with model and task sections."""
+    """fairseq 0.12's checkpoints: `cfg` as a plain dict with model and task sections."""
     args = vars(fairseq_args())
     cfg = {"model": args, "task": {"source_lang": "en", "target_lang": "de"}, "common": {"fp16": True}}
     path = write_fairseq(tmp_path / "cfg", fsmt_model, fairseq_files, args=None)
@@ -712,22 +782,71 @@ def test_a_checkpoint_that_would_run_code_is_refused_without_running_it(
     assert not marker.exists()
 
 
-def test_a_newer_fairseq_checkpoint_with_an_omegaconf_cfg_is_refused_with_the_way_to_convert_it(
-    fsmt_model, fairseq_files, tmp_path, monkeypatch
-):
+class SubclassedOrderedDict(collections.OrderedDict):
+    """A container subclass: a class of its own, not on the allow-list."""
+
+
+class RunsShell:
+    """Unpickling it would run a shell command (os.system) that leaves a marker."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def fake_omegaconf(monkeypatch) -> type:
+    """A class pickled under omegaconf's DictConfig name, with its state layout (`_metadata`, `_parent`, `_content`):
+    omegaconf is not installed here."""
     module = types.ModuleType("omegaconf.dictconfig")
 
-    class DictConfig(dict):
-        pass
+    class DictConfig:
+        def __init__(self, content):
+            self._metadata, self._parent, self._content = None, None, content
 
     DictConfig.__module__, DictConfig.__qualname__, module.DictConfig = module.__name__, "DictConfig", DictConfig
-    monkeypatch.setitem(sys.modules, "omegaconf", types.ModuleType("omegaconf"))  # omegaconf is not installed here
+    monkeypatch.setitem(sys.modules, "omegaconf", types.ModuleType("omegaconf"))
     monkeypatch.setitem(sys.modules, module.__name__, module)
+    return DictConfig
+
+
+@pytest.mark.parametrize("zip_format", [True, False])
+@pytest.mark.parametrize(
+    "inside, named",
+    [
+        (lambda marker: RunsShell(marker), f"{os.system.__module__}.system"),  # posix.system
+        (lambda marker: SubclassedOrderedDict(a=1), "tests.test_convert.SubclassedOrderedDict"),
+    ],
+)
+def test_an_omegaconf_cfg_holding_any_other_class_is_refused_naming_it_and_runs_nothing(
+    fsmt_model, fairseq_files, tmp_path, monkeypatch, zip_format, inside, named
+):
+    DictConfig = fake_omegaconf(monkeypatch)  # noqa: N806
+    marker = tmp_path / "code-ran"
     path = write_fairseq(tmp_path / "wmt", fsmt_model, fairseq_files)
     state = torch.load(path, weights_only=False)  # our own file
-    torch.save({**state, "args": None, "cfg": DictConfig(model={})}, path)
-    with pytest.raises(ConversionError, match=r"omegaconf\.dictconfig\.DictConfig.*OmegaConf\.to_container"):
+    cfg = DictConfig({"model": DictConfig(vars(fairseq_args())), "common": DictConfig({"x": inside(marker)})})
+    torch.save({**state, "args": None, "cfg": cfg}, path, _use_new_zipfile_serialization=zip_format)
+    with pytest.raises(ConversionError, match=rf"{re.escape(str(path))} needs {re.escape(named)}"):
         convert(path, tmp_path / "out")
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+def test_an_omegaconf_cfg_of_omegaconfs_layout_converts_without_omegaconf(
+    fairseq, fsmt_model, fairseq_files, tmp_path, monkeypatch
+):
+    DictConfig = fake_omegaconf(monkeypatch)  # noqa: N806
+    path = write_fairseq(tmp_path / "wmt", fsmt_model, fairseq_files)
+    state = torch.load(path, weights_only=False)  # our own file
+    cfg = DictConfig({"model": DictConfig(vars(fairseq_args())), "task": DictConfig({"source_lang": "en"})})
+    torch.save({**state, "args": None, "cfg": cfg}, path)
+    monkeypatch.delitem(sys.modules, "omegaconf.dictconfig")
+    monkeypatch.delitem(sys.modules, "omegaconf")
+    ours = converted_model(convert(path, tmp_path / "converted"))
+    assert "omegaconf" not in sys.modules
+    expected = fairseq[2].state_dict()
+    assert all(torch.equal(tensor, expected[key]) for key, tensor in ours.state_dict().items())
 
 
 # --- the written folder and the command --------------------------------------------------------------------------
