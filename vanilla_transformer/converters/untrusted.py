@@ -68,8 +68,15 @@ def check_sizes(sizes: dict[str, Any], where: str, problems: Problems) -> None:
     """A problem for each size no model of the paper's architecture has, found before anything is allocated: each a
     whole number up to SIZE_LIMITS, the embedding matrix and position table at most 1 GiB (what `translate` loads),
     the parameters at most MAX_PARAMETERS. A size left out of `sizes` is the caller's problem to name; the totals are
-    checked only when every size is there and valid."""
+    checked only when every size is there and valid. A `decoder_vocab_size` (separate vocabularies) is checked as
+    `vocab_size` is, and its matrix counted."""
     valid = True
+    target = sizes.get("decoder_vocab_size")
+    if target is not None and (not isinstance(target, int) or isinstance(target, bool) or not 1 <= target <= 2**20):
+        problems.add(
+            f"{where}: decoder_vocab_size is {target!r}; this converter takes a whole number from 1 to {2**20:,}"
+        )
+        valid = False
     for name, limit in SIZE_LIMITS.items():
         value = sizes.get(name)
         if name not in sizes or not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
@@ -79,10 +86,10 @@ def check_sizes(sizes: dict[str, Any], where: str, problems: Problems) -> None:
     if not valid:
         return
     d_model = sizes["d_model"]
-    for name in ("vocab_size", "max_position_embeddings"):
-        if sizes[name] * d_model * 4 > MAX_TABLE_BYTES:
+    for name in ("vocab_size", "max_position_embeddings", "decoder_vocab_size"):
+        if sizes.get(name) is not None and sizes[name] * d_model * 4 > MAX_TABLE_BYTES:
             problems.add(f"{where}: {name} {sizes[name]:,} x d_model {d_model:,} in float32 is over 1 GiB")
-    parameters = sizes["vocab_size"] * d_model
+    parameters = (sizes["vocab_size"] + (target or 0)) * d_model
     parameters += sizes["encoder_layers"] * (4 * d_model**2 + 2 * d_model * sizes["encoder_ffn_dim"])
     parameters += sizes["decoder_layers"] * (8 * d_model**2 + 2 * d_model * sizes["decoder_ffn_dim"])
     if parameters > MAX_PARAMETERS:
