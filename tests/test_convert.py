@@ -527,6 +527,30 @@ def test_separate_vocabularies_keep_the_sources_ids_for_text_and_text_target(sep
     )
 
 
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_separate_vocabularies_translate_through_ctranslate2_as_the_converted_model(separate, tmp_path, num_beams):
+    """The export writes the tokenizer's source and target vocabularies; the CTranslate2 backend reads the sources
+    through the one and its translations through the other, and gives generate()'s ids (the same lengths)."""
+    pytest.importorskip("ctranslate2")
+    from vanilla_transformer.converters.export_ctranslate2 import convert_to_ctranslate2
+    from vanilla_transformer.serving.ctranslate2_backend import CTranslate2Backend
+
+    _, _, ours, tokenizer, folder = separate
+    export = convert_to_ctranslate2(folder, tmp_path / "ct2")
+    backend = CTranslate2Backend(folder, tokenizer, export, num_beams=num_beams, max_new_tokens=NEW_TOKENS)
+    backend.options["min_decoding_length"] = NEW_TOKENS  # both decode NEW_TOKENS tokens: no early end to compare
+    backend.forced_end = False  # nor a forced </s> in the last place
+    texts, _ = backend.translate(backend.encode(MULTI30K_LIKE[4:10]))
+    batch = tokenizer(MULTI30K_LIKE[4:10], return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        expected = ours.generate(
+            **batch, num_beams=num_beams, min_new_tokens=NEW_TOKENS, max_new_tokens=NEW_TOKENS, do_sample=False,
+            length_penalty=1.0, forced_eos_token_id=None, bad_words_ids=None, renormalize_logits=True,
+        )  # fmt: skip
+    assert texts == tokenizer.batch_decode(expected, skip_special_tokens=True)
+    assert len(set(texts)) > 1
+
+
 def test_the_card_of_separate_vocabularies_gives_both_sizes(separate):
     _, _, ours, _, folder = separate
     card = (folder / "README.md").read_text()
