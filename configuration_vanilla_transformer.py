@@ -32,7 +32,13 @@ class VanillaTransformerConfig(PreTrainedConfig):
     r"""
     The post-LN encoder-decoder of the paper. Attribute names follow BART/Marian.
 
-    vocab_size: size of the ONE vocabulary shared by source and target (the paper: 37000 BPE tokens for EN-DE).
+    vocab_size: size of the ONE vocabulary shared by source and target (the paper: 37000 BPE tokens for EN-DE), or
+        of the source's where `share_encoder_decoder_embeddings` is False.
+    share_encoder_decoder_embeddings: one embedding matrix for the encoder's and the decoder's input (section 3.4,
+        the default). False: separate vocabularies (Marian's field), the encoder's of `vocab_size` tokens and the
+        decoder's of `decoder_vocab_size`, as published models with separate source and target vocabularies have.
+    decoder_vocab_size: size of the target vocabulary; None means `vocab_size`, and with one shared matrix it is
+        `vocab_size` whatever it says (as Marian's model reads it).
     d_model: width of every sub-layer output (d_model in the paper); d_v = d_model / heads.
     qk_head_dim: d_k, the per-head size of queries and keys; None means d_model / heads, as in the paper's base
         model. Table 3, row (B) makes it smaller at the same d_v.
@@ -54,8 +60,10 @@ class VanillaTransformerConfig(PreTrainedConfig):
         padding_idx + 1).
     lm_head_bias: add a learned bias to the logits (Marian's `final_logits_bias`); the paper has none.
     scale_embedding: multiply input embeddings by sqrt(d_model) (section 3.4).
-    tie_word_embeddings: the shared embedding matrix is also the pre-softmax projection (section 3.4); always True:
-        the one matrix shared three ways is what this model is (transformers reads the field to tie the weights).
+    tie_word_embeddings: the decoder's input embedding is also the pre-softmax projection (section 3.4). With the
+        defaults, the paper's ONE matrix shared three ways. False: transformers ties no weight at all (its meaning of
+        the field for every model, Marian's included): each stack's input and the projection are matrices of their own
+        (Marian keeps an unused `shared` matrix then; this model has none).
     layer_norm_eps: epsilon of every LayerNorm.
     init_std: standard deviation of the embedding initialisation; None means d_model ** -0.5, so that the
         scaled embeddings start with unit variance. Linear layers use Xavier-uniform initialisation.
@@ -76,6 +84,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
     }
 
     vocab_size: int = 37000
+    share_encoder_decoder_embeddings: bool = True
+    decoder_vocab_size: int | None = None
     d_model: int = 512
     encoder_layers: int = 6
     decoder_layers: int = 6
@@ -107,6 +117,12 @@ class VanillaTransformerConfig(PreTrainedConfig):
     forced_eos_token_id: int | list[int] | None = None
 
     def __post_init__(self, **kwargs):
+        if self.decoder_vocab_size is not None and self.decoder_vocab_size <= 0:
+            raise ValueError(
+                f"`decoder_vocab_size` must be a positive integer or None, got {self.decoder_vocab_size}."
+            )
+        if self.share_encoder_decoder_embeddings or self.decoder_vocab_size is None:
+            self.decoder_vocab_size = self.vocab_size
         self._check_values()
         super().__post_init__(**kwargs)
 
@@ -151,11 +167,6 @@ class VanillaTransformerConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be one of {allowed}, got {getattr(self, name)!r}.")
         if self.position_offset < 0:
             raise ValueError(f"`position_offset` must be a non-negative integer, got {self.position_offset}.")
-        if not self.tie_word_embeddings:
-            raise ValueError(
-                "`tie_word_embeddings` must be True: this model shares one embedding matrix between the encoder's "
-                "input, the decoder's input and the pre-softmax projection (section 3.4)."
-            )
         if self.layer_norm_eps <= 0:
             raise ValueError(f"`layer_norm_eps` must be positive, got {self.layer_norm_eps}.")
         if self.init_std is not None and self.init_std <= 0:
@@ -164,6 +175,12 @@ class VanillaTransformerConfig(PreTrainedConfig):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"`{name}` ({value}) must be a token id in [0, vocab_size={self.vocab_size}).")
+        for name in ("pad_token_id", "decoder_start_token_id"):  # the decoder's inputs too
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.decoder_vocab_size:
+                raise ValueError(
+                    f"`{name}` ({value}) must be a token id in [0, decoder_vocab_size={self.decoder_vocab_size})."
+                )
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":

@@ -10,7 +10,9 @@ Shapes: B = batch, S = source length, T = target length, D = d_model, H = heads,
 and keys have d_k and values d_v = D / H features (d_k = d_v but in Table 3's row B).
 
 The library's contract, as `modeling_marian.py` keeps it: the one embedding matrix is tied through
-`_tied_weights_keys` (one Parameter, reported missing like any other weight), the decoder cache is `cache` (the old
+`_tied_weights_keys` (one Parameter, reported missing like any other weight), and Marian's separate vocabularies
+(`share_encoder_decoder_embeddings`, `decoder_vocab_size`) and untied head change only the embeddings and which
+weights are tied; the decoder cache is `cache` (the old
 name `past_key_values` through `deprecate_kwarg`), `**kwargs: Unpack[TransformersKwargs]` reach the attention, and the
 loss is transformers' cross-entropy. How the project trains (label smoothing, the loss without logits) lives in its
 training library, and folders saved by its earlier releases are upgraded by `vanilla-transformer refresh-code`.
@@ -351,11 +353,11 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.copy_(module.table, position_table(module.config, module.table.shape[0]))
 
 
-def _tied_embedding(config: VanillaTransformerConfig) -> nn.Embedding:
-    """A stack's token embedding, which VanillaTransformerModel ties to its `shared` matrix (3.4): built empty, as
-    its values are the shared matrix's once tied."""
-    weight = torch.empty(config.vocab_size, config.d_model)
-    return nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id, _weight=weight)
+def _token_embedding(config: VanillaTransformerConfig, vocab_size: int) -> nn.Embedding:
+    """A stack's token embedding, which VanillaTransformerModel makes its `shared` matrix (3.4): built empty, as
+    its values are the shared matrix's (with separate vocabularies, the stack's own, initialised as any weight)."""
+    weight = torch.empty(vocab_size, config.d_model)
+    return nn.Embedding(vocab_size, config.d_model, padding_idx=config.pad_token_id, _weight=weight)
 
 
 def _position_embedding(config: VanillaTransformerConfig) -> nn.Module:
@@ -374,7 +376,7 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
-        self.embed_tokens = _tied_embedding(config)
+        self.embed_tokens = _token_embedding(config, config.vocab_size)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = _position_embedding(config)
         self.layers = nn.ModuleList(
@@ -395,7 +397,7 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds` to the encoder.")
         if inputs_embeds is None:
-            _check_token_ids(input_ids, self.config.vocab_size, "input_ids", values=not self.training)
+            _check_token_ids(input_ids, self.embed_tokens.num_embeddings, "input_ids", values=not self.training)
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale  # 3.4: scaled by sqrt(d_model)
         _check_attention_mask(attention_mask, inputs_embeds.shape[:2], "attention_mask")
 
@@ -426,7 +428,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
-        self.embed_tokens = _tied_embedding(config)
+        self.embed_tokens = _token_embedding(config, config.decoder_vocab_size)
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = _position_embedding(config)
         self.layers = nn.ModuleList(
@@ -462,7 +464,9 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         first_call = isinstance(past_length, int) and past_length == 0
         if inputs_embeds is None:
             if first_call:  # the user's ids; generate's later steps feed back the model's own
-                _check_token_ids(input_ids, self.config.vocab_size, "decoder_input_ids", values=not self.training)
+                _check_token_ids(
+                    input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids", values=not self.training
+                )
             inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale  # 3.4: scaled by sqrt(d_model)
         self._check_shapes(inputs_embeds, past_length, attention_mask, encoder_hidden_states, encoder_attention_mask)
         if first_call and cache is not None and hasattr(self.embed_positions, "grow"):
@@ -511,7 +515,9 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
 
 
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
-    """Encoder and decoder over ONE embedding matrix shared by source and target (3.4)."""
+    """Encoder and decoder over ONE embedding matrix shared by source and target (3.4). With
+    `share_encoder_decoder_embeddings=False` (separate vocabularies, as Marian's option) or `tie_word_embeddings=False`
+    each stack keeps its own."""
 
     _auto_class = "AutoModel"  # save_pretrained writes `auto_map` and copies the code files (Hub remote code)
 
@@ -522,18 +528,22 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
-        self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+        if config.share_encoder_decoder_embeddings and config.tie_word_embeddings:
+            self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+        else:  # separate vocabularies, or transformers ties nothing (`tie_word_embeddings=False`): no shared matrix
+            self._tied_weights_keys = None
         self.encoder = VanillaTransformerEncoder(config)
         self.decoder = VanillaTransformerDecoder(config)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.shared
+        return self.encoder.embed_tokens  # tied to `shared` (3.4), or the source vocabulary's own
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.shared = value
+        if hasattr(self, "shared"):
+            self.shared = value
+            self.decoder.embed_tokens = value
         self.encoder.embed_tokens = value
-        self.decoder.embed_tokens = value
 
     @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
@@ -583,7 +593,8 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 
 
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
-    """The model plus the pre-softmax linear layer, which shares the embedding matrix (3.4)."""
+    """The model plus the pre-softmax linear layer, which shares the embedding matrix (3.4): the decoder's input
+    embedding, with separate vocabularies; a matrix of its own where `tie_word_embeddings` is False."""
 
     _auto_class = "AutoModelForSeq2SeqLM"
 
@@ -596,7 +607,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.lm_head_bias)
+        if not config.share_encoder_decoder_embeddings:
+            self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+        self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=config.lm_head_bias)
         self.loss_type = "ForMaskedLM"  # the labels are the targets as they are: no shift inside the loss
         self.post_init()
 
@@ -654,7 +667,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         )
         positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(outputs.last_hidden_state[:, positions])  # (B, T, V)
-        loss = None if labels is None else self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
+        loss = None if labels is None else self.loss_function(logits, labels, logits.shape[-1], **kwargs)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,

@@ -164,17 +164,41 @@ def write_marian(folder: Path, vocabulary: Path, activation: str = "swish", **ov
     bos_token_id 0 with swish, MarianConfig's None with ReLU."""
     shutil.copytree(vocabulary, folder)
     size = len(json.loads((folder / "vocab.json").read_text()))
-    config = MarianConfig(
+    settings = dict(
         vocab_size=size, **SIZES, **HEADS, max_position_embeddings=128, activation_function=activation,
         scale_embedding=True, pad_token_id=size - 1, decoder_start_token_id=size - 1, eos_token_id=0,
-        forced_eos_token_id=0, bos_token_id=0 if activation == "swish" else None, **overrides,
+        forced_eos_token_id=0, bos_token_id=0 if activation == "swish" else None,
     )  # fmt: skip
+    config = MarianConfig(**{**settings, **overrides})
     model = scramble(MarianMTModel(config))
     model.final_logits_bias.copy_(
         0.5 * torch.randn(model.final_logits_bias.shape, generator=torch.Generator().manual_seed(5))
     )
     model.generation_config.num_beams = 4  # OPUS-MT's folders decode with beams
     model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def marian_separate_vocabularies(tmp_path_factory) -> Path:
+    """The tokenizer files of an OPUS-MT model with separate vocabularies (MarianTokenizer's `separate_vocabs`): a
+    SentencePiece model per language, vocab.json over the source's pieces and target_vocab.json over the target's,
+    of another size (</s> 0, <unk> 1, <pad> 2 in both)."""
+    folder = tmp_path_factory.mktemp("marian_separate_vocabularies")
+    pairs = synthetic_translation_pairs(300, seed=2)
+    sides = (
+        ("source", [s for s, _ in pairs], 160, "vocab.json"),
+        ("target", [t for _, t in pairs], 110, "target_vocab.json"),
+    )
+    for side, texts, size, vocabulary_file in sides:
+        pieces = train_sentencepiece(texts + MULTI30K_LIKE, folder / f"{side}.spm", size)
+        vocabulary = {"</s>": 0, "<unk>": 1, "<pad>": 2}
+        for piece in pieces:
+            vocabulary.setdefault(piece, len(vocabulary)) if piece != "<s>" else None
+        (folder / vocabulary_file).write_text(json.dumps(vocabulary, ensure_ascii=False))
+    settings = {"source_lang": "en", "target_lang": "de", "separate_vocabs": True}
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    (folder / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n# opus-mt-tc-tiny\n")
     return folder
 
 
@@ -225,16 +249,18 @@ def fsmt_model(fairseq_files) -> FSMTForConditionalGeneration:
     return scramble(FSMTForConditionalGeneration(config), seed=1)
 
 
-def write_fsmt_tokenizer(folder: Path, dictionary: Path, codes: Path) -> None:
-    """FSMTTokenizer's files: the dictionary with word ends marked "</w>" (continued subwords lose "@@"), merges."""
+def write_fsmt_tokenizer(folder: Path, dictionary: Path, codes: Path, target_size: int | None = None) -> None:
+    """FSMTTokenizer's files: the dictionary with word ends marked "</w>" (continued subwords lose "@@"), merges; with
+    `target_size`, a target dictionary of its own, the first `target_size` symbols."""
     vocabulary = {}
     for index, symbol in enumerate(fairseq_symbols(dictionary)):
         special = index < 4
         vocabulary[symbol if special else symbol.removesuffix("@@") if symbol.endswith("@@") else f"{symbol}</w>"] = (
             index
         )
-    for name in ("vocab-src.json", "vocab-tgt.json"):
-        (folder / name).write_text(json.dumps(vocabulary, ensure_ascii=False))
+    target = vocabulary if target_size is None else dict(list(vocabulary.items())[:target_size])
+    for name, symbols in (("vocab-src.json", vocabulary), ("vocab-tgt.json", target)):
+        (folder / name).write_text(json.dumps(symbols, ensure_ascii=False))
     merges = [line for line in codes.read_text().splitlines() if not line.startswith("#version")]
     (folder / "merges.txt").write_text("\n".join(merges) + "\n")
     (folder / "tokenizer_config.json").write_text(json.dumps({"langs": ["en", "de"], "model_max_length": 128}))
@@ -245,6 +271,27 @@ def fsmt_folder(fsmt_model, fairseq_files, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("fsmt") / "source"
     fsmt_model.save_pretrained(folder)
     write_fsmt_tokenizer(folder, *fairseq_files)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def fsmt_separate_folder(fairseq_files, tmp_path_factory) -> Path:
+    """An FSMT folder with two dictionaries of different sizes, random weights, as the WMT19 models are: their config
+    says `tie_word_embeddings: false` (transformers 5 would tie the encoder's embedding to the decoder's otherwise),
+    and their weights hold the decoder's input embedding again as its output projection."""
+    size = len(fairseq_symbols(fairseq_files[0]))
+    target_size = size - 37
+    config = FSMTConfig(
+        langs=["en", "de"], src_vocab_size=size, tgt_vocab_size=target_size, **SIZES, **HEADS,
+        max_position_embeddings=128, activation_function="relu", scale_embedding=True, tie_word_embeddings=False,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2,
+    )  # fmt: skip
+    folder = tmp_path_factory.mktemp("fsmt_separate") / "source"
+    model = scramble(FSMTForConditionalGeneration(config), seed=2)
+    with torch.no_grad():
+        model.model.decoder.output_projection.weight.copy_(model.model.decoder.embed_tokens.weight)
+    model.save_pretrained(folder)
+    write_fsmt_tokenizer(folder, *fairseq_files, target_size=target_size)
     return folder
 
 
@@ -366,6 +413,31 @@ def marian(request, marian_vocabulary, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def marian_separate(marian_separate_vocabularies, tmp_path_factory):
+    """The `marian` tuple for an OPUS-MT model with separate vocabularies."""
+    base = tmp_path_factory.mktemp("marian_separate")
+    target_size = len(json.loads((marian_separate_vocabularies / "target_vocab.json").read_text()))
+    source = write_marian(
+        base / "source", marian_separate_vocabularies, share_encoder_decoder_embeddings=False,
+        decoder_vocab_size=target_size, pad_token_id=2, decoder_start_token_id=2,
+    )  # fmt: skip
+    output = convert(source, base / "converted")
+    return (
+        MarianMTModel.from_pretrained(source).eval(), MarianTokenizer.from_pretrained(source),
+        converted_model(output), load_tokenizer(output), output,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fsmt_separate(fsmt_separate_folder, tmp_path_factory):
+    output = convert(fsmt_separate_folder, tmp_path_factory.mktemp("fsmt_separate_converted") / "converted")
+    return (
+        FSMTForConditionalGeneration.from_pretrained(fsmt_separate_folder).eval(),
+        FSMTTokenizer.from_pretrained(fsmt_separate_folder), converted_model(output), load_tokenizer(output), output,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
 def fsmt(fsmt_folder, tmp_path_factory):
     output = convert(fsmt_folder, tmp_path_factory.mktemp("fsmt_converted") / "converted")
     return (
@@ -387,7 +459,7 @@ def padded_batch(tokenizer, model) -> dict[str, torch.Tensor]:
     assert (batch["attention_mask"] == 0).any()
     config = model.config
     generator = torch.Generator().manual_seed(3)
-    ordinary = torch.tensor([i for i in range(4, config.vocab_size) if i != config.pad_token_id])
+    ordinary = torch.tensor([i for i in range(4, config.decoder_vocab_size) if i != config.pad_token_id])
     body = ordinary[torch.randint(len(ordinary), (4, 8), generator=generator)]
     start = torch.full((4, 1), config.decoder_start_token_id)
     return {**batch, "decoder_input_ids": torch.cat([start, body], dim=1)}
@@ -454,6 +526,93 @@ def test_converted_opus_mt_records_marians_choices_and_decoding(marian):
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation["num_beams"] == 4 and generation["length_penalty"] == 1.0
     assert generation["forced_eos_token_id"] == 0
+
+
+# --- separate vocabularies: OPUS-MT's `separate_vocabs`, FSMT's two dictionaries -----------------------------------
+
+
+@pytest.fixture(scope="module", params=["marian", "fsmt"])
+def separate(request, marian_separate, fsmt_separate):
+    return {"marian": marian_separate, "fsmt": fsmt_separate}[request.param]
+
+
+def test_separate_vocabularies_convert_to_separate_matrices_of_the_sources_sizes(separate):
+    source, _, ours, _, _ = separate
+    source_size, target_size = (
+        (source.config.vocab_size, source.config.decoder_vocab_size)
+        if isinstance(source, MarianMTModel)
+        else (source.config.src_vocab_size, source.config.tgt_vocab_size)
+    )
+    assert source_size != target_size
+    config = ours.config
+    assert not config.share_encoder_decoder_embeddings and config.tie_word_embeddings
+    assert (config.vocab_size, config.decoder_vocab_size) == (source_size, target_size)
+    assert ours.model.encoder.embed_tokens.weight.shape[0] == source_size
+    assert ours.lm_head.weight.data_ptr() == ours.model.decoder.embed_tokens.weight.data_ptr()
+
+
+def test_separate_vocabularies_give_the_sources_logits_within_1e_5_on_a_padded_batch(separate):
+    assert logits_difference(separate, padded_batch(separate[1], separate[2])) < TOLERANCE
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_separate_vocabularies_generate_the_sources_tokens(separate, num_beams):
+    check_same_generation(separate, separate[1], num_beams)
+
+
+def test_separate_vocabularies_keep_the_sources_ids_for_text_and_text_target(separate):
+    _, theirs, _, ours, _ = separate
+    assert type(ours) is type(theirs)
+    assert ours(SENTENCES)["input_ids"] == theirs(SENTENCES)["input_ids"]
+    targets = ours(text_target=SENTENCES)["input_ids"]
+    assert targets == theirs(text_target=SENTENCES)["input_ids"]
+    if isinstance(
+        theirs, MarianTokenizer
+    ):  # its target side reads the other vocabulary (FSMT's encodes as the source)
+        assert targets != ours(SENTENCES)["input_ids"]
+    assert ours.batch_decode(targets, skip_special_tokens=True) == theirs.batch_decode(
+        targets, skip_special_tokens=True
+    )
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_separate_vocabularies_translate_through_ctranslate2_as_the_converted_model(separate, tmp_path, num_beams):
+    """The export writes the tokenizer's source and target vocabularies; the CTranslate2 backend reads the sources
+    through the one and its translations through the other, and gives generate()'s ids (the same lengths)."""
+    pytest.importorskip("ctranslate2")
+    from vanilla_transformer.converters.export_ctranslate2 import convert_to_ctranslate2
+    from vanilla_transformer.serving.ctranslate2_backend import CTranslate2Backend
+
+    _, _, ours, tokenizer, folder = separate
+    export = convert_to_ctranslate2(folder, tmp_path / "ct2")
+    backend = CTranslate2Backend(folder, tokenizer, export, num_beams=num_beams, max_new_tokens=NEW_TOKENS)
+    backend.options["min_decoding_length"] = NEW_TOKENS  # both decode NEW_TOKENS tokens: no early end to compare
+    backend.forced_end = False  # nor a forced </s> in the last place
+    texts, _ = backend.translate(backend.encode(MULTI30K_LIKE[4:10]))
+    batch = tokenizer(MULTI30K_LIKE[4:10], return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        expected = ours.generate(
+            **batch, num_beams=num_beams, min_new_tokens=NEW_TOKENS, max_new_tokens=NEW_TOKENS, do_sample=False,
+            length_penalty=1.0, forced_eos_token_id=None, bad_words_ids=None, renormalize_logits=True,
+        )  # fmt: skip
+    assert texts == tokenizer.batch_decode(expected, skip_special_tokens=True)
+    assert len(set(texts)) > 1
+
+
+def test_the_card_of_separate_vocabularies_gives_both_sizes(separate):
+    _, _, ours, _, folder = separate
+    card = (folder / "README.md").read_text()
+    config = ours.config
+    assert f"| vocabularies (source / target) | {config.vocab_size} / {config.decoder_vocab_size} tokens |" in card
+    assert "shared vocabulary" not in card and "separate source and target vocabularies" in card
+
+
+def test_a_tokenizer_whose_vocabularies_are_not_the_models_is_refused_naming_the_fields(marian_copy, tmp_path):
+    settings = json.loads((marian_copy / "tokenizer_config.json").read_text())
+    (marian_copy / "tokenizer_config.json").write_text(json.dumps({**settings, "separate_vocabs": True}))
+    shutil.copy(marian_copy / "vocab.json", marian_copy / "target_vocab.json")
+    with pytest.raises(ConversionError, match="separate_vocabs True while config.json has share_encoder_decoder"):
+        convert(marian_copy, tmp_path / "out")
 
 
 # --- FSMT and fairseq --------------------------------------------------------------------------------------------
@@ -592,13 +751,12 @@ def marian_copy(marian_source, tmp_path) -> Path:
 @pytest.mark.parametrize(
     "changes, named",
     [
-        ({"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings is False"),
-        ({"decoder_vocab_size": 1000}, "decoder_vocab_size is 1000"),
         ({"normalize_before": True}, "normalize_before is True"),
         ({"static_position_embeddings": False}, "static_position_embeddings is False"),
         ({"normalize_embedding": True}, "normalize_embedding is True"),
         ({"activation_function": "quick_gelu"}, "activation_function is 'quick_gelu'"),
         ({"vocab_size": 10**9}, "vocab_size is 1000000000"),
+        ({"share_encoder_decoder_embeddings": False, "decoder_vocab_size": 10**9}, "decoder_vocab_size is 1000000000"),
         ({"d_model": 0}, "d_model is 0"),
     ],
 )
@@ -629,27 +787,10 @@ def test_a_file_that_stops_the_checks_is_named_with_the_problems_found_before_it
     assert problems[2] == f"{marian_copy / 'source.spm'} is missing"
 
 
-def test_marian_separate_target_vocabulary_files_are_refused(marian_copy, tmp_path):
-    shutil.copy(marian_copy / "vocab.json", marian_copy / "target_vocab.json")
-    with pytest.raises(ConversionError, match="separate source and target vocabularies"):
-        convert(marian_copy, tmp_path / "out")
-
-
 def test_an_output_projection_of_its_own_is_refused(marian_vocabulary, tmp_path):
     source = write_marian(tmp_path / "untied", marian_vocabulary, tie_word_embeddings=False)
     with pytest.raises(ConversionError, match=r"embed_tokens\.weight differ \(Marian.s `tie_word_embeddings: false`"):
         convert(source, tmp_path / "out")
-
-
-def test_fsmt_with_separate_dictionaries_is_refused(fsmt_folder, tmp_path):
-    source = Path(shutil.copytree(fsmt_folder, tmp_path / "source"))
-    vocabulary = json.loads((source / "vocab-tgt.json").read_text())
-    vocabulary["zzz</w>"] = vocabulary.pop(next(token for token in vocabulary if token.endswith("</w>")))
-    (source / "vocab-tgt.json").write_text(json.dumps(vocabulary))
-    with pytest.raises(ConversionError, match="vocab-src.json and vocab-tgt.json differ"):
-        convert(source, tmp_path / "out")
-    with pytest.raises(ConversionError, match="tgt_vocab_size"):
-        convert(edited_config(source, tgt_vocab_size=999), tmp_path / "out")
 
 
 def test_fairseq_with_separate_dictionaries_is_refused(fairseq_checkpoint, tmp_path):

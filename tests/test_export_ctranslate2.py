@@ -104,9 +104,10 @@ def generate_and_translate(model, converted_dir, sources, num_beams: int) -> tup
             output_scores=True,
             return_dict_in_generate=True,
         )
-    if num_beams == 1:
-        transition_scores = model.compute_transition_scores(generated.sequences, generated.scores)
-        scores = transition_scores.sum(-1) / NEW_TOKENS
+    if num_beams == 1:  # the log-probabilities of the chosen tokens (renormalize_logits: the scores are those);
+        # not compute_transition_scores, which reshapes by the source vocabulary's size (transformers' get_text_config)
+        chosen = torch.stack(generated.scores, dim=1).gather(2, generated.sequences[:, 1:, None]).squeeze(2)
+        scores = chosen.sum(-1) / NEW_TOKENS
     else:
         scores = generated.sequences_scores  # length_penalty=1: also the mean
     assert (generated.sequences[:, 0] == model.config.decoder_start_token_id).all()
@@ -128,6 +129,26 @@ def test_ctranslate2_decodes_the_same_tokens_as_generate(reversal_model, convert
     translated, generated = generate_and_translate(reversal_model, converted, padded_sources, num_beams)
     assert translated == generated
     assert len({tuple(row) for row in generated}) == len(generated)  # the outputs are not trivial
+
+
+@needs_ctranslate2
+@pytest.mark.parametrize("tie_word_embeddings", [True, False])
+def test_separate_vocabularies_export_to_ctranslate2s_and_decode_the_same_tokens(
+    padded_sources, tmp_path, tie_word_embeddings
+):
+    """A target vocabulary of another size (larger: the reversed sources are its tokens), the decoder's matrix the
+    projection or not: CTranslate2 writes a source and a target vocabulary, and decodes as generate()."""
+    separate = dict(share_encoder_decoder_embeddings=False, decoder_vocab_size=TINY["vocab_size"] + 9)
+    model = train_to_reverse(steps=100, tie_word_embeddings=tie_word_embeddings, **separate)
+    model.save_pretrained(tmp_path / "model")
+    convert_to_ctranslate2(tmp_path / "model", tmp_path / "ct2")
+    target = json.loads((tmp_path / "ct2" / "target_vocabulary.json").read_text())
+    assert len(json.loads((tmp_path / "ct2" / "source_vocabulary.json").read_text())) == TINY["vocab_size"]
+    assert len(target) == TINY["vocab_size"] + 9
+    for num_beams in (1, 4):
+        translated, generated = generate_and_translate(model, tmp_path / "ct2", padded_sources, num_beams)
+        assert translated == generated
+        assert len({tuple(row) for row in generated}) == len(generated)
 
 
 @needs_ctranslate2

@@ -111,3 +111,37 @@ def test_a_training_step_reads_no_tensor_on_the_host(monkeypatch, tiny_config, s
     for method in ("item", "__bool__", "__int__", "__float__", "tolist"):
         monkeypatch.setattr(torch.Tensor, method, synchronises)
     training_loss(model, dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)).backward()
+
+
+def test_a_training_step_on_separate_vocabularies_learns_through_the_decoders_matrix(tiny_config, source_batch):
+    """The training loss takes the output head, the decoder's matrix with separate vocabularies: one step of the
+    training script's loss moves both stacks' embeddings, and its value is the loss of the logits."""
+    from configuration_vanilla_transformer import VanillaTransformerConfig
+
+    config = VanillaTransformerConfig(
+        **{
+            **tiny_config.to_dict(),
+            "share_encoder_decoder_embeddings": False,
+            "decoder_vocab_size": 23,
+            "dropout": 0.0,
+        }
+    )
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(config).train()
+    input_ids, attention_mask = source_batch
+    labels = random_labels((2, 5), 23, torch.Generator().manual_seed(2))
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    assert output_head(model).weight is model.model.decoder.embed_tokens.weight
+    loss = training_loss(model, batch)
+    with torch.no_grad():
+        logits = model(input_ids, attention_mask=attention_mask, labels=labels).logits
+    assert logits.shape[-1] == 23
+    expected = F.cross_entropy(
+        logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum", label_smoothing=0.1
+    )
+    assert torch.allclose(loss, expected, atol=1e-4)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
+        assert not torch.equal(before[name], dict(model.named_parameters())[name]), name

@@ -15,9 +15,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from configuration_vanilla_transformer import VanillaTransformerConfig
-from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, VanillaTransformerModel
 
-from .helpers import CARD_VALUES, OFFLINE, model_with_attention, random_ids, save_tiny_model_folder
+from .helpers import CARD_VALUES, OFFLINE, TINY, model_with_attention, random_ids, save_tiny_model_folder
 
 GREEDY = dict(do_sample=False, num_beams=1, max_new_tokens=6)
 
@@ -68,6 +68,23 @@ def test_a_saved_folder_round_trips_with_no_conversion_registered_for_the_model(
     assert (
         load_file(tmp_path / "again" / "model.safetensors").keys() == load_file(tmp_path / "model.safetensors").keys()
     )
+
+
+@pytest.mark.parametrize("model_class", [VanillaTransformerModel, VanillaTransformerForConditionalGeneration])
+def test_a_model_without_tied_weights_saves_and_loads_with_nothing_missing(tmp_path, model_class):
+    """transformers' common test `test_load_save_without_tied_weights`, as Marian passes it: `tie_word_embeddings`
+    False in a config otherwise the default, the model built, saved and loaded back exactly, nothing missing."""
+    config = VanillaTransformerConfig(**{**TINY, "tie_word_embeddings": False})
+    model = model_class(config)
+    model.save_pretrained(tmp_path)
+    serialized = load_file(tmp_path / "model.safetensors").keys()
+    reloaded, loading = model_class.from_pretrained(tmp_path, output_loading_info=True)
+    reloaded_state = reloaded.state_dict()
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(
+            tensor, reloaded_state[name], msg=lambda m, name=name: f"{name} ({name in serialized}): {m}"
+        )
+    assert loading["missing_keys"] == set()
 
 
 def test_no_linear_layer_has_a_forward_of_its_own(tiny_model):

@@ -69,6 +69,7 @@ def test_big_preset_matches_table_3():
         ("vocab_size", -1),
         ("pad_token_id", 1000),
         ("qk_head_dim", 0),
+        ("decoder_vocab_size", 0),
     ],
 )
 def test_invalid_config_values_name_the_field(field, value):
@@ -305,9 +306,96 @@ def test_one_embedding_matrix_scaled_on_the_input_side_only(tiny_model, tiny_con
     assert torch.allclose(tiny_model.lm_head(hidden), hidden @ shared.T, atol=1e-6)
 
 
-def test_an_untied_output_projection_is_refused_naming_the_field():
-    with pytest.raises(ValueError, match="`tie_word_embeddings` must be True"):
-        VanillaTransformerConfig(**{**TINY, "tie_word_embeddings": False})
+# --- separate vocabularies: Marian's fields, the same model --------------------------------------------------------
+
+SEPARATE = dict(share_encoder_decoder_embeddings=False, decoder_vocab_size=43)
+
+
+def embedding_matrices(model) -> dict[str, int]:
+    """The data pointer of each token matrix: the encoder's and decoder's input, and the pre-softmax projection."""
+    return {
+        "encoder": model.model.encoder.embed_tokens.weight.data_ptr(),
+        "decoder": model.model.decoder.embed_tokens.weight.data_ptr(),
+        "lm_head": model.lm_head.weight.data_ptr(),
+    }
+
+
+def test_the_default_model_has_one_matrix_three_ways(tiny_model):
+    assert set(embedding_matrices(tiny_model).values()) == {tiny_model.model.shared.weight.data_ptr()}
+
+
+@pytest.mark.parametrize("tie_word_embeddings", [True, False])
+def test_separate_vocabularies_give_each_stack_its_own_matrix_and_logits_of_the_target_vocabulary(
+    tie_word_embeddings,
+):
+    config = VanillaTransformerConfig(**{**TINY, **SEPARATE, "tie_word_embeddings": tie_word_embeddings})
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(config).eval()
+    assert not hasattr(model.model, "shared")
+    assert model.model.encoder.embed_tokens.weight.shape == (TINY["vocab_size"], TINY["d_model"])
+    assert model.model.decoder.embed_tokens.weight.shape == (43, TINY["d_model"])
+    assert model.lm_head.weight.shape == (43, TINY["d_model"])
+    matrices = embedding_matrices(model)
+    assert matrices["encoder"] != matrices["decoder"]
+    assert (matrices["lm_head"] == matrices["decoder"]) == tie_word_embeddings
+    assert model.get_input_embeddings() is model.model.encoder.embed_tokens
+
+    source = random_ids(config, (2, 5))  # ids up to vocab_size: the source vocabulary
+    target = torch.randint(4, 43, (2, 4), generator=torch.Generator().manual_seed(1))
+    captured = {}
+    model.model.decoder.layers[0].register_forward_pre_hook(lambda m, args: captured.update(x=args[0]))
+    logits = model(input_ids=source, decoder_input_ids=target).logits
+    assert logits.shape == (2, 4, 43)
+    # the decoder's input is its own matrix, scaled by sqrt(d_model), plus the same sinusoids
+    decoder_matrix = model.model.decoder.embed_tokens.weight
+    expected = decoder_matrix[target] * math.sqrt(TINY["d_model"]) + sinusoidal_position_table(4, TINY["d_model"])
+    assert torch.allclose(captured["x"], expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"decoder_input_ids.*\[0, 43\)"):
+        model(input_ids=source, decoder_input_ids=torch.full((1, 2), 50))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{}, SEPARATE, {**SEPARATE, "tie_word_embeddings": False}, {"tie_word_embeddings": False}],
+    ids=["paper", "separate", "separate-untied", "shared-untied"],
+)
+def test_every_embedding_layout_saves_and_loads_exactly_with_its_matrices(tmp_path, fields, source_batch):
+    config = VanillaTransformerConfig(**{**TINY, **fields})
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(config).eval()
+    model.save_pretrained(tmp_path)
+    loaded, loading = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(loading[kind] for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    assert loaded.config.decoder_vocab_size == config.decoder_vocab_size
+    assert hasattr(loaded.model, "shared") == (config.share_encoder_decoder_embeddings and config.tie_word_embeddings)
+    pointers, loaded_pointers = embedding_matrices(model), embedding_matrices(loaded)
+    assert (pointers["encoder"] == pointers["decoder"]) == (
+        config.share_encoder_decoder_embeddings and config.tie_word_embeddings
+    )
+    assert (pointers["lm_head"] == pointers["decoder"]) == config.tie_word_embeddings
+    assert [pointers[a] == pointers[b] for a in pointers for b in pointers] == [
+        loaded_pointers[a] == loaded_pointers[b] for a in loaded_pointers for b in loaded_pointers
+    ]
+    input_ids, attention_mask = source_batch
+    target = input_ids[:, :4] % config.decoder_vocab_size
+    assert torch.equal(
+        model(input_ids, attention_mask=attention_mask, decoder_input_ids=target).logits,
+        loaded(input_ids, attention_mask=attention_mask, decoder_input_ids=target).logits,
+    )
+
+
+def test_one_shared_matrix_makes_the_decoder_vocabulary_the_vocabulary():
+    assert VanillaTransformerConfig(**TINY).decoder_vocab_size == TINY["vocab_size"]
+    assert VanillaTransformerConfig(**{**TINY, "decoder_vocab_size": 43}).decoder_vocab_size == TINY["vocab_size"]
+    separate = VanillaTransformerConfig(**{**TINY, "share_encoder_decoder_embeddings": False})
+    assert separate.decoder_vocab_size == TINY["vocab_size"]
+
+
+def test_a_decoder_token_outside_the_target_vocabulary_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="decoder_start_token_id.*decoder_vocab_size=3"):
+        VanillaTransformerConfig(**{**TINY, **SEPARATE, "decoder_vocab_size": 3, "decoder_start_token_id": 5})
 
 
 def test_resize_token_embeddings_keeps_the_tie(tiny_model):

@@ -206,6 +206,32 @@ def test_a_folder_whose_sizes_would_allocate_without_bound_is_refused_before_a_m
     assert error.startswith(f"error: {untrusted / file}: ") and message in error and built == []
 
 
+def test_the_size_limits_count_the_decoders_matrix_and_an_untied_projection(tmp_path):
+    from vanilla_transformer.model.loading import MAX_MODEL_BYTES, MAX_TABLE_BYTES, ModelFolderError, check_model_sizes
+
+    rows = MAX_TABLE_BYTES // (4 * 512)  # the most rows one float32 matrix may have at d_model 512
+    sizes = dict(d_model=512, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=8, decoder_ffn_dim=8)
+    separate = dict(sizes, share_encoder_decoder_embeddings=False, vocab_size=10, decoder_vocab_size=rows)
+    check_model_sizes(tmp_path / "config.json", separate)
+    with pytest.raises(ModelFolderError, match="decoder_vocab_size .* decoder embedding matrix"):
+        check_model_sizes(tmp_path / "config.json", {**separate, "decoder_vocab_size": rows + 1})
+    # each matrix within its limit, all of them and the layers over the model's; two of them and the layers not
+    layers = dict(encoder_ffn_dim=(MAX_MODEL_BYTES - MAX_TABLE_BYTES * 5 // 2) // (4 * 2 * 512))
+    three = dict(separate, **layers, vocab_size=rows, decoder_vocab_size=rows, tie_word_embeddings=False)
+    with pytest.raises(ModelFolderError, match="weights"):
+        check_model_sizes(tmp_path / "config.json", three)
+    check_model_sizes(tmp_path / "config.json", dict(three, tie_word_embeddings=True))
+
+
+def test_a_folder_with_separate_vocabularies_translates(tmp_path):
+    folder = save_tiny_model_folder(
+        tmp_path / "separate", share_encoder_decoder_embeddings=False, tie_word_embeddings=False
+    )
+    model, tokenizer = translate.load_model_and_tokenizer(folder)
+    assert model.lm_head.weight.data_ptr() != model.model.decoder.embed_tokens.weight.data_ptr()
+    assert len(translate_sentences(model, tokenizer, ["the house is small"], max_new_tokens=3)) == 1
+
+
 def test_a_closed_stdin_is_a_clear_error_before_the_model_is_loaded(folder, capsys, monkeypatch):
     loaded = []
     monkeypatch.setattr(translate, "load_model_and_tokenizer", lambda *a, **k: loaded.append(a))

@@ -44,11 +44,10 @@ $difference (float32).
 | activation | $activation |
 | positions | sinusoidal, $position_layout layout, $position_frequencies frequencies, from position $position_offset |
 | output bias | $lm_head_bias |
-| shared vocabulary | $vocab_size tokens |
+| $vocabulary |
 | parameters | $parameters |
 
-Post-LN layers and one embedding matrix for the encoder input, the decoder input and the output projection, as in
-the paper; the layout, frequencies and first position of the sinusoids, the activation and the output bias are the
+Post-LN layers and $embeddings; the layout, frequencies and first position of the sinusoids, the activation and the output bias are the
 source's choices, recorded in config.json. Tokenizer: the source's own ($tokenizer), which gives its ids and text.
 Decoding: $decoding (generation_config.json, as the source decodes).
 
@@ -85,6 +84,17 @@ def conversion_card(model: nn.Module, source: Source, difference: float, generat
     config = model.config
     languages = [language for language in source.languages if language]
     decoding = decoding_line(generation)
+    if config.share_encoder_decoder_embeddings:
+        vocabulary = f"shared vocabulary | {config.vocab_size} tokens"
+        embeddings = (
+            "one embedding matrix for the encoder input, the decoder input and the output projection, as in\nthe paper"
+        )
+    else:
+        vocabulary = f"vocabularies (source / target) | {config.vocab_size} / {config.decoder_vocab_size} tokens"
+        embeddings = (
+            "separate source and target vocabularies, as the source has: the encoder's embedding matrix, and\none "
+            "for the decoder input and the output projection"
+        )
     base_model = f"base_model: {json.dumps(source.hub_id)}\n" if source.hub_id else ""
     name = plain_text(source.name)
     return CARD.substitute(
@@ -97,7 +107,7 @@ def conversion_card(model: nn.Module, source: Source, difference: float, generat
         ffn_dim=config.encoder_ffn_dim, activation=config.activation_function, position_layout=config.position_layout,
         position_frequencies=config.position_frequencies, position_offset=config.position_offset,
         lm_head_bias="a learned bias (Marian's final_logits_bias)" if config.lm_head_bias else "none",
-        vocab_size=config.vocab_size, parameters=f"{model.num_parameters():,}",
+        vocabulary=vocabulary, embeddings=embeddings, parameters=f"{model.num_parameters():,}",
         tokenizer=type(source.tokenizer).__name__, decoding=decoding, model_id="your-username/model-id",
         example="The house is small.",
     )  # fmt: skip

@@ -10,7 +10,10 @@ The command is `vanilla-transformer convert` (vanilla_transformer/commands/conve
 
 What converts exactly. OPUS-MT's `MarianMTModel`, FSMT (transformers' port of fairseq's WMT models) and fairseq's
 `transformer` are the paper's model: post-LN layers, sinusoidal positions, one embedding matrix for the encoder input,
-the decoder input and the pre-softmax projection. Each made a few choices the paper leaves open, which the written
+the decoder input and the pre-softmax projection, or separate source and target vocabularies (Marian's
+`share_encoder_decoder_embeddings: false` with a `decoder_vocab_size` and MarianTokenizer's `separate_vocabs`, FSMT's
+two dictionaries), which our config holds in Marian's fields: the encoder's matrix, and the decoder's, also its
+pre-softmax projection. Each made a few choices the paper leaves open, which the written
 config.json records (`configuration_vanilla_transformer.py`) and the model computes:
 
     choice                 Marian (OPUS-MT)        FSMT and fairseq             the paper (our default)
@@ -28,10 +31,9 @@ have), and for Marian and FSMT the converted model is checked against the source
 anything is written (fairseq checkpoints against FSMT, transformers' port of fairseq's model, fed the same weights).
 The tests (tests/test_convert.py) check logits within 1e-5 and the same greedy and beam-search tokens.
 
-What is refused, with a ConversionError naming the field (or file) and its value, before anything is written: separate
-source and target vocabularies (Marian `share_encoder_decoder_embeddings: false` or a `decoder_vocab_size` of its own,
-FSMT's `src_vocab_size` != `tgt_vocab_size` or vocab-src.json != vocab-tgt.json, two different fairseq dictionaries),
-embedding matrices or an output projection that differ (e.g. `tie_word_embeddings: false` with another lm_head), pre-LN
+What is refused, with a ConversionError naming the field (or file) and its value, before anything is written: two
+different fairseq dictionaries (separate vocabularies from a fairseq checkpoint), a Marian tokenizer whose
+`separate_vocabs` is not its config's, embedding matrices or an output projection that differ (e.g. `tie_word_embeddings: false` with another lm_head), pre-LN
 layers (`normalize_before`, fairseq's `encoder_normalize_before`/`decoder_normalize_before`), a LayerNorm on the
 embeddings (`layernorm_embedding`, `normalize_embedding`) or after the stacks (`add_final_layer_norm`), learned
 positions (`static_position_embeddings: false`, fairseq's `encoder_learned_pos`), an adaptive softmax or input, an

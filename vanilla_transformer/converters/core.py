@@ -63,8 +63,9 @@ class Problems:
 @dataclass
 class Source:
     """A model read for conversion: our config's fields, its weights under fairseq's layer names
-    ("encoder.layers.0.self_attn.q_proj.weight", ...), its one embedding matrix, its tokenizer and decoding, what the
-    card says about it, and the source model as transformers runs it (what the conversion is checked against)."""
+    ("encoder.layers.0.self_attn.q_proj.weight", ...), its one embedding matrix (with separate vocabularies, the
+    encoder's, and `decoder_embedding` the decoder's input and output projection), its tokenizer and decoding, what
+    the card says about it, and the source model as transformers runs it (what the conversion is checked against)."""
 
     kind: str
     name: str
@@ -74,6 +75,7 @@ class Source:
     tokenizer: Any
     reference: nn.Module
     logits_bias: torch.Tensor | None = None
+    decoder_embedding: torch.Tensor | None = None
     decoding: dict[str, Any] = field(default_factory=dict)
     languages: tuple[str | None, str | None] = (None, None)
     license: str | None = None
@@ -91,17 +93,19 @@ def refuse(settings: dict[str, Any], refusals: dict[str, tuple[Any, str]], where
             )
 
 
-def one_embedding(embeddings: dict[str, torch.Tensor], why: str, problems: Problems) -> torch.Tensor:
-    """The one matrix all of `embeddings` (encoder input, decoder input, output projection) hold; a problem naming
-    two that differ, with `why` (the source's field that allows it)."""
+def one_embedding(
+    embeddings: dict[str, torch.Tensor],
+    why: str,
+    problems: Problems,
+    roles: str = "the encoder input, the decoder input and the output projection",
+) -> torch.Tensor:
+    """The one matrix all of `embeddings` (`roles`: encoder input, decoder input, output projection) hold; a problem
+    naming two that differ, with `why` (the source's field that allows it)."""
     names = sorted(embeddings)
     first = embeddings[names[0]]
     for name in names[1:]:
         if embeddings[name].shape != first.shape or not torch.equal(embeddings[name], first):
-            problems.add(
-                f"the source's {names[0]} and {name} differ ({why}): the paper's model has one matrix for the "
-                "encoder input, the decoder input and the output projection"
-            )
+            problems.add(f"the source's {names[0]} and {name} differ ({why}): the model has one matrix for {roles}")
             break
     return first.detach()
 
@@ -133,6 +137,14 @@ def is_embedding(key: str) -> bool:
     return key.endswith(("embed_tokens.weight", "shared.weight")) or key == "lm_head.weight"
 
 
+def source_embedding(key: str, source: Source) -> torch.Tensor:
+    """The source's matrix for our embedding `key`: the one matrix, or with separate vocabularies the decoder's for
+    the decoder's input and the output projection."""
+    if source.decoder_embedding is not None and (key == "lm_head.weight" or key.startswith("model.decoder.")):
+        return source.decoder_embedding
+    return source.embedding
+
+
 def fairseq_name(key: str) -> str:
     """Our state dict's layer `key` under fairseq's (FSMT's, Marian's) name: "model." and "feed_forward." dropped."""
     return key.removeprefix("model.").replace(".feed_forward.", ".")
@@ -159,7 +171,7 @@ def build_model(source: Source) -> VanillaTransformerForConditionalGeneration:
     with Problems() as problems:
         for key, tensor in model.state_dict().items():
             if is_embedding(key):
-                value = source.embedding
+                value = source_embedding(key, source)
             elif key == "lm_head.bias":
                 value = source.logits_bias
             else:
@@ -178,28 +190,34 @@ def build_model(source: Source) -> VanillaTransformerForConditionalGeneration:
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise ConversionError(f"the model did not take the weights: {result}")
-    check_ties(model)
+    check_ties(model, source)
     return model.eval()
 
 
-def check_ties(model: nn.Module) -> None:
-    """Every name of the embedding matrix must hold the same values (tied or copied): the paper's one matrix."""
+def check_ties(model: nn.Module, source: Source) -> None:
+    """Every name of an embedding matrix must hold the source's matrix (tied or copied): the paper's one matrix, or
+    with separate vocabularies the encoder's and the decoder's (its input and output projection)."""
     state = model.state_dict()
     names = [key for key in state if is_embedding(key)]
-    if differing := [key for key in names if not torch.equal(state[key], state[names[0]])]:
-        raise ConversionError(f"the converted model's {differing[0]} is not {names[0]}: the embeddings came untied")
+    if differing := [key for key in names if not torch.equal(state[key], source_embedding(key, source))]:
+        raise ConversionError(f"the converted model's {differing[0]} is not the source's: the embeddings came untied")
 
 
 def probe_batch(config, generator_seed: int = 0) -> dict[str, torch.Tensor]:
     """Two sources (the second padded) and decoder inputs of ordinary tokens, for the check against the source."""
     special = {config.pad_token_id, config.eos_token_id, config.bos_token_id, config.decoder_start_token_id, 3}
-    ordinary = torch.tensor([index for index in range(config.vocab_size) if index not in special][:4096])
     generator = torch.Generator().manual_seed(generator_seed)
-    pick = lambda *shape: ordinary[torch.randint(len(ordinary), shape, generator=generator)]  # noqa: E731
-    input_ids, attention_mask = pick(2, 9), torch.ones(2, 9, dtype=torch.long)
+
+    def pick(vocab_size: int, *shape: int) -> torch.Tensor:
+        ordinary = torch.tensor([index for index in range(vocab_size) if index not in special][:4096])
+        return ordinary[torch.randint(len(ordinary), shape, generator=generator)]
+
+    input_ids, attention_mask = pick(config.vocab_size, 2, 9), torch.ones(2, 9, dtype=torch.long)
     input_ids[:, -1] = config.eos_token_id
     input_ids[1, 5], input_ids[1, 6:], attention_mask[1, 6:] = config.eos_token_id, config.pad_token_id, 0
-    decoder_input_ids = torch.cat([torch.full((2, 1), config.decoder_start_token_id), pick(2, 6)], dim=1)
+    decoder_input_ids = torch.cat(
+        [torch.full((2, 1), config.decoder_start_token_id), pick(config.decoder_vocab_size, 2, 6)], dim=1
+    )
     return {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids}
 
 

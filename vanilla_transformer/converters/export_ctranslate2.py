@@ -7,7 +7,8 @@ The model maps one to one onto CTranslate2's `TransformerSpec`:
   attention as a query projection plus one fused K,V projection (our `q_proj`; `k_proj` and `v_proj` stacked), then
   the output projection;
 - one embedding matrix shared by the encoder, the decoder and the (bias-free) pre-softmax projection,
-  scaled by sqrt(d_model) on the input side;
+  scaled by sqrt(d_model) on the input side; with separate vocabularies (`share_encoder_decoder_embeddings: false`)
+  the encoder's matrix and source vocabulary, and the decoder's matrix (also the projection) and target vocabulary;
 - the position table written out explicitly: ours interleaves sine and cosine (section 3.5 of the paper), and
   CTranslate2's built-in sinusoidal table is a different one (it changes the outputs).
 
@@ -151,8 +152,10 @@ def model_spec(model: VanillaTransformerForConditionalGeneration) -> transformer
     return spec
 
 
-def vocabulary(model_dir: str | Path, vocab_size: int) -> list[str]:
-    """Token strings by id from the tokenizer saved in `model_dir`; placeholders `id_<n>` where there are none."""
+def vocabulary(model_dir: str | Path, vocab_size: int, side: str = "shared") -> list[str]:
+    """Token strings by id from the tokenizer saved in `model_dir`; placeholders `id_<n>` where there are none.
+    `side`: "shared" (one vocabulary), or with separate vocabularies "source" (the tokenizer's `get_vocab()`, the
+    source side's for Marian and FSMT) or "target" (its id-to-token map, the target side's)."""
     tokens = [f"id_{index}" for index in range(vocab_size)]
     if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
         warnings.warn(
@@ -163,7 +166,12 @@ def vocabulary(model_dir: str | Path, vocab_size: int) -> list[str]:
         )
     else:
         tokenizer = load_tokenizer(model_dir)
-        for index, token in enumerate(tokenizer.convert_ids_to_tokens(list(range(min(len(tokenizer), vocab_size))))):
+        if side == "source":
+            by_id = {index: token for token, index in tokenizer.get_vocab().items() if 0 <= index < vocab_size}
+        else:
+            ids = list(range(min(len(tokenizer), vocab_size)))
+            by_id = dict(zip(ids, tokenizer.convert_ids_to_tokens(ids), strict=True))
+        for index, token in by_id.items():
             if token is not None:
                 tokens[index] = token
     if len(set(tokens)) != len(tokens):
@@ -184,8 +192,12 @@ class VanillaTransformerConverter(Converter):
             raise ExportError(str(error)) from error
         config = model.config
         spec = model_spec(model.eval())
-        tokens = vocabulary(self.model_dir, config.vocab_size)
-        spec.register_source_vocabulary(tokens)
+        if config.share_encoder_decoder_embeddings:
+            source_tokens = tokens = vocabulary(self.model_dir, config.vocab_size)
+        else:
+            source_tokens = vocabulary(self.model_dir, config.vocab_size, "source")
+            tokens = vocabulary(self.model_dir, config.decoder_vocab_size, "target")
+        spec.register_source_vocabulary(source_tokens)
         spec.register_target_vocabulary(tokens)
         # a converted Marian model has no bos_token_id and its `<unk>` elsewhere (vanilla_transformer.converters.convert)
         bos_token_id = config.bos_token_id if config.bos_token_id is not None else config.decoder_start_token_id

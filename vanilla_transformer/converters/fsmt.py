@@ -1,9 +1,10 @@
 """FSMT folders (transformers' port of fairseq's WMT models), local or from the Hub.
 
 FSMT's choices, as fairseq's: sines first in the position table (`sin_cos`), fairseq's frequencies, positions from
-padding id + 1, no logits bias. Refused: separate source and target vocabularies (`src_vocab_size` !=
-`tgt_vocab_size`, vocab-src.json != vocab-tgt.json), embeddings or an output projection of their own, and every field
-of `CONFIG_REFUSALS` of another value.
+padding id + 1, no logits bias. Separate source and target dictionaries (`src_vocab_size` != `tgt_vocab_size`, or
+vocab-src.json != vocab-tgt.json: the WMT19 models) become our config's `share_encoder_decoder_embeddings: false`
+with a `decoder_vocab_size`; the decoder's input and output projection stay one matrix. Refused: embeddings or an
+output projection of their own beyond that, and every field of `CONFIG_REFUSALS` of another value.
 
 The tokenizer stays transformers' `FSMTTokenizer` (vocab-src.json, vocab-tgt.json, merges.txt): Moses punctuation
 normalization and tokenization (sacremoses), then subword-nmt BPE, whose rules have no `tokenizers` equivalent.
@@ -30,36 +31,28 @@ def read_fsmt(folder: Path, config: dict) -> Source:
 
     where = str(folder / "config.json")
     with Problems() as problems:
-        sizes = check_config(config, FSMTConfig, where, problems, "src_vocab_size")
-        target_size = config.get("tgt_vocab_size", FSMTConfig.tgt_vocab_size)
-        if target_size != sizes["vocab_size"]:
-            problems.add(
-                f"{where}: src_vocab_size is {sizes['vocab_size']!r} and tgt_vocab_size {target_size!r}: separate "
-                "source and target vocabularies (dictionaries); the paper's model has one"
-            )
-        check_fsmt_vocabularies(folder, problems)
+        different_files = fsmt_vocabularies_differ(folder)
+        source_size = config.get("src_vocab_size", FSMTConfig.src_vocab_size)
+        separate = different_files or config.get("tgt_vocab_size", FSMTConfig.tgt_vocab_size) != source_size
+        sizes = check_config(config, FSMTConfig, where, problems, "src_vocab_size", separate, "tgt_vocab_size")
     tokenizer = FSMTTokenizer.from_pretrained(folder)
     reference, dtype = load_reference(folder, FSMTForConditionalGeneration)
     pad = reference.config.pad_token_id
     why = "FSMT's `tie_word_embeddings: false`, with embeddings or an output projection of their own"
-    layers, embedding = reference_weights(reference, "sin_cos", "fairseq", pad + 1, why)
+    layers, embedding, decoder_embedding = reference_weights(reference, "sin_cos", "fairseq", pad + 1, why, separate)
     fields = hf_fields(
         reference.config, vocab_size=sizes["vocab_size"], position_layout="sin_cos", position_frequencies="fairseq",
-        position_offset=pad + 1, lm_head_bias=False,
+        position_offset=pad + 1, lm_head_bias=False, share_encoder_decoder_embeddings=not separate,
+        decoder_vocab_size=sizes.get("decoder_vocab_size"),
     )  # fmt: skip
     return Source(
-        "FSMT", str(folder), fields, layers, embedding, tokenizer, reference,
+        "FSMT", str(folder), fields, layers, embedding, tokenizer, reference, decoder_embedding=decoder_embedding,
         decoding=source_decoding(reference), languages=(tokenizer.src_lang, tokenizer.tgt_lang), dtype=dtype,
     )  # fmt: skip
 
 
-def check_fsmt_vocabularies(folder: Path, problems: Problems) -> None:
-    """The folder's FSMTTokenizer files size-checked; a problem when its source and target vocabularies differ."""
+def fsmt_vocabularies_differ(folder: Path) -> bool:
+    """The folder's FSMTTokenizer files size-checked; whether its source and target vocabularies differ."""
     vocabularies = [json.loads(read_bytes(folder / name)) for name in FSMT_TOKENIZER_FILES[:2]]
     read_bytes(folder / "merges.txt")
-    if vocabularies[0] != vocabularies[1]:
-        differing = sorted(set(vocabularies[0].items()) ^ set(vocabularies[1].items()))[:1]
-        problems.add(
-            f"{folder}: vocab-src.json and vocab-tgt.json differ (e.g. {differing[0][0]!r}): separate source and "
-            "target dictionaries; the paper's model has one vocabulary"
-        )
+    return vocabularies[0] != vocabularies[1]

@@ -30,7 +30,6 @@ CONFIG_REFUSALS = {
     "normalize_embedding": (False, "a LayerNorm on the embeddings"),
     "layernorm_embedding": (False, "a LayerNorm on the embeddings"),
     "static_position_embeddings": (True, "learned positions"),
-    "share_encoder_decoder_embeddings": (True, "separate source and target vocabularies"),
 }
 # the decoding settings of a source's generation config that the converted folder keeps
 DECODING_FIELDS = (
@@ -47,19 +46,32 @@ DECODING_FIELDS = (
 )
 
 
-def hf_sizes(config: dict, config_class, vocab_field: str = "vocab_size") -> dict[str, Any]:
-    """The sizes of a transformers config.json (the class's defaults where a field is left out)."""
+def hf_sizes(
+    config: dict, config_class, vocab_field: str = "vocab_size", target_field: str | None = None
+) -> dict[str, Any]:
+    """The sizes of a transformers config.json (the class's defaults where a field is left out); with separate
+    vocabularies, `decoder_vocab_size` from `target_field`."""
     value = lambda name: config.get(name, getattr(config_class, name, None))  # noqa: E731
     sizes = {name: value(name) for name in SIZE_LIMITS if name != "vocab_size"}
-    return {**sizes, "vocab_size": value(vocab_field)}
+    sizes["vocab_size"] = value(vocab_field)
+    if target_field is not None:
+        sizes["decoder_vocab_size"] = value(target_field) or sizes["vocab_size"]
+    return sizes
 
 
 def check_config(
-    config: dict, config_class, where: str, problems: Problems, vocab_field: str = "vocab_size"
+    config: dict,
+    config_class,
+    where: str,
+    problems: Problems,
+    vocab_field: str = "vocab_size",
+    separate: bool = False,
+    target_field: str = "decoder_vocab_size",
 ) -> dict[str, Any]:
-    """A transformers config.json's sizes (`hf_sizes`); a problem for each size out of bounds (`check_sizes`), each
-    field of CONFIG_REFUSALS of another value, and an activation the model does not have."""
-    sizes = hf_sizes(config, config_class, vocab_field)
+    """A transformers config.json's sizes (`hf_sizes`, the target vocabulary's from `target_field` where `separate`);
+    a problem for each size out of bounds (`check_sizes`), each field of CONFIG_REFUSALS of another value, and an
+    activation the model does not have."""
+    sizes = hf_sizes(config, config_class, vocab_field, target_field if separate else None)
     check_sizes(sizes, where, problems)
     refuse(config, CONFIG_REFUSALS, where, problems)
     activation = config.get("activation_function", config_class.activation_function)
@@ -103,16 +115,22 @@ def hf_weights(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, tor
 
 
 def reference_weights(
-    reference: nn.Module, layout: str, frequencies: str, offset: int, why: str
-) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """The source model's layers under fairseq's names, and its one embedding matrix; one ConversionError naming the
-    position tables that are not the sinusoids of `layout`, `frequencies` and `offset`, and embeddings that differ
-    (`why`: the source's field that allows it)."""
+    reference: nn.Module, layout: str, frequencies: str, offset: int, why: str, separate: bool = False
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor | None]:
+    """The source model's layers under fairseq's names, its one embedding matrix, and None; with `separate`
+    vocabularies its encoder's matrix and its decoder's (the decoder's input and the output projection). One
+    ConversionError naming the position tables that are not the sinusoids of `layout`, `frequencies` and `offset`,
+    and embeddings that differ where the model has one matrix (`why`: the source's field that allows it)."""
     layers, embeddings, positions = hf_weights(reference)
     with Problems() as problems:
         check_position_tables(positions, reference.config.d_model, layout, frequencies, offset, problems)
-        embedding = one_embedding(embeddings, why, problems)
-    return layers, embedding
+        if not separate:
+            return layers, one_embedding(embeddings, why, problems), None
+        encoder = {name: tensor for name, tensor in embeddings.items() if name.startswith("encoder.")}
+        decoder = {name: tensor for name, tensor in embeddings.items() if not name.startswith("encoder.")}
+        embedding = one_embedding(encoder, why, problems, "the encoder input")
+        decoder_embedding = one_embedding(decoder, why, problems, "the decoder input and the output projection")
+    return layers, embedding, decoder_embedding
 
 
 def load_reference(folder: Path, model_class) -> tuple[nn.Module, torch.dtype]:

@@ -67,11 +67,17 @@ def card_license(readme: Path) -> str | None:
 
 def check_sizes(sizes: dict[str, Any], where: str, problems: Problems) -> None:
     """A problem for each size no model of the paper's architecture has, found before anything is allocated: each a
-    whole number up to SIZE_LIMITS, then the loader's own bounds (`loading.check_model_sizes`: each position table at
-    its peak, the embedding matrix, every weight), so that a folder the converter writes is one every command loads. A
-    size left out of `sizes` is the caller's problem to name; the totals are checked only when every size is there
-    and valid."""
+    whole number up to SIZE_LIMITS (a `decoder_vocab_size`, for separate vocabularies, as `vocab_size`), then the
+    loader's own bounds (`loading.check_model_sizes`: each position table at its peak, each embedding matrix, every
+    weight), so that a folder the converter writes is one every command loads. A size left out of `sizes` is the
+    caller's problem to name; the totals are checked only when every size is there and valid."""
     valid = True
+    target = sizes.get("decoder_vocab_size")
+    if target is not None and (not isinstance(target, int) or isinstance(target, bool) or not 1 <= target <= 2**20):
+        problems.add(
+            f"{where}: decoder_vocab_size is {target!r}; this converter takes a whole number from 1 to {2**20:,}"
+        )
+        valid = False
     for name, limit in SIZE_LIMITS.items():
         value = sizes.get(name)
         if name not in sizes or not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
@@ -81,7 +87,7 @@ def check_sizes(sizes: dict[str, Any], where: str, problems: Problems) -> None:
     if not valid:
         return
     try:
-        check_model_sizes(Path(where), dict(sizes))
+        check_model_sizes(Path(where), {**sizes, "share_encoder_decoder_embeddings": target is None})
     except ModelFolderError as error:
         problems.add(str(error))
 

@@ -174,16 +174,21 @@ def check_folder_sizes(folder: Path) -> None:
 def check_model_sizes(config_path: Path, config: dict) -> None:
     """What building the model of `config` allocates, bounded before it is built: each position table at its peak
     (computed in float64 with its temporaries: POSITION_TABLE_BYTES_PER_ENTRY a row and feature, once per stack),
-    the embedding matrix and every weight (float32) within MAX_TABLE_BYTES and MAX_MODEL_BYTES, and at most MAX_LAYERS
-    layers a stack (the time to build them). ModelFolderError names the file, the field and the limit."""
+    each embedding matrix and every weight (float32) within MAX_TABLE_BYTES and MAX_MODEL_BYTES, and at most MAX_LAYERS
+    layers a stack (the time to build them). With separate vocabularies the decoder's matrix (decoder_vocab_size rows)
+    counts too, and an untied pre-softmax projection once more. ModelFolderError names the file, the field and the
+    limit."""
 
     def size(field: str) -> int:  # a field left out has the config class's default
         return whole_field(config_path, config, field, math.inf) or getattr(VanillaTransformerConfig, field)
 
     d_model, gib = size("d_model"), MAX_TABLE_BYTES / 2**30
+    separate = config.get("share_encoder_decoder_embeddings") is False
+    target_field = "decoder_vocab_size" if separate and config.get("decoder_vocab_size") is not None else "vocab_size"
     tables = (
         ("max_position_embeddings", "position table at its peak (float64, with temporaries)", POSITION_TABLE_BYTES),
         ("vocab_size", "embedding matrix (float32)", 4),
+        (target_field, "decoder embedding matrix (float32)", 4),
     )
     for field, table, bytes_per_entry in tables:
         rows, entry = size(field), bytes_per_entry * d_model
@@ -198,7 +203,8 @@ def check_model_sizes(config_path: Path, config: dict) -> None:
         stack: (4 if stack == "encoder" else 8) * d_model * d_model + 2 * d_model * size(f"{stack}_ffn_dim")
         for stack in ("encoder", "decoder")
     }
-    weights = size("vocab_size") * d_model + sum(size(f"{stack}_layers") * n for stack, n in per_layer.items())
+    matrices = size("vocab_size") + size(target_field) * (separate + (config.get("tie_word_embeddings") is False))
+    weights = matrices * d_model + sum(size(f"{stack}_layers") * n for stack, n in per_layer.items())
     if weights * 4 > MAX_MODEL_BYTES:
         raise ModelFolderError(
             f"{config_path}: its sizes (d_model {d_model:,}, layers, ffn dims, vocab_size) make {weights:,} weights, "

@@ -13,7 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
-from vanilla_transformer.converters.export_ctranslate2 import ExportError, convert_to_ctranslate2, why_not_an_export
+from vanilla_transformer.converters.export_ctranslate2 import (
+    ExportError,
+    convert_to_ctranslate2,
+    vocabulary,
+    why_not_an_export,
+)
 from vanilla_transformer.model.loading import read_json_file
 
 
@@ -70,6 +75,13 @@ class CTranslate2Backend:
         self.translator = ctranslate2.Translator(
             str(export_dir), device=device, compute_type=compute_type, intra_threads=threads
         )
+        self.source_tokens = self.target_ids = None  # one vocabulary: the tokenizer's own conversions
+        if config.get("share_encoder_decoder_embeddings") is False:  # the two vocabularies, as the export wrote them
+            self.source_tokens = vocabulary(model_dir, config["vocab_size"], "source")
+            self.target_ids = {
+                token: index
+                for index, token in enumerate(vocabulary(model_dir, config["decoder_vocab_size"], "target"))
+            }
         self.beams = num_beams or generation.get("num_beams") or 1
         self.max_source_tokens = config["max_position_embeddings"]
         self.options = {"beam_size": self.beams, "max_input_length": 0}
@@ -104,12 +116,18 @@ class CTranslate2Backend:
         return min(length, self.max_source_tokens - 1) - self.forced_end
 
     def translate(self, batch: list[list[int]]) -> tuple[list[str], int]:
-        tokens = [self.tokenizer.convert_ids_to_tokens(ids) for ids in batch]
+        if self.source_tokens is None:
+            tokens = [self.tokenizer.convert_ids_to_tokens(ids) for ids in batch]
+        else:
+            tokens = [[self.source_tokens[index] for index in ids] for ids in batch]
         results = self.translator.translate_batch(
             tokens, max_decoding_length=self.decoding_length(batch), **self.options
         )
         hypotheses = [result.hypotheses[0] for result in results]
-        ids = [self.tokenizer.convert_tokens_to_ids(hypothesis) for hypothesis in hypotheses]
+        if self.target_ids is None:
+            ids = [self.tokenizer.convert_tokens_to_ids(hypothesis) for hypothesis in hypotheses]
+        else:
+            ids = [[self.target_ids[token] for token in hypothesis] for hypothesis in hypotheses]
         special = set(self.tokenizer.all_special_tokens)
         tokens = sum(token not in special for hypothesis in hypotheses for token in hypothesis)
         return self.tokenizer.batch_decode(ids, skip_special_tokens=True), tokens
