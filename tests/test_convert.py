@@ -1334,3 +1334,24 @@ def test_a_source_folders_name_goes_into_the_card_as_plain_text(marian_source, t
     card = (convert(source, tmp_path / "out") / "README.md").read_text()
     assert not re.search(r"(?<!\\)<img", card)  # no tag a Markdown renderer would show as HTML
     assert "m\\<img src=x onerror=alert\\(1\\)\\> odel" in card  # escaped, and on one line
+
+
+def test_separate_vocabularies_translate_the_same_through_the_pipeline_translate_and_the_demo(separate):
+    """Downstream of the conversion: the pipeline, `translate`'s library function and the demo give generate()'s
+    text for a folder with two vocabularies."""
+    from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
+    from vanilla_transformer.serving.demo import load_translator, translate_text
+    from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences
+
+    _, _, _, _, folder = separate
+    model, tokenizer = load_model_and_tokenizer(folder)
+    sentences = MULTI30K_LIKE[4:7]
+    with torch.inference_mode():
+        ids = model.generate(**tokenizer(sentences, return_tensors="pt", padding=True), num_beams=1, max_new_tokens=8)
+    expected = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    assert translate_sentences(model, tokenizer, sentences, num_beams=1, max_new_tokens=8) == expected
+    pipeline = VanillaTransformerTranslationPipeline(model=model, tokenizer=tokenizer, device=-1)
+    assert [pipeline(text, num_beams=1, max_new_tokens=8)[0]["translation_text"] for text in sentences] == expected
+    translator = load_translator(str(folder))
+    translator.model.generation_config.max_new_tokens = 8
+    assert translate_text(translator, "\n".join(sentences), 1, 1.0)[0].splitlines() == expected
