@@ -454,3 +454,29 @@ def test_progress_is_a_bar_on_a_terminal_and_timed_lines_elsewhere(folder, sourc
     lines = [line for line in logged.stderr.splitlines() if line.startswith("translated ") and "lines/s" in line]
     assert len(lines) >= 10 and "/120 (" in lines[0] and "left" in lines[0] and "translating:" not in logged.stderr
     assert logged.stderr.strip().splitlines()[-1].startswith("translated 120 lines (120 sentences,")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["/dev/zero", "nul-file"])
+def test_an_endless_or_huge_line_is_refused_within_a_bounded_address_space(folder, tmp_path, source):
+    """`--input /dev/zero` (one line that never ends) and a 64 MiB file of NULs: the command refuses the line after
+    --max_line_bytes, in a process whose address space is its own at start plus 1 GiB (reading the line whole would
+    raise MemoryError there instead)."""
+    if source == "nul-file":
+        source = tmp_path / "nul.txt"
+        with open(source, "wb") as file:
+            file.truncate(64 * 2**20)
+    code = (
+        "import resource, sys\n"
+        "from vanilla_transformer.commands.translate import main\n"
+        "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
+        f"sys.exit(main([{str(folder)!r}, '--input', {str(source)!r}, '--output', {str(tmp_path / 'out.txt')!r}, "
+        "'--num_beams', '1', '--max_new_tokens', '4', '--device', 'cpu']))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**os.environ, **OFFLINE}
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "line 1 of" in result.stderr and "is over 1,048,576 bytes" in result.stderr
+    assert "MemoryError" not in result.stderr
