@@ -171,3 +171,11 @@ def corpus_dir(tmp_path):
     (folder / "val.en").write_text(f"{long_source}\nthe red dog sleeps\n")
     (folder / "val.de").write_text(f"{long_target}\nter roder hunt slafet\n")
     return folder
+
+
+@pytest.fixture(scope="module")
+def marian_vocabulary(tmp_path_factory):
+    """OPUS-MT's tokenizer files (tests/sources.py), made once a test module."""
+    from .sources import make_marian_vocabulary
+
+    return make_marian_vocabulary(tmp_path_factory.mktemp("marian_vocabulary"))

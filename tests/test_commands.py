@@ -92,7 +92,9 @@ def library_exceptions() -> list[type]:
 def test_every_refusal_of_the_library_derives_from_the_one_root():
     errors = library_exceptions()
     assert len(errors) >= 15
-    assert [error.__qualname__ for error in errors if not issubclass(error, VanillaTransformerError)] == []
+    control_flow = {"StdoutClosed"}  # a reader that went away: the command stops quietly, it refuses nothing
+    refusals = [error for error in errors if error.__qualname__ not in control_flow]
+    assert [error.__qualname__ for error in refusals if not issubclass(error, VanillaTransformerError)] == []
 
 
 def test_the_evaluations_paper_decoding_is_the_pipelines():

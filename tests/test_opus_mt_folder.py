@@ -15,7 +15,6 @@ from transformers import GenerationConfig, MarianMTModel
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline, length_arguments
-from tests.test_convert import marian_vocabulary, write_marian  # noqa: F401 - the vocabulary fixture, the source
 from vanilla_transformer.commands.arguments import parse_training_arguments
 from vanilla_transformer.commands.convert import main as convert_main
 from vanilla_transformer.converters.convert import convert
@@ -24,6 +23,8 @@ from vanilla_transformer.hub.model_folder import paper_generation_config
 from vanilla_transformer.serving.demo import Translator, translate_text
 from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences
 from vanilla_transformer.training.evaluation import decoding_used, evaluation_loader, translate_for_evaluation
+
+from .sources import write_marian
 
 MAX_LENGTH = 40  # the folder's length (OPUS-MT's is 512): under section 6.1's input + 50 for the sentences here
 SENTENCE = "A dog runs through the snow."
