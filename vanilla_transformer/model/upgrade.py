@@ -31,6 +31,7 @@ ADDED_CONFIG_FIELDS = {
     "position_frequencies": "paper",
     "position_offset": 0,
     "lm_head_bias": False,
+    "share_encoder_decoder_embeddings": True,  # one vocabulary, one matrix three ways (decoder_vocab_size: below)
 }
 _FUSED_KEY = re.compile(
     r"(?P<prefix>.*?)(?P<stack>encoder|decoder)\.layers\.\d+\.(?P<layer>self_attn|encoder_attn)\."
@@ -153,7 +154,10 @@ def upgrade_config(config: dict) -> dict:
     """A config's content (config.json, a checkpoint's record) in the current format: without the fields earlier
     releases wrote that are not what the model is, with the fields added since."""
     current = {name: value for name, value in config.items() if name not in OBSOLETE_CONFIG_FIELDS}
-    return {**ADDED_CONFIG_FIELDS, **current}
+    upgraded = {**ADDED_CONFIG_FIELDS, **current}
+    if upgraded["share_encoder_decoder_embeddings"] is not False:  # one vocabulary: the decoder's is vocab_size
+        upgraded.pop("decoder_vocab_size", None)
+    return upgraded
 
 
 def folder_needs_upgrade(folder: Path, weight_keys: Iterable[str]) -> list[str]:
