@@ -128,8 +128,8 @@ def built_masks(
     caught = {}
 
     def catch(name):
-        def hook(module, args, kwargs):
-            mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+        def hook(module, positional, kwargs):
+            mask = kwargs.get("attention_mask", positional[1] if len(positional) > 1 else None)
             caught.setdefault(name, mask)
 
         return hook
