@@ -4,6 +4,7 @@
     vanilla-transformer prepare ...              prepare a corpus once, for many runs
     vanilla-transformer translate MODEL_DIR      translate a corpus (a file, stdin, documents, a dataset)
     vanilla-transformer attention-maps ...       draw a model's attention weights
+    vanilla-transformer paper-figures OUTPUT     the paper's equations and figures, drawn by the code that runs
     vanilla-transformer sweep ...                the paper's Table 3
     vanilla-transformer export-ctranslate2 ...   export to CTranslate2
     vanilla-transformer convert SOURCE OUTPUT    an OPUS-MT, FSMT or fairseq model as a model folder
@@ -27,6 +28,7 @@ SUBCOMMANDS = (
     "prepare",
     "translate",
     "attention-maps",
+    "paper-figures",
     "sweep",
     "export-ctranslate2",
     "convert",
@@ -48,6 +50,8 @@ def subcommand_main(name: str) -> Callable[[Sequence[str]], int]:
             from vanilla_transformer.commands.translate import main
         case "attention-maps":
             from vanilla_transformer.commands.attention_maps import main
+        case "paper-figures":
+            from vanilla_transformer.commands.paper_figures import main
         case "sweep":
             from vanilla_transformer.commands.sweep import main
         case "export-ctranslate2":

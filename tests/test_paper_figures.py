@@ -1,0 +1,163 @@
+"""The paper's figures: each one's numbers are its equation's, computed by the project's own code; the command writes
+every figure and index.md offline, and with --model the attention maps and beam search of that model."""
+
+import json
+import math
+import time
+
+import pytest
+import torch
+
+from vanilla_transformer.commands import paper_figures as paper_figures_command
+from vanilla_transformer.paper import figures, measurements
+from vanilla_transformer.paper.output import RECORD
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MODEL_FIGURES = ["attention_encoder_self.png", "attention_decoder_self.png", "attention_cross.png", "alignment.png"]
+MODEL_FIGURES += ["beam_search.png"]
+ALL_FIGURES = ["positions.png", "scaling.png", "masks.png", "learning_rate.png", "label_smoothing.png"]
+ALL_FIGURES += ["complexity.png", *MODEL_FIGURES]
+
+
+@pytest.mark.parametrize(("pos", "i"), [(0, 0), (1, 0), (7, 3), (50, 100), (99, 255)])
+def test_the_position_table_is_equation_3_5_at_pos_and_i(pos, i):
+    table = measurements.paper_position_table(100, 512)
+    angle = pos / 10000 ** (2 * i / 512)
+    assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+    assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_the_demo_model_adds_the_same_table():
+    model, _ = measurements.demo_model_and_tokenizer()
+    rows = measurements.model_position_rows(model, 20)
+    assert torch.equal(rows, measurements.paper_position_table(20, model.config.d_model))
+
+
+def test_one_matrix_per_offset_maps_every_position_to_the_one_k_later():
+    errors = measurements.offset_linearity(measurements.paper_position_table(1000, 64), [1, 5, 20])
+    assert max(errors.values()) < 1e-5
+    noise = torch.randn(1000, 64, generator=torch.Generator().manual_seed(0))
+    assert min(measurements.offset_linearity(noise, [1]).values()) > 0.5  # the check can fail
+
+
+def test_the_variance_of_q_dot_k_is_d_k_and_the_scaling_keeps_the_softmax_from_saturating():
+    variances = measurements.dot_product_variances([16, 256])
+    assert variances[16] == pytest.approx(16, rel=0.1) and variances[256] == pytest.approx(256, rel=0.1)
+    saturation = measurements.softmax_saturation([4, 512], keys=32)
+    assert saturation["unscaled"][512] > 0.8 > 0.3 > saturation["scaled"][512]
+    assert saturation["scaled"][512] == pytest.approx(saturation["scaled"][4], abs=0.1)
+
+
+def test_the_masks_hide_padding_and_later_positions_and_their_weights_are_zero():
+    model, tokenizer = measurements.demo_model_and_tokenizer()
+    sources, targets = zip(*figures.MASK_BATCH, strict=True)
+    built = measurements.built_masks(model, tokenizer, sources, targets)
+    source_mask, target_mask = built["source_mask"].bool(), built["target_mask"].bool()
+    batch, source_length = source_mask.shape
+    target_length = target_mask.shape[1]
+    assert built["encoder"].shape == (batch, source_length, source_length)
+    assert built["decoder"].shape == (batch, target_length, target_length)
+    assert not source_mask.all()  # a padded batch
+    assert torch.equal(built["encoder"], source_mask[:, None, :].expand(-1, source_length, -1))
+    causal = torch.ones(target_length, target_length, dtype=torch.bool).tril()
+    assert torch.equal(built["decoder"], causal & target_mask[:, None, :])
+    assert torch.all(built["encoder_weights"][~built["encoder"]] == 0)
+    assert torch.all(built["decoder_weights"][~built["decoder"]] == 0)
+
+
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [(1, 512**-0.5 * 4000**-1.5), (4000, 512**-0.5 * 4000**-0.5), (100_000, 512**-0.5 * 100_000**-0.5)],
+)
+def test_the_learning_rate_is_equation_3_at_step(step, expected):
+    assert measurements.learning_rates([step], 512, 4000) == [pytest.approx(expected, rel=1e-12)]
+
+
+def test_the_smoothed_target_keeps_one_minus_epsilon_on_the_correct_token_and_sums_to_one():
+    target = measurements.smoothed_target(vocab_size=10, target=3, smoothing=0.1)
+    assert target.sum().item() == pytest.approx(1.0, abs=1e-6)
+    assert target[3].item() == pytest.approx(0.9 + 0.1 / 10, abs=1e-6)
+    assert torch.allclose(target[torch.arange(10) != 3], torch.full((9,), 0.01), atol=1e-6)
+
+
+def test_the_smoothed_loss_is_lowest_short_of_perplexity_one():
+    probabilities = [0.5, 0.85, 0.901, 0.95, 0.999]
+    curve = measurements.loss_against_perplexity(100, probabilities, 0.1)
+    assert curve["cross_entropy"] == pytest.approx([-math.log(p) for p in probabilities], abs=1e-5)
+    assert curve["perplexity"] == pytest.approx([1 / p for p in probabilities], rel=1e-5)
+    assert min(range(5), key=lambda i: curve["smoothed_loss"][i]) == 2  # p = 1 - 0.1 + 0.1 / 100
+
+
+def test_every_layer_is_timed_at_every_length():
+    timings = measurements.layer_timings(16, (4, 8), batch=1, repeats=1)
+    assert len(timings) == 5 and all(set(times) == {4, 8} and min(times.values()) > 0 for times in timings.values())
+
+
+def test_the_beam_holds_num_beams_hypotheses_a_step_ranked_by_the_length_penalised_score():
+    model, tokenizer = measurements.demo_model_and_tokenizer()
+    beams = measurements.beam_steps(model, tokenizer, "the dog sleeps", steps=3, num_beams=3, length_penalty=0.6)
+    assert [len(hypotheses) for hypotheses in beams] == [3, 3, 3]
+    for step, hypotheses in enumerate(beams, start=1):
+        scores = [h["score"] for h in hypotheses]
+        assert scores == sorted(scores, reverse=True)
+        for h in hypotheses:
+            if len(h["tokens"]) == step:  # still running: log P / length^alpha
+                assert h["score"] == pytest.approx(h["log_probability"] / step**0.6, abs=1e-4)
+
+
+def _check_written(folder, names):
+    for name in names:
+        assert (folder / name).read_bytes()[:8] == PNG_SIGNATURE, name
+    index = (folder / "index.md").read_text()
+    assert all(f"]({name})" in index for name in names)
+    assert set(json.loads((folder / RECORD).read_text())["files"]) >= {*names, "index.md"}
+
+
+@pytest.mark.slow
+def test_the_command_writes_every_figure_without_a_model_within_30_seconds(tmp_path, capsys):
+    start = time.perf_counter()
+    assert paper_figures_command.main([str(tmp_path / "figures")]) == 0
+    assert time.perf_counter() - start < 30
+    _check_written(tmp_path / "figures", ALL_FIGURES)
+    assert set(json.loads((tmp_path / "figures" / RECORD).read_text())["files"]) == {*ALL_FIGURES, "index.md"}
+    assert len(capsys.readouterr().out.split()) == len(ALL_FIGURES) + 1
+
+
+def test_with_a_model_the_attention_and_beam_figures_are_that_models(folder, tmp_path, monkeypatch):
+    for name in ("positions", "scaling", "complexity", "label_smoothing", "learning_rate"):
+        monkeypatch.setattr(figures, name, lambda name=name: (_blank(), figures.Item(f"{name}.png", name, "")))
+    seen = {}
+    original = figures.attention_maps
+
+    def attention_maps(model, tokenizer, *args):
+        seen["model"] = model.name_or_path
+        return original(model, tokenizer, *args)
+
+    monkeypatch.setattr(figures, "attention_maps", attention_maps)
+    output = tmp_path / "figures"
+    argv = [str(output), "--model", str(folder), "--source", "the house is small", "--layer", "1", "--dpi", "40"]
+    assert paper_figures_command.main(argv) == 0
+    assert seen["model"] == str(folder)
+    _check_written(output, MODEL_FIGURES)
+    assert "layer 1" in (output / "index.md").read_text()
+
+
+def _blank():
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(1, 1))
+
+
+def test_overwrite_replaces_a_previous_output_only(tmp_path, monkeypatch, capsys):
+    for name in ("positions", "scaling", "complexity", "label_smoothing", "learning_rate", "masks"):
+        monkeypatch.setattr(figures, name, lambda *a, name=name: (_blank(), figures.Item(f"{name}.png", name, "")))
+    monkeypatch.setattr(figures, "attention_maps", lambda *a: [])
+    monkeypatch.setattr(figures, "beam_search", lambda *a: (_blank(), figures.Item("beam_search.png", "b", "")))
+    output = tmp_path / "figures"
+    assert paper_figures_command.main([str(output)]) == 0
+    assert paper_figures_command.main([str(output)]) == 1
+    assert "--overwrite" in capsys.readouterr().err
+    assert paper_figures_command.main([str(output), "--overwrite"]) == 0
+    (output / "notes.txt").write_text("mine")
+    assert paper_figures_command.main([str(output), "--overwrite"]) == 1
+    assert "notes.txt" in capsys.readouterr().err and (output / "notes.txt").read_text() == "mine"
