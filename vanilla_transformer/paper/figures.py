@@ -252,7 +252,7 @@ def attention_maps(
     for kind, (_, title, query_side, key_side) in ATTENTION_KINDS.items():
         weights = attentions[kind][index : index + 1]
         figure = plot_attention_grid(
-            weights, attentions[query_side], attentions[key_side], f"{title}, layer {index + 1} ({note})"
+            weights, attentions[query_side], attentions[key_side], f"{title}, layer {index + 1} ({note})", index + 1
         )
         drawn.append(
             (

@@ -120,8 +120,11 @@ def compute_attentions(
     return result
 
 
-def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_tokens: list[str], title: str):
-    """A matplotlib Figure with one heat map per layer (rows) and head (columns) of `weights` (L, H, Q, K)."""
+def plot_attention_grid(
+    weights: torch.Tensor, query_tokens: list[str], key_tokens: list[str], title: str, first_layer: int = 1
+):
+    """A matplotlib Figure with one heat map per layer (rows) and head (columns) of `weights` (L, H, Q, K), the rows
+    numbered from `first_layer` (the model's numbering of the layers drawn)."""
     try:
         from matplotlib.figure import Figure  # without pyplot: PNGs are drawn by the Agg backend, no display needed
     except ImportError as error:
@@ -133,7 +136,7 @@ def plot_attention_grid(weights: torch.Tensor, query_tokens: list[str], key_toke
         for head in range(num_heads):
             ax = axes[layer, head]
             image = ax.imshow(weights[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
+            ax.set_title(f"layer {first_layer + layer}, head {head + 1}", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.tick_params(axis="x", labelrotation=90)
     ax = axes[0, 0]  # the axes are shared: the labels show on the outer heat maps
