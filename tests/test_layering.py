@@ -214,3 +214,28 @@ def test_no_code_cites_an_issue_number():
         if ours.search(line) and not theirs.search(line)
     ]
     assert cited == []
+
+
+def test_the_code_map_names_every_module_and_only_modules_that_exist():
+    """docs/ARCHITECTURE.md's table: each module of a layer named (a command is the module of its subcommand's name),
+    and no module named that is gone."""
+    import re
+
+    from vanilla_transformer.commands.main import SUBCOMMANDS
+
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    commands = {f"{name.replace('-', '_')}.py" for name in SUBCOMMANDS}
+    unnamed = [
+        str(path.relative_to(ROOT))
+        for path in sorted(LIBRARY.rglob("*.py"))
+        if path.name not in ("__init__.py", "__main__.py")
+        and "metrics" not in path.parts
+        and f"`{path.name}`" not in text
+        and not (path.parent.name == "commands" and path.name in commands)
+    ]
+    assert unnamed == []
+    existing = {
+        path.name for folder in (LIBRARY, ROOT / "tests", ROOT / "benchmarks") for path in folder.rglob("*.py")
+    }
+    existing |= {path.name for path in ROOT.glob("*.py")}
+    assert sorted(set(re.findall(r"`([a-z_0-9]+\.py)`", text)) - existing) == []
