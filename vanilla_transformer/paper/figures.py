@@ -147,7 +147,12 @@ def learning_rate() -> tuple[object, Item]:
         d_model = PRESETS[preset]["d_model"]
         values[preset] = measurements.learning_rates([1, 4000, 100_000], d_model)
         ax.plot(steps, measurements.learning_rates(steps, d_model), label=f"{preset} (d_model = {d_model})")
-    ax.axvline(measurements.PAPER_WARMUP_STEPS, color="gray", linestyle=":", label="warmup_steps = 4000")
+    ax.axvline(
+        measurements.PAPER_WARMUP_STEPS,
+        color="gray",
+        linestyle=":",
+        label=f"warmup_steps = {measurements.PAPER_WARMUP_STEPS}",
+    )
     ax.set(xlabel="training step", ylabel="learning rate", title="Equation 3: d_model^-0.5 · min(step^-0.5, "
            "step · warmup^-1.5)")  # fmt: skip
     ax.legend()

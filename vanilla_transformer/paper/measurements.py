@@ -24,9 +24,10 @@ from vanilla_transformer.data.toy_task import synthetic_translation_pairs
 from vanilla_transformer.serving.attention_maps import token_labels
 from vanilla_transformer.training.loss import label_smoothed_cross_entropy
 from vanilla_transformer.training.schedule import inverse_sqrt_learning_rate
+from vanilla_transformer.training.settings import TrainingSettings
 
-PAPER_WARMUP_STEPS = 4000  # section 5.3
-PAPER_LABEL_SMOOTHING = 0.1  # section 5.4
+PAPER_WARMUP_STEPS = TrainingSettings.warmup_steps  # section 5.3: the training's own default
+PAPER_LABEL_SMOOTHING = TrainingSettings.label_smoothing  # section 5.4
 # The demonstration model without --model: the paper's architecture (post-LN encoder-decoder, sinusoids, one shared
 # embedding), small enough to build and run in a second; randomly initialised, never trained.
 DEMO_SIZES = dict(
