@@ -1244,3 +1244,16 @@ def test_separate_vocabularies_translate_the_same_through_the_pipeline_translate
     translator = load_translator(str(folder))
     translator.model.generation_config.max_new_tokens = 8
     assert translate_text(translator, "\n".join(sentences), 1, 1.0)[0].splitlines() == expected
+
+
+def test_a_tensor_that_repeats_its_storage_is_refused_before_it_is_copied(fsmt_model, fairseq_files, tmp_path):
+    """A stride-0 view saves a few bytes and would become gigabytes once copied: refused, naming the tensor."""
+    state = fairseq_state(fsmt_model)
+    state["encoder.layers.0.fc1.bias"] = torch.zeros(1).expand(2 * 10**9)
+    checkpoint = write_fairseq(tmp_path / "wmt", fsmt_model, fairseq_files, state=state)
+    assert checkpoint.stat().st_size < 10 * 2**20
+    with pytest.raises(
+        ConversionError, match=r"model.encoder.layers.0.fc1.bias holds 2,000,000,000 values over a storage of 1"
+    ):
+        convert(checkpoint, tmp_path / "out", source_lang="en", target_lang="de")
+    assert not (tmp_path / "out").exists()

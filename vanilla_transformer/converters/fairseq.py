@@ -31,6 +31,7 @@ from vanilla_transformer.converters.core import (
 )
 from vanilla_transformer.converters.fairseq_checkpoint import load_fairseq_checkpoint
 from vanilla_transformer.converters.untrusted import SIZE_LIMITS, check_sizes, read_bytes
+from vanilla_transformer.model.loading import MAX_MODEL_BYTES
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # a fairseq Dictionary's first four symbols: bos, pad, eos, unk
 FAIRSEQ_REFUSALS = {
@@ -143,10 +144,22 @@ def modern_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def fairseq_weights(state: dict, problems: Problems) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """A fairseq state dict as (layers, embeddings), in float32; version counters and the sinusoid buffers (which
     fairseq recomputes) dropped, a problem for each table of learned positions."""
-    layers, embeddings = {}, {}
+    layers, embeddings, values = {}, {}, 0
     for key, tensor in modern_names(state["model"]).items():
         if not isinstance(tensor, torch.Tensor):
             raise ConversionError(f"the checkpoint's model.{key} is a {type(tensor).__name__}, not a tensor")
+        stored = tensor.untyped_storage().nbytes() // max(tensor.element_size(), 1)
+        if tensor.numel() > stored:  # a view that repeats its storage (stride 0): tiny on disk, huge once copied
+            raise ConversionError(
+                f"the checkpoint's model.{key} holds {tensor.numel():,} values over a storage of {stored:,}: "
+                "a checkpoint of weights stores every value it holds"
+            )
+        values += tensor.numel()
+        if values * 4 > MAX_MODEL_BYTES:
+            raise ConversionError(
+                f"the checkpoint's weights hold over {MAX_MODEL_BYTES // 4:,} values, the most a model folder may "
+                "have (the loader's limit)"
+            )
         if key in ("encoder.version", "decoder.version") or key.endswith("embed_positions._float_tensor"):
             continue
         if key.endswith("embed_positions.weight"):
