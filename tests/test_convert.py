@@ -1257,3 +1257,21 @@ def test_a_tensor_that_repeats_its_storage_is_refused_before_it_is_copied(fsmt_m
     ):
         convert(checkpoint, tmp_path / "out", source_lang="en", target_lang="de")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "is not a torch checkpoint: it is empty"),
+        (b'{"model": {}}', "is not a torch checkpoint: it is neither a zip archive nor a pickle"),
+        (b"hello world\n", "is not a torch checkpoint: it is neither a zip archive nor a pickle"),
+        (b"\x80\x02" + bytes(range(256)) * 8, "is not a readable torch checkpoint"),
+    ],
+    ids=["empty", "json", "text", "garbled pickle"],
+)
+def test_a_file_that_is_no_checkpoint_is_one_error_line(tmp_path, capsys, content, message):
+    (tmp_path / "model.pt").write_bytes(content)
+    code = main([str(tmp_path / "model.pt"), str(tmp_path / "out"), "--source_lang", "en", "--target_lang", "de"])
+    error = capsys.readouterr().err
+    assert code == 1 and error.startswith("error: ") and error.count("\n") == 1, error
+    assert message in error

@@ -68,6 +68,11 @@ def load_fairseq_checkpoint(path: Path) -> dict:
         name for _, name in OMEGACONF_STANDINS
     }
     is_zip = zipfile.is_zipfile(path)
+    with open(path, "rb") as file:
+        start = file.read(2)
+    if not is_zip and not start.startswith(b"\x80"):  # torch.save writes a zip archive, or (legacy) a pickle
+        what = "is empty" if not start else "is neither a zip archive nor a pickle"
+        raise ConversionError(f"{path} is not a torch checkpoint: it {what}")
     if is_zip:
         try:
             needed = torch.serialization.get_unsafe_globals_in_checkpoint(path)
@@ -79,9 +84,11 @@ def load_fairseq_checkpoint(path: Path) -> dict:
         with torch.serialization.safe_globals([*ALLOWED_CLASSES, *OMEGACONF_STANDINS]):
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
     except pickle.UnpicklingError as error:
-        raise unpickling_refusal(path, re.findall(r"GLOBAL (\S+)", str(error))[:1] or [str(error)[:200]]) from None
-    except (RuntimeError, EOFError, ValueError) as error:
-        raise ConversionError(f"{path} is not a readable torch checkpoint: {error}") from None
+        if needed := re.findall(r"GLOBAL (\S+)", str(error))[:1]:
+            raise unpickling_refusal(path, needed) from None
+        raise ConversionError(f"{path} is not a readable torch checkpoint: its pickle is damaged") from None
+    except (RuntimeError, EOFError, ValueError, KeyError, IndexError, UnicodeDecodeError) as error:
+        raise ConversionError(f"{path} is not a readable torch checkpoint ({type(error).__name__}: {error})") from None
     except TypeError as error:  # a stand-in called or built as omegaconf's pickles never do
         raise ConversionError(f"{path} is not a fairseq checkpoint omegaconf wrote: {error}") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
