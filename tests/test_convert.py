@@ -1275,3 +1275,28 @@ def test_a_file_that_is_no_checkpoint_is_one_error_line(tmp_path, capsys, conten
     error = capsys.readouterr().err
     assert code == 1 and error.startswith("error: ") and error.count("\n") == 1, error
     assert message in error
+
+
+def out_of_range(folder: Path) -> None:
+    vocabulary = json.loads((folder / "vocab.json").read_text())
+    vocabulary[next(iter(vocabulary))] = 99999
+    (folder / "vocab.json").write_text(json.dumps(vocabulary))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda folder: (folder / "vocab.json").write_text("[1, 2, 3]"), "vocab.json is not a vocabulary"),
+        (lambda folder: (folder / "vocab.json").write_text('"abc"'), "vocab.json is not a vocabulary"),
+        (lambda folder: (folder / "vocab.json").write_text("{not json"), "vocab.json is not valid JSON"),
+        (lambda folder: (folder / "source.spm").write_bytes(b"no model"), "source.spm is not a SentencePiece model"),
+        (out_of_range, "vocab.json has ids outside the model's vocabulary of"),
+    ],
+    ids=["vocab list", "vocab string", "vocab invalid", "spm garbage", "ids out of range"],
+)
+def test_broken_opus_mt_tokenizer_files_are_one_error_naming_the_file(marian_source, tmp_path, damage, message):
+    source = Path(shutil.copytree(marian_source, tmp_path / "source"))
+    damage(source)
+    with pytest.raises(ConversionError, match=message):
+        convert(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -12,6 +12,7 @@ language's, and maps pieces to ids through its own vocab.json (transformers has 
 reason).
 """
 
+import json
 from pathlib import Path
 
 from vanilla_transformer.converters.core import ConversionError, Problems, Source
@@ -59,15 +60,51 @@ def check_marian_vocabulary(folder: Path, separate: bool, problems: Problems) ->
     """The folder's MarianTokenizer files size-checked; a problem where the tokenizer's vocabularies (one, or
     `separate_vocabs` with a target_vocab.json) are not the model's (`separate`: share_encoder_decoder_embeddings
     false)."""
-    for name in ("source.spm", "target.spm", "vocab.json"):
-        read_bytes(folder / name)
+    for name in ("source.spm", "target.spm"):
+        check_sentencepiece(folder / name, problems)
     settings = read_json_file(folder / "tokenizer_config.json", ConversionError)
     tokenizer_separate = bool(settings.get("separate_vocabs"))
+    sizes = {"vocab.json": config_size(folder, "vocab_size")}
     if tokenizer_separate:
-        read_bytes(folder / "target_vocab.json")
+        sizes["target_vocab.json"] = config_size(folder, "decoder_vocab_size") or sizes["vocab.json"]
+    for name, size in sizes.items():
+        check_vocabulary(folder / name, size, problems)
     if tokenizer_separate != separate:
         problems.add(
             f"{folder}: tokenizer_config.json has separate_vocabs {settings.get('separate_vocabs')!r} while "
             f"config.json has share_encoder_decoder_embeddings {not separate!r}: the tokenizer's vocabularies are "
             "not the model's"
         )
+
+
+def config_size(folder: Path, field: str) -> int | None:
+    value = read_json_file(folder / "config.json", ConversionError).get(field)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def check_sentencepiece(path: Path, problems: Problems) -> None:
+    """A problem unless `path` is a SentencePiece model (read with a size limit, parsed by sentencepiece)."""
+    import sentencepiece
+
+    content = read_bytes(path)
+    try:
+        sentencepiece.SentencePieceProcessor(model_proto=content)
+    except Exception as error:  # noqa: BLE001 - sentencepiece raises RuntimeError or OSError: said in one line
+        problems.add(f"{path} is not a SentencePiece model ({type(error).__name__}: {str(error)[:120]})")
+
+
+def check_vocabulary(path: Path, size: int | None, problems: Problems) -> None:
+    """A problem unless `path` is a JSON object of pieces to ids from 0 to `size` - 1 (the model's vocabulary)."""
+    try:
+        vocabulary = json.loads(read_bytes(path))
+    except ValueError as error:
+        problems.add(f"{path} is not valid JSON: {error}")
+        return
+    if not isinstance(vocabulary, dict) or not all(
+        isinstance(piece, str) and isinstance(index, int) and not isinstance(index, bool)
+        for piece, index in vocabulary.items()
+    ):
+        problems.add(f"{path} is not a vocabulary: a JSON object of pieces to whole numbers")
+        return
+    if size is not None and (outside := sorted(i for i in vocabulary.values() if not 0 <= i < size)):
+        problems.add(f"{path} has ids outside the model's vocabulary of {size:,}: {outside[:5]}")
