@@ -1300,3 +1300,13 @@ def test_broken_opus_mt_tokenizer_files_are_one_error_naming_the_file(marian_sou
     with pytest.raises(ConversionError, match=message):
         convert(source, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["dict.txt", "bpecodes"])
+def test_a_dictionary_or_codes_that_are_not_utf8_are_one_refusal_naming_the_file(
+    fsmt_model, fairseq_files, tmp_path, name
+):
+    checkpoint = write_fairseq(tmp_path / "wmt", fsmt_model, fairseq_files)
+    (checkpoint.parent / name).write_bytes(b"\xff\xfe\x00 binary \x80\x81")
+    with pytest.raises(ConversionError, match=f"{name} is not UTF-8 text"):
+        convert(checkpoint, tmp_path / "out", source_lang="en", target_lang="de")

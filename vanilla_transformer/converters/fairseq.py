@@ -30,7 +30,7 @@ from vanilla_transformer.converters.core import (
     weights_problem,
 )
 from vanilla_transformer.converters.fairseq_checkpoint import load_fairseq_checkpoint
-from vanilla_transformer.converters.untrusted import SIZE_LIMITS, check_sizes, read_bytes
+from vanilla_transformer.converters.untrusted import SIZE_LIMITS, check_sizes, read_text
 from vanilla_transformer.model.loading import MAX_MODEL_BYTES
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # a fairseq Dictionary's first four symbols: bos, pad, eos, unk
@@ -245,7 +245,7 @@ def fairseq_dictionary(files: list[Path], embedding: torch.Tensor, problems: Pro
 
 def read_dictionary(path: Path) -> list[str]:
     symbols, seen = [], set(FAIRSEQ_SPECIALS)
-    for number, line in enumerate(read_bytes(path).decode("utf-8").splitlines(), 1):
+    for number, line in enumerate(read_text(path).splitlines(), 1):
         symbol, _, count = line.rstrip().removesuffix(" #fairseq:overwrite").rpartition(" ")
         if not symbol or not count.isdigit():
             raise ConversionError(f"{path}, line {number}: {line[:80]!r} is not `symbol count`")
@@ -271,7 +271,7 @@ def fsmt_vocabulary(symbols: list[str]) -> dict[str, int]:
 def fsmt_merges(path: Path) -> str:
     """subword-nmt's (or fastBPE's) BPE codes as FSMT's merges.txt: "a b" per line, counts and the version header
     dropped. Codes of subword-nmt 0.1, where a word's end is a symbol of its own, segment differently: refused."""
-    lines = read_bytes(path).decode("utf-8").splitlines()
+    lines = read_text(path).splitlines()
     if lines and lines[0].startswith("#version:"):
         if lines[0].split()[-1] != "0.2":
             raise ConversionError(f"{path}: {lines[0]!r}; FSMTTokenizer applies subword-nmt 0.2 codes")

@@ -50,6 +50,14 @@ def read_bytes(path: Path, limit: int = MAX_TEXT_BYTES) -> bytes:
     return path.read_bytes()
 
 
+def read_text(path: Path, limit: int = MAX_TEXT_BYTES) -> str:
+    """A text file (a dictionary, BPE codes) as `read_bytes` reads it, refused naming it when it is not UTF-8."""
+    try:
+        return read_bytes(path, limit).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConversionError(f"{path} is not UTF-8 text (byte {error.start}): give the text file itself") from None
+
+
 def card_license(readme: Path) -> str | None:
     """The `license` of a model card's YAML front matter, if the card has one."""
     if not readme.is_file() or readme.stat().st_size > MAX_CONFIG_BYTES:
