@@ -36,7 +36,7 @@ def read_marian(folder: Path, config: dict) -> Source:
     with Problems() as problems:
         separate = config.get("share_encoder_decoder_embeddings") is False
         check_config(config, MarianConfig, where, problems, separate=separate)
-        check_marian_vocabulary(folder, separate, problems)
+        check_marian_vocabulary(folder, config, separate, problems)
     tokenizer = MarianTokenizer.from_pretrained(folder)
     reference, dtype = load_reference(folder, MarianMTModel)
     why = "Marian's `tie_word_embeddings: false`: input embeddings and an lm_head of their own"
@@ -56,7 +56,7 @@ def read_marian(folder: Path, config: dict) -> Source:
     )  # fmt: skip
 
 
-def check_marian_vocabulary(folder: Path, separate: bool, problems: Problems) -> None:
+def check_marian_vocabulary(folder: Path, config: dict, separate: bool, problems: Problems) -> None:
     """The folder's MarianTokenizer files size-checked; a problem where the tokenizer's vocabularies (one, or
     `separate_vocabs` with a target_vocab.json) are not the model's (`separate`: share_encoder_decoder_embeddings
     false)."""
@@ -64,9 +64,9 @@ def check_marian_vocabulary(folder: Path, separate: bool, problems: Problems) ->
         check_sentencepiece(folder / name, problems)
     settings = read_json_file(folder / "tokenizer_config.json", ConversionError)
     tokenizer_separate = bool(settings.get("separate_vocabs"))
-    sizes = {"vocab.json": config_size(folder, "vocab_size")}
+    sizes = {"vocab.json": whole(config.get("vocab_size"))}
     if tokenizer_separate:
-        sizes["target_vocab.json"] = config_size(folder, "decoder_vocab_size") or sizes["vocab.json"]
+        sizes["target_vocab.json"] = whole(config.get("decoder_vocab_size")) or sizes["vocab.json"]
     for name, size in sizes.items():
         check_vocabulary(folder / name, size, problems)
     if tokenizer_separate != separate:
@@ -77,8 +77,7 @@ def check_marian_vocabulary(folder: Path, separate: bool, problems: Problems) ->
         )
 
 
-def config_size(folder: Path, field: str) -> int | None:
-    value = read_json_file(folder / "config.json", ConversionError).get(field)
+def whole(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
