@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -301,3 +302,10 @@ def model_with_attention(attn_implementation: str, **overrides) -> VanillaTransf
     return VanillaTransformerForConditionalGeneration._from_config(
         config, attn_implementation=attn_implementation
     ).eval()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

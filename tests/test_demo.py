@@ -7,7 +7,6 @@ import inspect
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ from vanilla_transformer.serving import demo as app
 from vanilla_transformer.serving import space
 from vanilla_transformer.serving.sources import read_lines
 
-from .helpers import OFFLINE
+from .helpers import OFFLINE, free_port
 
 PROJECT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -256,12 +255,6 @@ def test_a_space_serves_the_model_of_its_settings_else_of_its_card(monkeypatch, 
 
 
 # --- the demo in its own process, as `vanilla-transformer demo MODEL` starts it -----------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_app(argv: list[str], cwd: Path, log: Path, extra_env: dict | None = None) -> tuple[subprocess.Popen, str]:

@@ -4,6 +4,7 @@ generation."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from vanilla_transformer.training.evaluation import bare_model, sharded_generati
 from vanilla_transformer.training.run_setup import UnsupportedSetup, check_distributed_setup, make_accelerator
 from vanilla_transformer.training.settings import CheckpointSettings, OutputSettings
 
-from .helpers import OFFLINE, ROOT, TINY_RUN, train
+from .helpers import OFFLINE, ROOT, TINY_RUN, free_port, train
 
 ENVIRONMENT = {**os.environ, **OFFLINE}
 
@@ -106,11 +107,30 @@ def test_two_machines_without_a_shared_filesystem_stop_together_and_resume_from_
 
 @pytest.mark.slow
 def test_a_process_waiting_past_ddp_timeout_gets_a_clear_error(tmp_path):
-    """The flag reaches the process group: with 1 s, the process waiting while the other prepares gives up."""
+    """The flag reaches the process group: with 1 s, the process waiting while the other prepares gives up (or, on
+    a loaded machine, the first one waiting for the second to start: the test below)."""
     arguments = "--synthetic_pairs 60000 --ddp_timeout 1 --max_steps 1".split()
     result = train(tmp_path / "run", *arguments, processes=2, check=False)
     assert result.returncode != 0
-    assert "waited longer than --ddp_timeout for preparing the data" in result.stderr, result.stderr[-3000:]
+    waited = re.search(
+        r"waited longer than --ddp_timeout for (preparing the data|the other processes to start)", result.stderr
+    )
+    assert waited, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_process_whose_partner_never_starts_gets_a_clear_error_after_ddp_timeout(tmp_path):
+    """Rank 0 of 2, launched alone: joining the process group waits --ddp_timeout, then says so, without a trace."""
+    rendezvous = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    rendezvous |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    command = [sys.executable, str(ROOT / "train_accelerate.py"), "--output_dir", str(tmp_path / "run"), *TINY_RUN]
+    command += ["--ddp_timeout", "2"]
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=ROOT, env={**ENVIRONMENT, **rendezvous}, timeout=120
+    )
+    assert result.returncode != 0
+    assert "error: a process waited longer than --ddp_timeout for the other processes to start" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ import os
 
 import torch
 
+from vanilla_transformer.mechanics.barrier import WAIT_LONGER, CoordinationError
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.training import checkpoints
 
@@ -26,7 +27,16 @@ def make_accelerator(**kwargs):
         raise UnsupportedSetup(DEEPSPEED_REFUSED)  # before Accelerator() imports and configures DeepSpeed
     has_device = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
     has_device = has_device or torch.backends.mps.is_available()
-    accelerator = Accelerator(cpu=not has_device, **kwargs)
+    try:
+        accelerator = Accelerator(cpu=not has_device, **kwargs)
+    except (
+        torch.distributed.DistStoreError
+    ) as error:  # "Timed out after 3 seconds waiting for clients", "wait timeout"
+        if not any(words in str(error).lower() for words in ("timeout", "timed out")):
+            raise
+        raise CoordinationError(
+            f"a process waited longer than --ddp_timeout for the other processes to start: {WAIT_LONGER}"
+        ) from error
     launched_as = int(os.environ.get("WORLD_SIZE", "1"))
     if accelerator.num_processes != launched_as:
         raise RuntimeError(
