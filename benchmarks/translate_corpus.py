@@ -266,6 +266,8 @@ class Bench:
             engine_seconds, reported = float(found[-1][3]), int(found[-1][2])
         else:
             printed = [line for line in result["log"].splitlines() if line.startswith('{"seconds"')]
+            if not printed:
+                raise SystemExit(f"no timing from {' '.join(row['command'])}:\n{result['log'][-3000:]}")
             engine_seconds = json.loads(printed[-1])["seconds"]
         print(
             f"  {row['engine']} {row['settings']} (#{repetition + 1}): {result['seconds']:.1f} s, "

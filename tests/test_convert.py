@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -405,6 +406,20 @@ def test_converted_opus_mt_keeps_marians_tokenizer_ids_and_text(marian):
     decoded = theirs.batch_decode(expected, skip_special_tokens=True)
     assert ours.batch_decode(expected, skip_special_tokens=True) == decoded
     assert sum(text == sentence for text, sentence in zip(decoded, SENTENCES, strict=True)) > len(SENTENCES) // 2
+
+
+def test_converted_opus_mt_tokenizer_loads_in_a_fresh_process_without_asking_to_run_code(marian):
+    """load_tokenizer, as the CTranslate2 backend and a library user call it, before any registration of the model
+    type: the folder's MarianTokenizer, without AutoTokenizer's question about the folder's custom code."""
+    *_, output = marian
+    code = "import sys; from vanilla_transformer.data.tokenization import load_tokenizer as f; print(type(f(sys.argv[1])).__name__)"
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(output)], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "MarianTokenizer"
+    assert "custom code" not in result.stdout + result.stderr
 
 
 def test_converted_opus_mt_records_marians_choices_and_decoding(marian):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from vanilla_transformer.commands import translate as translate_command
 from vanilla_transformer.commands.translate import main
 from vanilla_transformer.serving import corpus
 from vanilla_transformer.serving.batches import token_batches, translate_texts
@@ -390,6 +391,15 @@ def test_the_ctranslate2_backend_gives_what_its_own_translate_batch_gives(folder
         for result in results
     ]
     assert ours == theirs and len(set(ours)) > 1
+
+
+def test_the_command_keeps_freed_memory_for_decoding(folder, tmp_path, monkeypatch):
+    """Decoding's large tensors reuse freed memory (tests/test_memory.py): the command asks for it itself."""
+    asked = []
+    monkeypatch.setattr(translate_command, "keep_freed_memory", lambda: asked.append(True))
+    result = translate(folder, "--input", write_lines(tmp_path / "lines.en", corpus_lines(3)), *FAST)
+    assert result.returncode == 0, result.stderr
+    assert asked == [True] and len(result.stdout.splitlines()) == 3
 
 
 @pytest.mark.slow

@@ -47,6 +47,7 @@ from vanilla_transformer.commands.flags import (
 )
 from vanilla_transformer.commands.runner import UsageError, command, need
 from vanilla_transformer.converters.ctranslate2_types import COMPUTE_TYPES
+from vanilla_transformer.mechanics.memory import keep_freed_memory
 from vanilla_transformer.serving.corpus import (
     DATASET_SUFFIXES,
     CorpusError,
@@ -203,6 +204,7 @@ def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | N
             num_beams=args.num_beams,
             max_new_tokens=args.max_new_tokens,
         )
+    keep_freed_memory()  # generate()'s large tensors reuse freed memory instead of faulting in new pages (memory.py)
     model_kwargs = {"dtype": DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}
     if args.attn_implementation:
         model_kwargs["attn_implementation"] = args.attn_implementation

@@ -8,6 +8,7 @@ when it shifts the labels right.
 Save it with `tokenizer.save_pretrained(folder)` and load it back with `load_tokenizer(folder)`.
 """
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,13 +26,29 @@ MIN_VOCAB_SIZE = len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIAL_TOKENS)
 
 def load_tokenizer(name_or_path: str | Path):
     """The tokenizer saved in a folder (a model folder, a prepared corpus's, a trained one) or on the Hub. A folder
-    holding `tokenizer.json` loads as the plain `tokenizers` tokenizer it is: since transformers 5, `AutoTokenizer`
-    reads a model folder's configuration first, asks whether to run its custom code and logs a model-type warning."""
-    if (Path(name_or_path) / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(name_or_path)
-    from transformers import AutoTokenizer
+    holding `tokenizer.json` loads as the plain `tokenizers` tokenizer it is, and one whose tokenizer_config.json
+    names a tokenizer class of transformers (a converted OPUS-MT or FSMT folder's MarianTokenizer, FSMTTokenizer) as
+    that class: since transformers 5, `AutoTokenizer` reads a model folder's configuration first and, in a process
+    that has not registered the model type (`vanilla_transformer.register()`), asks whether to run its custom code."""
+    import transformers
 
-    return AutoTokenizer.from_pretrained(name_or_path)
+    folder = Path(name_or_path)
+    if (folder / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(name_or_path)
+    tokenizer_class = getattr(transformers, named_tokenizer_class(folder / "tokenizer_config.json"), None)
+    if isinstance(tokenizer_class, type) and issubclass(tokenizer_class, transformers.PreTrainedTokenizerBase):
+        return tokenizer_class.from_pretrained(name_or_path)
+    return transformers.AutoTokenizer.from_pretrained(name_or_path)
+
+
+def named_tokenizer_class(settings: Path) -> str:
+    """The `tokenizer_class` a tokenizer_config.json names ("" where none is, or the file is not a JSON object: then
+    AutoTokenizer reads it and says what is wrong)."""
+    try:
+        named = json.loads(settings.read_text(encoding="utf-8")).get("tokenizer_class") if settings.is_file() else ""
+    except (ValueError, AttributeError):
+        return ""
+    return named if isinstance(named, str) else ""
 
 
 def train_shared_tokenizer(
