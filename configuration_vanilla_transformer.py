@@ -175,11 +175,22 @@ class VanillaTransformerConfig(PreTrainedConfig):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"`{name}` ({value}) must be a token id in [0, vocab_size={self.vocab_size}).")
+        self._check_end_of_sentence()
         for name in ("pad_token_id", "decoder_start_token_id"):  # the decoder's inputs too
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.decoder_vocab_size:
                 raise ValueError(
                     f"`{name}` ({value}) must be a token id in [0, decoder_vocab_size={self.decoder_vocab_size})."
+                )
+
+    def _check_end_of_sentence(self):
+        """The end-of-sentence id ends a source (its vocabulary) and a translation (the decoder's)."""
+        eos_ids = self.eos_token_id if isinstance(self.eos_token_id, list) else [self.eos_token_id]
+        for value in eos_ids:
+            if value is not None and not 0 <= value < min(self.vocab_size, self.decoder_vocab_size):
+                raise ValueError(
+                    f"`eos_token_id` ({value}) must be a token id in [0, vocab_size={self.vocab_size}) and "
+                    f"[0, decoder_vocab_size={self.decoder_vocab_size})."
                 )
 
     @classmethod

@@ -21,12 +21,15 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 from subword_nmt.apply_bpe import BPE
@@ -983,6 +986,159 @@ def test_overwrite_never_replaces_a_conversion_edited_since(fsmt, fsmt_folder, t
     assert json.loads((output / "config.json").read_text())["dropout"] == 0.5
 
 
+def meanwhile(monkeypatch, change):
+    """Run `change()` while a conversion runs: after its output folder was checked, before it is written."""
+    checked = conversion.check_against_reference
+
+    def check_then_change(*args):
+        difference = checked(*args)
+        change()
+        return difference
+
+    monkeypatch.setattr(conversion, "check_against_reference", check_then_change)
+
+
+def test_a_folder_another_writer_filled_meanwhile_is_left_as_it_is(fsmt_folder, tmp_path, monkeypatch, capsys):
+    """Two converts (or a convert and a training run) into one new folder: the second to finish replaces nothing."""
+    output = tmp_path / "out"
+    meanwhile(monkeypatch, lambda: (output.mkdir(), (output / "model.safetensors").write_bytes(b"theirs")))
+    assert main([str(fsmt_folder), str(output)]) == 1
+    assert "was written by someone else meanwhile" in capsys.readouterr().err
+    assert [path.name for path in output.iterdir()] == ["model.safetensors"]
+    assert (output / "model.safetensors").read_bytes() == b"theirs"
+    assert not list(tmp_path.glob(".out.incomplete-*"))  # our staging folder is gone
+
+
+def test_a_file_put_into_a_previous_conversion_meanwhile_stops_overwrite(
+    fsmt, fsmt_folder, tmp_path, monkeypatch, capsys
+):
+    output = Path(shutil.copytree(fsmt[4], tmp_path / "out"))  # a previous conversion: --overwrite may replace it
+    before = (output / "model.safetensors").stat().st_ino
+    meanwhile(monkeypatch, lambda: (output / "notes.txt").write_text("mine"))
+    assert main([str(fsmt_folder), str(output), "--overwrite"]) == 1
+    assert "changed while it was written (it holds notes.txt)" in capsys.readouterr().err
+    assert (output / "notes.txt").read_text() == "mine"
+    assert (output / "model.safetensors").stat().st_ino == before
+
+
+def dead_pid() -> int:
+    """The id of a process that ran here and ended."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(ended.stdout)
+
+
+def test_what_a_killed_conversion_left_is_removed_and_a_live_ones_kept(fsmt_folder, tmp_path, monkeypatch):
+    """kill -9 leaves the staging folder beside the output, what it renamed aside and its scratch folder: the next
+    convert on this machine removes them, and leaves a running conversion's alone."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    host, dead, alive = socket.gethostname(), dead_pid(), os.getpid()
+    left = [
+        tmp_path / f".out.incomplete-{host}-{dead}-0123456789ab",
+        tmp_path / f".out.incomplete-{host}-{dead}-0123456789ab.replaced",
+        tmp_path / "tmp" / f"vanilla-transformer-convert-{host}-{dead}-x1y2z3",
+    ]
+    running = [
+        tmp_path / f".out.incomplete-{host}-{alive}-ba9876543210",
+        tmp_path / "tmp" / f"vanilla-transformer-convert-{host}-{alive}-a1b2c3",
+        tmp_path / f".out.incomplete-elsewhere-{dead}-0123456789ab",
+    ]
+    for path in left + running:
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(b"partial")
+    assert main([str(fsmt_folder), str(tmp_path / "out")]) == 0
+    assert not any(path.exists() for path in left)
+    assert all(path.exists() for path in running)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("encoder_attention_heads", 3, "must be divisible by num_heads"),
+        ("eos_token_id", 10**6, "`eos_token_id` (1000000) must be a token id"),
+    ],
+)
+def test_a_source_config_the_model_cannot_take_is_one_error_line(marian_source, tmp_path, field, value, named, capsys):
+    source = Path(shutil.copytree(marian_source, tmp_path / "source"))
+    config = {**json.loads((source / "config.json").read_text()), field: value}
+    (source / "config.json").write_text(json.dumps(config))
+    assert main([str(source), str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err
+    assert error.strip().splitlines()[-1].startswith("error: ") and named in error and "Traceback" not in error, error
+    assert not (tmp_path / "out").exists()
+
+
+class Payload:
+    """What a hostile pytorch_model.bin pickles: unpickling it would run `os.system`."""
+
+    def __reduce__(self):
+        return (os.system, ("touch ran",))
+
+
+def test_a_pickled_pytorch_model_bin_is_one_error_line_and_never_runs(marian_source, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    source = Path(shutil.copytree(marian_source, tmp_path / "source"))
+    weights = {name: tensor for name, tensor in safetensors.torch.load_file(source / "model.safetensors").items()}
+    (source / "model.safetensors").unlink()
+    torch.save({**weights, "payload": Payload()}, source / "pytorch_model.bin")
+    assert main([str(source), str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err
+    assert (
+        error.strip().splitlines()[-1].startswith("error: ") and "pytorch_model.bin holds more than tensors" in error
+    ), error
+    assert "Traceback" not in error and not (tmp_path / "ran").exists()
+
+
+def lying_safetensors(path: Path, lie: str) -> None:
+    """Rewrite the safetensors file at `path` with a header that lies about its data in one way."""
+    raw = path.read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    header, data = json.loads(raw[8 : 8 + size]), raw[8 + size :]
+    name = next(key for key in header if key != "__metadata__")
+    entry = header[name]
+    if lie == "header longer than the file":
+        path.write_bytes((len(raw) * 2).to_bytes(8, "little") + raw[8:])
+        return
+    if lie == "header not JSON":
+        text = b"{not json" + b" " * (size - 9)
+        path.write_bytes(size.to_bytes(8, "little") + text + data)
+        return
+    if lie == "offsets past the data":
+        entry["data_offsets"] = [entry["data_offsets"][0], len(data) + 4096]
+    elif lie == "shape larger than its bytes":
+        entry["shape"] = [dimension * 1000 for dimension in entry["shape"]]
+    elif lie == "unknown dtype":
+        entry["dtype"] = "Q13"
+    elif lie == "negative shape":
+        entry["shape"] = [-1, *entry["shape"][1:]]
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+
+
+SAFETENSORS_LIES = [
+    "header longer than the file",
+    "header not JSON",
+    "offsets past the data",
+    "shape larger than its bytes",
+    "unknown dtype",
+    "negative shape",
+]
+
+
+@pytest.mark.parametrize("lie", SAFETENSORS_LIES)
+def test_a_lying_safetensors_header_is_one_error_line(marian_source, tmp_path, lie, capsys):
+    source = Path(shutil.copytree(marian_source, tmp_path / "source"))
+    lying_safetensors(source / "model.safetensors", lie)
+    assert main([str(source), str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err
+    assert (
+        error.strip().splitlines()[-1].startswith("error: ")
+        and "model.safetensors" in error
+        and "Traceback" not in error
+    ), error
+    assert len(error.strip().splitlines()) <= 3, error
+
+
 def test_the_card_names_the_source_its_license_and_the_conversion(marian):
     card = (marian[4] / "README.md").read_text()  # the source's README.md says cc-by-4.0
     front = card.split("---\n")[1]
@@ -1225,6 +1381,14 @@ def test_a_duplicated_merge_keeps_its_first_rank_as_subword_nmt_does(tmp_path):
     assert tokenizer.bpe("abc") == "ab c</w>"
 
 
+def test_merges_given_more_than_once_are_said(tmp_path, caplog):
+    from vanilla_transformer.converters.fairseq import fsmt_merges
+
+    (tmp_path / "bpecodes").write_text("#version: 0.2\n" + "a b\n" * 1000 + "b c</w>\n")
+    assert fsmt_merges(tmp_path / "bpecodes") == "a b\nb c</w>\n"
+    assert "holds 999 merge(s) more than once: each keeps its first rank" in caplog.text
+
+
 def test_empty_bpe_codes_are_refused(tmp_path):
     from vanilla_transformer.converters.fairseq import fsmt_merges
 
@@ -1271,6 +1435,28 @@ def test_a_tensor_that_repeats_its_storage_is_refused_before_it_is_copied(fsmt_m
         ConversionError, match=r"model.encoder.layers.0.fc1.bias holds 2,000,000,000 values over a storage of 1"
     ):
         convert(checkpoint, tmp_path / "out", source_lang="en", target_lang="de")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "abuse",
+    [
+        {"max_source_positions": "many"},
+        {"encoder_embed_dim": [32]},
+        {"dropout": "high"},
+        {"activation_fn": 5},
+        {"encoder_attention_heads": True},
+        {"source_lang": ["en"]},
+    ],
+    ids=str,
+)
+def test_a_hand_made_namespace_of_wrong_types_is_one_error_line(fsmt_model, fairseq_files, tmp_path, abuse, capsys):
+    """A checkpoint's `args` hold what anyone pickled: a value of the wrong type is named, never a traceback."""
+    checkpoint = write_fairseq(tmp_path / "wmt", fsmt_model, fairseq_files, args=fairseq_args(**abuse))
+    assert main([str(checkpoint), str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err
+    assert error.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in error, error
+    assert next(iter(abuse)) in error, error
     assert not (tmp_path / "out").exists()
 
 

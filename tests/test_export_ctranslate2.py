@@ -280,6 +280,30 @@ def test_an_output_folder_that_is_inside_or_holds_the_model_is_refused(tmp_path,
     assert {path.name: path.read_bytes() for path in (tmp_path / "model").iterdir()} == files
 
 
+def test_an_output_folder_filled_while_exporting_is_left_as_it_is(tmp_path, monkeypatch):
+    """Two exports (or an export and anything else) into one new folder: the second to finish replaces nothing."""
+    from vanilla_transformer.converters import export_ctranslate2
+
+    saved_model(tmp_path / "model")
+    output = tmp_path / "out"
+    converting = export_ctranslate2.VanillaTransformerConverter.convert
+
+    def convert_then_another_writer(self, *args, **kwargs):
+        written = converting(self, *args, **kwargs)
+        write_notes(output)  # another writer's result, between the check and the rename
+        return written
+
+    monkeypatch.setattr(export_ctranslate2.VanillaTransformerConverter, "convert", convert_then_another_writer)
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):
+        assert main([str(tmp_path / "model"), str(output)]) == 1
+    message = printed.getvalue().strip().splitlines()[-1]
+    assert message.startswith("error: ") and "was written by someone else meanwhile" in message, message
+    assert "the export was not written" in message
+    assert [path.name for path in output.iterdir()] == ["notes.txt"]
+    assert not list(tmp_path.glob(".out.incomplete-*"))
+
+
 def write_notes(folder: Path) -> None:
     folder.mkdir()
     (folder / "notes.txt").write_text("precious")

@@ -57,6 +57,15 @@ def test_the_limit_counts_the_longest_source_without_its_padding(loaded_model):
     assert output.shape == (2, 1 + 20 + 50)
 
 
+@pytest.mark.parametrize("setting", [{"num_beams": 0}, {"num_beams": -2}, {"num_return_sequences": 0}], ids=str)
+def test_a_count_under_one_is_refused_by_name(loaded_model, setting):
+    """Where transformers' generate() would divide by zero (or build a negative shape): a ValueError naming it."""
+    sources = random_ids(loaded_model.config, (1, 5))
+    ((name, value),) = setting.items()
+    with pytest.raises(ValueError, match=f"`{name}` must be a positive integer, got {value}"):
+        loaded_model.generate(sources, max_new_tokens=4, **setting)
+
+
 def test_a_plain_generate_call_ends_at_the_end_of_sentence(memorising_model):
     model, sources, targets = memorising_model
     assert torch.equal(model.generate(input_ids=sources, num_beams=1)[:, 1:], targets)

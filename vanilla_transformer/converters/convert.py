@@ -53,7 +53,10 @@ Untrusted input: size limits and no remote code (untrusted.py), no class unpickl
 (fairseq.py).
 """
 
+import contextlib
 import json
+import os
+import socket
 import tempfile
 from pathlib import Path
 
@@ -65,10 +68,10 @@ from vanilla_transformer.converters.core import ConversionError, Source, build_m
 from vanilla_transformer.converters.fairseq import read_fairseq
 from vanilla_transformer.converters.fsmt import read_fsmt
 from vanilla_transformer.converters.marian import read_marian
-from vanilla_transformer.converters.output_folder import check_output_folder, record_conversion
+from vanilla_transformer.converters.output_folder import check_output_folder, record_conversion, why_not_a_conversion
 from vanilla_transformer.converters.untrusted import card_license, check_no_link_leaves, download, tokenizer_settings
 from vanilla_transformer.hub.model_folder import save_model_folder
-from vanilla_transformer.mechanics.files import on_full_disk, staged_folder
+from vanilla_transformer.mechanics.files import TargetChanged, on_full_disk, remove_stale, staged_folder
 from vanilla_transformer.model.loading import read_json_file
 
 DTYPES = ("float32", "float16", "bfloat16")  # what a converted folder's weights may be stored as
@@ -95,14 +98,16 @@ def convert(
     in float32 whatever the dtype (float16 and bfloat16 values are float32 values)."""
     if dtype is not None and dtype not in DTYPES:
         raise ConversionError(f"--dtype is {dtype!r}; give one of {', '.join(DTYPES)}")
-    check_output_folder(source, output_dir, overwrite)
-    with tempfile.TemporaryDirectory(prefix="vanilla-transformer-convert-") as scratch:
+    replacing = check_output_folder(source, output_dir, overwrite)  # a previous conversion, which --overwrite replaces
+    scratch_prefix = f"vanilla-transformer-convert-{socket.gethostname()}-"  # then this process's id
+    remove_stale(Path(tempfile.gettempdir()), scratch_prefix)  # what killed conversions here left
+    with tempfile.TemporaryDirectory(prefix=f"{scratch_prefix}{os.getpid()}-") as scratch:
         read = read_source(source, dictionary, bpe_codes, (source_lang, target_lang), revision, Path(scratch))
         read.license = license or read.license
         model = build_model(read)
         difference = check_against_reference(model, read)  # both in float32
         model = model.to(getattr(torch, dtype) if dtype is not None else read.dtype)
-        write_folder(model, read, Path(output_dir), difference)
+        write_folder(model, read, Path(output_dir), difference, replacing)
     return Path(output_dir)
 
 
@@ -136,14 +141,17 @@ def read_source(source, dictionary, bpe_codes, languages, revision, scratch: Pat
     return read
 
 
-def write_folder(model: nn.Module, source: Source, output_dir: Path, difference: float) -> None:
+def write_folder(model: nn.Module, source: Source, output_dir: Path, difference: float, replacing: bool) -> None:
     """Write the model folder into a new hidden folder beside `output_dir`, then move it into place: a failed write
-    (a full disk) leaves `output_dir` as it was."""
+    (a full disk) leaves `output_dir` as it was, and so does one whose `output_dir` changed meanwhile (another
+    convert's result, a training run, a file put there): only a folder still new or empty, or still the previous
+    conversion that `replacing` says the check found, is replaced."""
     output = output_dir.resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
     languages = dict(zip(("source_lang", "target_lang"), source.languages, strict=True))
     full_disk = ConversionError(f"no space left on device while writing {output_dir}: it is as it was")
-    with on_full_disk(lambda cause: full_disk), staged_folder(output) as staging:
+    changed = why_not_a_conversion if replacing else None
+    with on_full_disk(lambda cause: full_disk), conversion_not_written(), staged_folder(output, changed) as staging:
         save_model_folder(model, source.tokenizer, staging, card_values=languages, decoding=source.decoding)
         written = read_json_file(staging / "tokenizer_config.json", ConversionError)
         kept = tokenizer_settings(source.tokenizer, written)
@@ -152,3 +160,12 @@ def write_folder(model: nn.Module, source: Source, output_dir: Path, difference:
         card = conversion_card(model, source, difference, generation)
         (staging / "README.md").write_text(card, encoding="utf-8")
         record_conversion(staging)  # last: what --overwrite may replace later
+
+
+@contextlib.contextmanager
+def conversion_not_written():
+    """A folder that changed while the conversion was written (`staged_folder`'s TargetChanged) as ConversionError."""
+    try:
+        yield
+    except TargetChanged as error:
+        raise ConversionError(f"{error.strerror}; the conversion was not written: convert again") from error

@@ -164,8 +164,9 @@ def build_model(source: Source) -> VanillaTransformerForConditionalGeneration:
     every source weight used; one ConversionError naming every weight left over, missing, or of another shape."""
     try:
         config = VanillaTransformerConfig(**source.fields)
-    except (ValueError, TypeError) as error:
-        raise ConversionError(f"the source's settings make no valid config: {error}") from None
+    except Exception as error:  # noqa: BLE001 - ValueError, TypeError, huggingface_hub's field validation errors
+        reason = " ".join(str(error).split())[:400]
+        raise ConversionError(f"the source's settings make no valid config: {reason}") from None
     model = VanillaTransformerForConditionalGeneration(config)
     state, missing, used = {}, [], set()
     with Problems() as problems:

@@ -53,7 +53,7 @@ from modeling_vanilla_transformer import (
 )
 from vanilla_transformer.data.tokenization import UNK_TOKEN, UNK_TOKEN_ID, load_tokenizer
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
-from vanilla_transformer.mechanics.files import on_full_disk, staged_folder
+from vanilla_transformer.mechanics.files import TargetChanged, on_full_disk, staged_folder
 from vanilla_transformer.mechanics.outputs import check_output_folder
 from vanilla_transformer.model.loading import ModelFolderError, load_model_folder
 
@@ -226,12 +226,13 @@ def why_not_an_export(folder: Path) -> str | None:
     return None
 
 
-def check_folders(model_dir: str | Path, output_dir: str | Path, overwrite: bool) -> None:
+def check_folders(model_dir: str | Path, output_dir: str | Path, overwrite: bool) -> bool:
     """Raise ExportError unless `model_dir` is a model folder and `output_dir` may be written under the one
-    output-folder rule (mechanics/outputs.py): never the model's folder, and with `overwrite` a previous export only."""
+    output-folder rule (mechanics/outputs.py): never the model's folder, and with `overwrite` a previous export only.
+    True where a previous export will be replaced."""
     if not (Path(model_dir) / "config.json").is_file():
         raise ExportError(f"{model_dir} is not a model folder: it has no config.json")
-    check_output_folder(
+    return check_output_folder(
         output_dir,
         overwrite=overwrite,
         why_not_previous=why_not_an_export,
@@ -263,7 +264,7 @@ def convert_to_ctranslate2(
         it is something else, if it exists without `overwrite`, or if it is, holds or is inside `model_dir`, or if the
         model has d_k != d_v.
     """
-    check_folders(model_dir, output_dir, overwrite)
+    replacing = check_folders(model_dir, output_dir, overwrite)
     check_exportable(model_dir)
     if transformer_spec is None:
         raise ImportError("The export needs CTranslate2: pip install 'vanilla-transformer[export]'.")
@@ -274,6 +275,10 @@ def convert_to_ctranslate2(
             f"the incomplete export was removed, and {output_dir} is as it was. Free space and export again."
         )
 
-    with on_full_disk(full_disk), staged_folder(Path(output_dir).resolve()) as staging:
-        VanillaTransformerConverter(model_dir).convert(str(staging), quantization=quantization)
+    changed = why_not_an_export if replacing else None  # only what the check found is replaced (staged_folder)
+    try:
+        with on_full_disk(full_disk), staged_folder(Path(output_dir).resolve(), changed) as staging:
+            VanillaTransformerConverter(model_dir).convert(str(staging), quantization=quantization)
+    except TargetChanged as error:
+        raise ExportError(f"{error.strerror}; the export was not written: export again") from error
     return str(output_dir)

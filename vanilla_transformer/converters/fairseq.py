@@ -13,6 +13,7 @@ the same weights.
 
 import argparse
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from vanilla_transformer.converters.core import (
 from vanilla_transformer.converters.fairseq_checkpoint import load_fairseq_checkpoint
 from vanilla_transformer.converters.untrusted import SIZE_LIMITS, check_sizes, read_text
 from vanilla_transformer.model.loading import MAX_MODEL_BYTES
+
+logger = logging.getLogger(__name__)
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # a fairseq Dictionary's first four symbols: bos, pad, eos, unk
 FAIRSEQ_REFUSALS = {
@@ -104,20 +107,40 @@ def read_fairseq(path: Path, dictionary, bpe_codes, languages, scratch: Path) ->
     )
 
 
+# the settings read from a checkpoint, with the types fairseq gives them: anything else in a pickle is refused
+INTEGER, NUMBER, TEXT = ("an integer", (int,)), ("a number", (int, float)), ("a string", (str,))
+SETTING_TYPES = {
+    **{f"{side}_{name}": INTEGER for side in ("encoder", "decoder") for name in ("embed_dim", "ffn_embed_dim")},
+    **{f"{side}_{name}": INTEGER for side in ("encoder", "decoder") for name in ("layers", "attention_heads")},
+    "max_source_positions": INTEGER, "max_target_positions": INTEGER,
+    **{name: NUMBER for name in ("dropout", "attention_dropout", "activation_dropout", "relu_dropout")},
+    "activation_fn": TEXT, "source_lang": TEXT, "target_lang": TEXT, "no_scale_embedding": ("true or false", (bool,)),
+}  # fmt: skip
+
+
 def fairseq_settings(state: dict, path: Path) -> dict[str, Any]:
     """A fairseq checkpoint's model settings: `args` (an argparse.Namespace), or `cfg` (fairseq 0.10 and later: a plain
     dict, or an omegaconf DictConfig read as one) and its `model` section (a dict, or an argparse.Namespace for the
-    architectures fairseq registers without a dataclass), with its `task`'s languages."""
+    architectures fairseq registers without a dataclass), with its `task`'s languages. The settings this converter
+    reads must have fairseq's types (SETTING_TYPES): one ConversionError names every one that has not."""
+    settings = None
     if isinstance(state.get("args"), argparse.Namespace):
-        return vars(state["args"])
-    cfg = state.get("cfg")
-    if isinstance(cfg, dict):
+        settings = vars(state["args"])
+    elif isinstance(cfg := state.get("cfg"), dict):
         model, task = (
             vars(part) if isinstance(part, argparse.Namespace) else part for part in map(cfg.get, ("model", "task"))
         )
         task = task if isinstance(task, dict) else {}
         if isinstance(model, dict):
-            return {**{name: task.get(name) for name in ("source_lang", "target_lang")}, **model}
+            settings = {**{name: task.get(name) for name in ("source_lang", "target_lang")}, **model}
+    if settings is not None:
+        with Problems() as problems:
+            for name, (kind, types) in SETTING_TYPES.items():
+                value = settings.get(name)
+                wrong_bool = isinstance(value, bool) and bool not in types
+                if value is not None and (wrong_bool or not isinstance(value, types)):
+                    problems.add(f"{path}: the setting {name} is {value!r:.80}, not {kind}")
+        return settings
     raise ConversionError(
         f"{path} has neither `args` (an argparse.Namespace) nor `cfg` with a `model` section: its architecture is "
         "unknown"
@@ -284,6 +307,10 @@ def fsmt_merges(path: Path) -> str:
         merges.setdefault(f"{parts[0]} {parts[1]}", number)
     if not merges:
         raise ConversionError(f"{path} holds no merges: give the BPE codes the model was trained with")
+    if duplicates := len(lines) - len(merges):
+        logger.warning(
+            f"{path} holds {duplicates} merge(s) more than once: each keeps its first rank, as subword-nmt applies them"
+        )
     return "\n".join(merges) + "\n"
 
 

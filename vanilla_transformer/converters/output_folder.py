@@ -63,12 +63,12 @@ def record_conversion(folder: Path) -> None:
     (folder / CONVERSION_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
-def check_output_folder(source: str | Path, output_dir: str | Path, overwrite: bool) -> None:
+def check_output_folder(source: str | Path, output_dir: str | Path, overwrite: bool) -> bool:
     """The one output-folder rule (mechanics/outputs.py) for `convert`: never the source's folder, and with
     `overwrite`, a previous conversion and nothing else is replaced (a folder holding a checkpoint file is no previous
-    conversion). ConversionError otherwise."""
+    conversion). ConversionError otherwise. True where a previous conversion will be replaced."""
     inputs = [("the source's folder", source)] if Path(source).is_dir() else []
-    check_output_folder_rule(
+    return check_output_folder_rule(
         output_dir,
         overwrite=overwrite,
         why_not_previous=why_not_a_conversion,

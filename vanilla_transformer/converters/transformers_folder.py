@@ -3,10 +3,12 @@ architecture other than the paper's, the sizes and fields of a config, the weigh
 loaded as the reference, and the decoding settings a converted folder keeps.
 """
 
+import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from configuration_vanilla_transformer import ACTIVATION_FUNCTIONS
@@ -144,6 +146,18 @@ def load_reference(folder: Path, model_class) -> tuple[nn.Module, torch.dtype]:
         raise ConversionError(str(error)) from None
     except OSError as error:  # no weights file, or one transformers cannot read
         raise ConversionError(f"cannot load the weights of {folder}: {error}") from None
+    except SafetensorError as error:  # a header that lies about the data, or is no header
+        raise ConversionError(f"{folder / 'model.safetensors'} is not readable safetensors: {error}") from None
+    except ValueError as error:  # a config.json transformers cannot build its model from
+        raise ConversionError(
+            f"{folder / 'config.json'}: transformers cannot build the source model: {error}"
+        ) from None
+    except pickle.UnpicklingError as error:  # torch.load(weights_only=True) met an object that is not a tensor
+        reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else "a pickle that is not weights"
+        raise ConversionError(
+            f"{folder}: its pytorch_model.bin holds more than tensors ({reason}); it was not unpickled. Give a "
+            "folder with model.safetensors, or weights saved with torch.save(state_dict)"
+        ) from None
     dtype = model.dtype
     return model.float().eval(), dtype
 

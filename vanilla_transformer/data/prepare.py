@@ -45,6 +45,7 @@ from vanilla_transformer.data.tokenization import load_tokenizer
 from vanilla_transformer.mechanics.barrier import PREPARE_BEFOREHAND, run_while_others_wait
 from vanilla_transformer.mechanics.files import move_into_place, on_full_disk
 from vanilla_transformer.mechanics.integrity import files_problem, record_files
+from vanilla_transformer.mechanics.lock import pid_exists
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -363,21 +364,11 @@ def remove_stale_staging(folder: Path, log=print) -> None:
     host = socket.gethostname()
     for path in folder.parent.glob(f".incomplete-{folder.name}-{host}-*"):
         pid = path.name.removeprefix(f".incomplete-{folder.name}-{host}-").split("-")[0]
-        if pid.isdigit() and not _process_is_alive(int(pid)):
+        if pid.isdigit() and not pid_exists(int(pid)):
             log(f"[prepare] removing {path}, left by an interrupted preparation (process {pid})")
             shutil.rmtree(path, ignore_errors=True)
     for path in folder.parent.glob(f".damaged-{folder.name}-*"):
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _process_is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, under another user
-        return True
-    return True
 
 
 def _move_into_place(staging: Path, folder: Path, key: dict, log) -> None:

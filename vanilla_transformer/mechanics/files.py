@@ -9,7 +9,7 @@
   target is never written).
 - `move_into_place(staging, target)`: the one staged rename: a file or folder written complete beside `target`
   (`staging_path`), then renamed into place, so that a crash or a full disk never leaves half of it at `target`.
-  `staged_folder(target)` writes a folder that way.
+  `staged_folder(target)` writes a folder that way, replacing only what its caller checked (`TargetChanged`).
 - `on_full_disk(error)`: the one disk-full guard: a write that runs out of space becomes the caller's error.
 - `is_disk_full(error)`: whether a failed write ran out of space, however a library wrapped the error.
 - `give_umask_modes(paths)`: files written with the user's umask, as `open()` writes them (safetensors writes 0600).
@@ -18,12 +18,17 @@
 import ast
 import contextlib
 import errno
+import glob
 import json
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
+from vanilla_transformer.mechanics.lock import pid_exists
 
 
 def link_on_the_way(folder: Path, name: str) -> Path | None:
@@ -83,9 +88,33 @@ def content_problem(path: str | Path) -> str | None:
 
 
 def staging_path(target: str | Path) -> Path:
-    """A new hidden name beside `target` to write it complete before `move_into_place`: ours alone."""
+    """A new hidden name beside `target` to write it complete before `move_into_place`: ours alone, named after this
+    machine and process so that what a killed writer left is known as such (`remove_stale_staging`)."""
     target = Path(target)
-    return target.with_name(f".{target.name}.incomplete-{uuid.uuid4().hex[:12]}")
+    return target.with_name(f"{staging_prefix(target)}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+
+
+def staging_prefix(target: Path) -> str:
+    return f".{target.name}.incomplete-{socket.gethostname()}-"
+
+
+def remove_stale_staging(target: str | Path) -> list[Path]:
+    """Delete the staging files and folders of `target` (and what they renamed aside) that writers on this machine
+    left when they were killed (`kill -9`, a power cut). Returns what was deleted."""
+    return remove_stale(Path(target).parent, staging_prefix(Path(target)))
+
+
+def remove_stale(parent: Path, prefix: str) -> list[Path]:
+    """Delete the entries of `parent` named `{prefix}{pid}-...` whose process `pid` no longer runs: what writers on
+    this machine (`prefix` names it) left when they were killed. Another live process's are left alone, as are another
+    machine's. Returns what was deleted."""
+    removed = []
+    for path in parent.glob(f"{glob.escape(prefix)}*"):
+        pid = path.name.removeprefix(prefix).split("-")[0]
+        if pid.isdigit() and not pid_exists(int(pid)):
+            _remove(path)
+            removed.append(path)
+    return removed
 
 
 def move_into_place(staging: str | Path, target: str | Path, replace: bool = True) -> Path:
@@ -115,14 +144,33 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+class TargetChanged(VanillaTransformerError, OSError):
+    """The folder a staged write goes to changed while it was written (another writer's result, a file put there):
+    nothing was replaced."""
+
+
 @contextlib.contextmanager
-def staged_folder(target: str | Path) -> Iterator[Path]:
-    """A new hidden folder to write `target` into; moved into place (replacing `target`) when the block ends, deleted
-    when it fails: `target` is never left half-written."""
+def staged_folder(target: str | Path, replacing: Callable[[Path], str | None] | None = None) -> Iterator[Path]:
+    """A new hidden folder to write `target` into; moved into place when the block ends, deleted when it fails:
+    `target` is never left half-written. Only what the caller checked beforehand is replaced: without `replacing`,
+    `target` must still be missing or empty at the rename; with it, `target` is replaced if `replacing(target)` still
+    says nothing against it (None) at the rename. Otherwise TargetChanged, and `target` is left as it is."""
+    target = Path(target)
+    remove_stale_staging(target)
     staging = staging_path(target)
     try:
         yield staging
-        move_into_place(staging, target)
+        why = replacing(target) if replacing is not None and target.is_dir() else None
+        if why is not None:
+            raise TargetChanged(errno.EEXIST, f"{target} changed while it was written ({why}): it was left as it is")
+        try:
+            move_into_place(staging, target, replace=replacing is not None)
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+            raise TargetChanged(
+                error.errno, f"{target} was written by someone else meanwhile: it was left as it is"
+            ) from error
     finally:
         if staging.is_dir() and not staging.is_symlink():
             shutil.rmtree(staging, ignore_errors=True)

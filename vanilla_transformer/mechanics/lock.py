@@ -84,7 +84,8 @@ def holder_record(pid: int) -> dict:
     }
 
 
-def _pid_exists(pid: int) -> bool:
+def pid_exists(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (under any user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -113,7 +114,7 @@ def holder_state(holder: dict) -> tuple[str, str]:
         if now != started:
             return "gone", f"process {pid} is another program now (started at another time)"
         return "live", f"process {pid} runs"
-    if _pid_exists(pid):
+    if pid_exists(pid):
         return "live", f"process {pid} runs"
     return "gone", f"no process {pid} runs"
 
