@@ -55,6 +55,7 @@ from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.model.loading import MAX_LAYERS, ModelFolderError, check_folder_sizes
 from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences
 
+from .helpers import run_in_this_process
 from .sources import HEADS, MULTI30K_LIKE, SENTENCES, SIZES, scramble, train_sentencepiece, write_marian
 
 NEW_TOKENS = 10
@@ -916,6 +917,18 @@ def test_the_command_writes_a_folder_that_loads_with_trust_remote_code_and_trans
     assert texts == tokenizer.batch_decode(expected, skip_special_tokens=True)
 
 
+def test_translating_a_converted_fsmt_folder_prints_no_length_warning_per_batch(fsmt, tmp_path):
+    """FSMT's folders set max_length: the command decodes by it without transformers' warning about two lengths."""
+    from vanilla_transformer.commands.translate import main as translate
+
+    lines = tmp_path / "lines.en"
+    lines.write_text("".join(f"{sentence}\n" for sentence in (SENTENCES * 3)[:12]), encoding="utf-8")
+    result = run_in_this_process(translate, [str(fsmt[4]), "--input", str(lines), "--batch_size", "4"])
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 12
+    assert "max_length" not in result.stderr, result.stderr
+
+
 def test_the_translation_pipeline_translates_with_a_converted_folder(fsmt):
     from transformers import pipeline
 
@@ -1292,6 +1305,19 @@ def test_the_converters_layer_limit_is_the_loaders(tmp_path, field):
         except ModelFolderError:
             loads = False
         assert (not problems.found) == accepted == loads, (layers, problems.found)
+
+
+def test_a_config_claiming_over_a_billion_weights_over_tiny_ones_is_refused_before_building(marian_source, tmp_path):
+    """1.28e9 weights claimed (feed-forward layers of 5,000,000) over a tiny model's: refused from config.json alone,
+    by the loader's bound, before transformers builds the source model (5 GB)."""
+    source = Path(shutil.copytree(marian_source, tmp_path / "source"))
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(
+        json.dumps({**config, "encoder_ffn_dim": 5_000_000, "decoder_ffn_dim": 5_000_000})
+    )
+    with pytest.raises(ConversionError, match="config.json"):
+        convert(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 # --- what a source may carry into the converted folder -------------------------------------------------------------
