@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import train_accelerate
+import vanilla_transformer
 from vanilla_transformer.data.batching import DataPosition, TokenBatchSampler, TranslationCollator
 from vanilla_transformer.data.readers import DataError
 from vanilla_transformer.training import checkpoints, evaluation
@@ -153,7 +154,8 @@ def test_two_process_run_saves_a_folder_that_reloads_and_translates(tmp_path):
         print(json.dumps([out.tolist(), tokenizer.batch_decode(out, skip_special_tokens=True)]))
         """
     hub_tokens, hub_translations = json.loads(run_without_the_project(translate, cwd=tmp_path))
-    model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)  # the installed code
+    vanilla_transformer.register()  # the installed code, for the Auto classes (the run was another process)
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
     tokenizer = AutoTokenizer.from_pretrained(output_dir)
     expected = model.generate(**tokenizer(sources, return_tensors="pt", padding=True), max_new_tokens=8)
     assert hub_tokens == expected.tolist() and len(hub_tokens) == 2

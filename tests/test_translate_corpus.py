@@ -100,6 +100,40 @@ def test_the_model_backend_gives_what_generate_gives(model_and_tokenizer):
             assert translation == tokenizer.decode(ids[0], skip_special_tokens=True)
 
 
+@pytest.mark.parametrize("num_beams", [2, 4])
+def test_the_model_backends_beam_search_gives_generates_tokens_without_moving_the_source_cache(
+    model_and_tokenizer, num_beams, monkeypatch
+):
+    """Beam search with the cache that leaves the encoder-decoder attention's keys and values in place
+    (model/beam_cache.py): generate()'s own tokens on a padded batch of sentences of different lengths; the
+    self-attention cache is reordered at every step, the source's never."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    from vanilla_transformer.model.beam_cache import beam_search_cache
+    from vanilla_transformer.serving import translate as serving
+
+    model, tokenizer = model_and_tokenizer
+    sentences = [ENGLISH[i] + " " + ENGLISH[(3 * i) % len(ENGLISH)] * (i % 3) for i in range(8)]
+    made, moved = [], []
+    monkeypatch.setattr(
+        serving, "beam_search_cache", lambda config: made.append(beam_search_cache(config)) or made[-1]
+    )
+    reorder = DynamicCache.reorder_cache
+    monkeypatch.setattr(
+        DynamicCache, "reorder_cache", lambda cache, index: (moved.append(cache), reorder(cache, index))
+    )
+    backend = ModelBackend(model, tokenizer, num_beams, 8)
+    texts, _ = backend.translate(backend.encode(sentences))
+    assert len(made) == 1 and len(moved) >= 7  # a reorder after every step but the last
+    assert all(cache is made[0].self_attention_cache for cache in moved)
+    monkeypatch.undo()
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        ids = model.generate(**batch, num_beams=num_beams, max_new_tokens=8)
+    assert texts == tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
 @pytest.fixture(scope="module")
 def source_file(tmp_path_factory) -> Path:
     return write_lines(tmp_path_factory.mktemp("corpus") / "source.en", corpus_lines(120))

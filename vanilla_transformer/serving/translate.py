@@ -21,6 +21,7 @@ import modeling_vanilla_transformer  # registers the model with the Auto classes
 from pipeline_vanilla_transformer import length_arguments
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.names import CODE_FILES, WEIGHTS_NAME
+from vanilla_transformer.model.beam_cache import beam_search_cache
 from vanilla_transformer.model.loading import (
     MAX_BEAMS,
     ModelFolderError,
@@ -78,8 +79,11 @@ class ModelBackend:
             inputs["attention_mask"], self.model.config, self.model.generation_config, self.max_new_tokens
         )
         self.model.eval()
+        cache = {}
+        if self.beams > 1 and getattr(self.model.generation_config, "cache_implementation", None) is None:
+            cache["cache"] = beam_search_cache(self.model.config)  # the cross-attention cache stays (beam_cache.py)
         with torch.inference_mode():
-            output_ids = self.model.generate(**inputs, **lengths, **self.generate_kwargs)
+            output_ids = self.model.generate(**inputs, **lengths, **cache, **self.generate_kwargs)
         is_special = torch.isin(output_ids, torch.tensor(sorted(self.special_ids), device=output_ids.device))
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True), int((~is_special).sum())
 
