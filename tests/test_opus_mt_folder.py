@@ -122,6 +122,18 @@ def test_the_pipeline_translate_the_demo_and_the_evaluation_decode_the_same_ids_
     )
 
 
+def test_the_evaluation_decodes_through_the_commands_backend(opus_mt_folder, monkeypatch):
+    """One decoding under the command, the demo and the evaluation: model/decoding.py's ModelBackend."""
+    from vanilla_transformer.model.decoding import ModelBackend
+
+    model, tokenizer = load_model_and_tokenizer(opus_mt_folder)
+    decoded, translate = [], ModelBackend.translate
+    monkeypatch.setattr(ModelBackend, "translate", lambda self, batch: decoded.append(batch) or translate(self, batch))
+    hypotheses = evaluation_translations(model, tokenizer, [SENTENCE, "Hello"])
+    assert sorted(map(len, decoded[0])) == sorted(len(ids) for ids in tokenizer([SENTENCE, "Hello"])["input_ids"])
+    assert hypotheses == translate_sentences(model, tokenizer, [SENTENCE, "Hello"])
+
+
 def test_every_command_decodes_a_folder_to_the_length_its_generation_config_gives(endless):
     model, tokenizer = endless
     lengths = recording_lengths(model)

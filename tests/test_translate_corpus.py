@@ -14,9 +14,9 @@ import pytest
 
 from vanilla_transformer.commands import translate as translate_command
 from vanilla_transformer.commands.translate import main
+from vanilla_transformer.model.decoding import ModelBackend
 from vanilla_transformer.serving import corpus
 from vanilla_transformer.serving.batches import token_batches, translate_texts
-from vanilla_transformer.serving.translate import ModelBackend
 
 from .helpers import ENGLISH, OFFLINE, launcher, run_in_this_process
 
@@ -110,14 +110,14 @@ def test_the_model_backends_beam_search_gives_generates_tokens_without_moving_th
     import torch
     from transformers.cache_utils import DynamicCache
 
+    from vanilla_transformer.model import decoding
     from vanilla_transformer.model.beam_cache import beam_search_cache
-    from vanilla_transformer.serving import translate as serving
 
     model, tokenizer = model_and_tokenizer
     sentences = [ENGLISH[i] + " " + ENGLISH[(3 * i) % len(ENGLISH)] * (i % 3) for i in range(8)]
     made, moved = [], []
     monkeypatch.setattr(
-        serving, "beam_search_cache", lambda config: made.append(beam_search_cache(config)) or made[-1]
+        decoding, "beam_search_cache", lambda config: made.append(beam_search_cache(config)) or made[-1]
     )
     reorder = DynamicCache.reorder_cache
     monkeypatch.setattr(

@@ -184,7 +184,8 @@ def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | N
     """The model (or its CTranslate2 export) that translates, loaded on `device`; the folder's notes said once."""
     import torch
 
-    from vanilla_transformer.serving.translate import DTYPES, ModelBackend, folder_notes, load_model_and_tokenizer
+    from vanilla_transformer.model.decoding import ModelBackend
+    from vanilla_transformer.serving.translate import DTYPES, folder_notes, load_model_and_tokenizer
 
     if first:
         for note in folder_notes(args.model_dir, args.trust_remote_code):

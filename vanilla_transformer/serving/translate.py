@@ -1,7 +1,7 @@
-"""Translation with a saved model: loading a folder (checked before any model is built), and `ModelBackend`, the
-backend of `batches.translate_texts` that decodes through the model's `generate()`. Decoding follows the model's
-generation_config.json, with section 6.1's maximum output length, input length + 50, where neither the call nor
-generation_config.json gives a length.
+"""Translation with a saved model: loading a folder (checked before any model is built), and `translate_sentences`,
+`batches.translate_texts` with the model's backend (`model/decoding.py`'s `ModelBackend`, which decodes through the
+model's `generate()`). Decoding follows the model's generation_config.json, with section 6.1's maximum output length,
+input length + 50, where neither the call nor generation_config.json gives a length.
 
 A model folder may come from anyone: its config.json and generation_config.json are read as plain JSON first, and
 sizes that would allocate without bound are refused, naming the file, the field and the limit (a position table or
@@ -18,10 +18,9 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 import modeling_vanilla_transformer  # registers the model with the Auto classes; its folder holds the installed code
-from pipeline_vanilla_transformer import length_arguments
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.names import CODE_FILES, WEIGHTS_NAME
-from vanilla_transformer.model.beam_cache import beam_search_cache
+from vanilla_transformer.model.decoding import ModelBackend
 from vanilla_transformer.model.loading import (
     MAX_BEAMS,
     ModelFolderError,
@@ -40,52 +39,6 @@ DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 class ModelLoadError(VanillaTransformerError):
     """A model folder that cannot be loaded, with the reason in one message."""
-
-
-class ModelBackend:
-    """Translation with a loaded model through `generate()`: `encode` gives source token ids, `translate` a batch of
-    them (one translation each, and the target tokens generated). Decoding follows the model's generation config, with
-    `num_beams` and `max_new_tokens` given here on top (None: the config's beam, and the config's length where it sets
-    one, else section 6.1's input + 50). The text is decoded as the tokenizer's `batch_decode` does."""
-
-    def __init__(self, model, tokenizer, num_beams: int | None = None, max_new_tokens: int | None = None, **kwargs):
-        if kwargs.setdefault("num_return_sequences", 1) != 1:
-            raise ValueError(
-                "a translation is one sentence per source: num_return_sequences must be 1, got "
-                f"{kwargs['num_return_sequences']!r}."
-            )
-        if num_beams is not None:
-            kwargs["num_beams"] = num_beams
-        self.model, self.tokenizer, self.max_new_tokens, self.generate_kwargs = (
-            model,
-            tokenizer,
-            max_new_tokens,
-            kwargs,
-        )
-        self.beams = kwargs.get("num_beams") or model.generation_config.num_beams or 1
-        self.max_source_tokens = model.config.max_position_embeddings
-        self.special_ids = set(tokenizer.all_special_ids)
-
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.tokenizer(list(texts), verbose=False)["input_ids"]
-
-    def count(self, text: str) -> int:
-        return len(self.tokenizer(text, verbose=False)["input_ids"])
-
-    def translate(self, batch: list[list[int]]) -> tuple[list[str], int]:
-        padded = self.tokenizer.pad({"input_ids": batch}, padding=True, return_tensors="pt")
-        inputs = {name: padded[name].to(self.model.device) for name in ("input_ids", "attention_mask")}
-        lengths = length_arguments(
-            inputs["attention_mask"], self.model.config, self.model.generation_config, self.max_new_tokens
-        )
-        self.model.eval()
-        cache = {}
-        if self.beams > 1 and getattr(self.model.generation_config, "cache_implementation", None) is None:
-            cache["cache"] = beam_search_cache(self.model.config)  # the cross-attention cache stays (beam_cache.py)
-        with torch.inference_mode():
-            output_ids = self.model.generate(**inputs, **lengths, **cache, **self.generate_kwargs)
-        is_special = torch.isin(output_ids, torch.tensor(sorted(self.special_ids), device=output_ids.device))
-        return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True), int((~is_special).sum())
 
 
 def translate_sentences(

@@ -13,12 +13,13 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from pipeline_vanilla_transformer import LENGTH_SETTINGS, length_arguments
+from pipeline_vanilla_transformer import LENGTH_SETTINGS
 from vanilla_transformer.data.batching import TokenizedPairs, TranslationCollator
 from vanilla_transformer.data.prepare import DataSettings, load_or_prepare, tokenizer_fingerprint
 from vanilla_transformer.data.readers import DataError
 from vanilla_transformer.mechanics.barrier import run_while_others_wait
 from vanilla_transformer.mechanics.names import EVALUATION_RESULTS
+from vanilla_transformer.model.decoding import ModelBackend
 from vanilla_transformer.model.loading import load_model_folder
 from vanilla_transformer.model.onednn import use_onednn_linears
 from vanilla_transformer.training.metrics import load_bleu_and_chrf
@@ -79,14 +80,17 @@ def translate_for_evaluation(
     """Translate every example of a prepared evaluation loader; returns hypotheses in the dataset's order. With a
     `description`, a progress bar of the batches on the main process's stderr (the final evaluation's).
 
-    Generation goes through the unwrapped model (DDP has no generate). Generated tensors differ in length
-    between processes, so they are padded across processes before gathering, and `gather_for_metrics` drops
-    the duplicates that pad the last batch (accelerate issues #1326, #1674).
+    Each batch decodes through `ModelBackend` (model/decoding.py), the decoding of the translate command and the demo:
+    the unwrapped model's generate() (DDP has none), its length where its generation config gives one, else section
+    6.1's input + 50. The batches are the loader's: the same number on every process, as FSDP's synchronised
+    generation needs. `gather_for_metrics` drops the duplicates that pad the last batch (accelerate issues #1326,
+    #1674).
     """
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     unwrapped = accelerator.unwrap_model(model)
-    unwrapped.eval()
+    settings = dict(generation_kwargs)
+    backend = ModelBackend(unwrapped, tokenizer, max_new_tokens=settings.pop("max_new_tokens", None), **settings)
     hypotheses: dict[int, str] = {}
     gathered = contextlib.nullcontext()
     if isinstance(model, FullyShardedDataParallel):  # FSDP1 wraps the root: its shards gathered while decoding
@@ -94,22 +98,12 @@ def translate_for_evaluation(
     batches = tqdm(loader, desc=description, disable=description is None or not accelerator.is_local_main_process)
     with gathered:
         for batch in batches:
-            lengths = length_arguments(
-                batch["attention_mask"],
-                unwrapped.config,
-                unwrapped.generation_config,
-                generation_kwargs.get("max_new_tokens"),
-            )  # the model's own length where its generation config gives one, else section 6.1's input + 50
-            generated = unwrapped.generate(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                **{name: value for name, value in generation_kwargs.items() if name != "max_new_tokens"},
-                **lengths,
-            )
-            generated = accelerator.pad_across_processes(generated, dim=1, pad_index=tokenizer.pad_token_id)
-            generated, indices = accelerator.gather_for_metrics((generated, batch["example_index"]))
-            for index, tokens in zip(indices.tolist(), generated, strict=True):
-                hypotheses[index] = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+            lengths = batch["attention_mask"].sum(dim=1).tolist()
+            sources = [ids[:length].tolist() for ids, length in zip(batch["input_ids"], lengths, strict=True)]
+            texts, _ = backend.translate(sources)
+            pairs = list(zip(batch["example_index"].tolist(), texts, strict=True))
+            for index, text in accelerator.gather_for_metrics(pairs, use_gather_object=True):
+                hypotheses[index] = text.strip()
     return [hypotheses[i] for i in range(len(hypotheses))]
 
 

@@ -1,0 +1,58 @@
+"""`ModelBackend`: translation of batches of source token ids through a model's `generate()`, the one decoding
+under the translate command, the demo, `translate_sentences` (all through `serving/batches.translate_texts`, which
+batches texts by tokens and cuts what is too long) and the training's evaluation (which batches a prepared corpus
+itself, the same batches on every process).
+"""
+
+from collections.abc import Sequence
+
+import torch
+
+from pipeline_vanilla_transformer import length_arguments
+from vanilla_transformer.model.beam_cache import beam_search_cache
+
+
+class ModelBackend:
+    """Translation with a loaded model through `generate()`: `encode` gives source token ids, `translate` a batch of
+    them (one translation each, and the target tokens generated). Decoding follows the model's generation config, with
+    `num_beams` and `max_new_tokens` given here on top (None: the config's beam, and the config's length where it sets
+    one, else section 6.1's input + 50). The text is decoded as the tokenizer's `batch_decode` does."""
+
+    def __init__(self, model, tokenizer, num_beams: int | None = None, max_new_tokens: int | None = None, **kwargs):
+        if kwargs.setdefault("num_return_sequences", 1) != 1:
+            raise ValueError(
+                "a translation is one sentence per source: num_return_sequences must be 1, got "
+                f"{kwargs['num_return_sequences']!r}."
+            )
+        if num_beams is not None:
+            kwargs["num_beams"] = num_beams
+        self.model, self.tokenizer, self.max_new_tokens, self.generate_kwargs = (
+            model,
+            tokenizer,
+            max_new_tokens,
+            kwargs,
+        )
+        self.beams = kwargs.get("num_beams") or model.generation_config.num_beams or 1
+        self.max_source_tokens = model.config.max_position_embeddings
+        self.special_ids = set(tokenizer.all_special_ids)
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.tokenizer(list(texts), verbose=False)["input_ids"]
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer(text, verbose=False)["input_ids"])
+
+    def translate(self, batch: list[list[int]]) -> tuple[list[str], int]:
+        padded = self.tokenizer.pad({"input_ids": batch}, padding=True, return_tensors="pt")
+        inputs = {name: padded[name].to(self.model.device) for name in ("input_ids", "attention_mask")}
+        lengths = length_arguments(
+            inputs["attention_mask"], self.model.config, self.model.generation_config, self.max_new_tokens
+        )
+        self.model.eval()
+        cache = {}
+        if self.beams > 1 and getattr(self.model.generation_config, "cache_implementation", None) is None:
+            cache["cache"] = beam_search_cache(self.model.config)  # the cross-attention cache stays (beam_cache.py)
+        with torch.inference_mode():
+            output_ids = self.model.generate(**inputs, **lengths, **cache, **self.generate_kwargs)
+        is_special = torch.isin(output_ids, torch.tensor(sorted(self.special_ids), device=output_ids.device))
+        return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True), int((~is_special).sum())
