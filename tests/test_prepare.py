@@ -236,7 +236,7 @@ def test_staging_folders_of_killed_preparations_are_removed_and_live_ones_kept(c
     sources = prepare.split_sources(settings.corpus)
     prepare.prepare_corpus(settings, sources, folder, prepare.corpus_key(settings, sources), log=messages.append)
     assert not killed.exists() and live.exists() and elsewhere.exists()
-    assert any(f"removing {killed}" in message for message in messages)
+    assert any(f"removed {killed}" in message for message in messages)
 
 
 def test_tokenized_pairs_reads_rows_and_lengths_across_arrow_chunks():

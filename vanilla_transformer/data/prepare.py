@@ -43,9 +43,8 @@ from vanilla_transformer.data.readers import DataError, DataReport, Pair
 from vanilla_transformer.data.settings import Corpus, DataSettings, LengthFilter
 from vanilla_transformer.data.tokenization import load_tokenizer
 from vanilla_transformer.mechanics.barrier import PREPARE_BEFOREHAND, run_while_others_wait
-from vanilla_transformer.mechanics.files import move_into_place, on_full_disk
+from vanilla_transformer.mechanics.files import move_into_place, on_full_disk, remove_stale
 from vanilla_transformer.mechanics.integrity import files_problem, record_files
-from vanilla_transformer.mechanics.lock import pid_exists
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -361,12 +360,8 @@ def remove_stale_staging(folder: Path, log=print) -> None:
     """Delete what preparations of `folder` killed on this machine left behind (`kill -9`, a power cut): their
     staging folders (named after host and process id; another live process's is left alone, as are other
     machines') and damaged corpora moved aside."""
-    host = socket.gethostname()
-    for path in folder.parent.glob(f".incomplete-{folder.name}-{host}-*"):
-        pid = path.name.removeprefix(f".incomplete-{folder.name}-{host}-").split("-")[0]
-        if pid.isdigit() and not pid_exists(int(pid)):
-            log(f"[prepare] removing {path}, left by an interrupted preparation (process {pid})")
-            shutil.rmtree(path, ignore_errors=True)
+    for path in remove_stale(folder.parent, f".incomplete-{folder.name}-{socket.gethostname()}-"):
+        log(f"[prepare] removed {path}, left by an interrupted preparation")
     for path in folder.parent.glob(f".damaged-{folder.name}-*"):
         shutil.rmtree(path, ignore_errors=True)
 
