@@ -2,7 +2,8 @@
 (`python train_accelerate.py`, `vanilla-transformer train`, `accelerate launch ... -m train_accelerate`; `--help`
 lists the flags). Reads top to bottom: settings (`vanilla_transformer.commands.arguments`), the output folder, data
 (prepared once and cached), model, optimizer, the loop, then the final model: averaged, saved, evaluated. Checkpoint
-mechanics are `vanilla_transformer.training.checkpoints`, evaluation `vanilla_transformer.training.evaluation`.
+mechanics are `vanilla_transformer.training.checkpoints` and `.run_checkpoints`, evaluation
+`vanilla_transformer.training.evaluation`.
 """
 
 import contextlib
@@ -33,8 +34,7 @@ from vanilla_transformer.data.streaming import StreamedSteps
 from vanilla_transformer.hub import model_card, model_folder, upload
 from vanilla_transformer.mechanics.files import on_full_disk
 from vanilla_transformer.mechanics.names import RESULTS, TRACKER_LOGS, TRAIN_LOG
-from vanilla_transformer.training import checkpoints, evaluation
-from vanilla_transformer.training.checkpoints import RunState
+from vanilla_transformer.training import evaluation, run_checkpoints
 from vanilla_transformer.training.log import TrainingLog
 from vanilla_transformer.training.loss import forward_inputs, label_smoothed_cross_entropy, output_head
 from vanilla_transformer.training.output_folder import (
@@ -43,6 +43,7 @@ from vanilla_transformer.training.output_folder import (
     RunFolder,
     claim_for_training,
 )
+from vanilla_transformer.training.run_checkpoints import RunState
 from vanilla_transformer.training.run_setup import config_for_tokenizer, make_accelerator
 from vanilla_transformer.training.schedule import make_optimizer_and_schedule
 from vanilla_transformer.training.settings import TrainingSettings
@@ -147,8 +148,8 @@ class Run:
     optimizer: torch.optim.Optimizer
     schedule: torch.optim.lr_scheduler.LambdaLR
     default_attention: str  # what the saved model will use (sdpa)
-    identity: dict  # what a checkpoint must share with this run (checkpoints.run_identity)
-    continuation: dict  # what an exact continuation needs unchanged (checkpoints.continuation_settings)
+    identity: dict  # what a checkpoint must share with this run (run_checkpoints.run_identity)
+    continuation: dict  # what an exact continuation needs unchanged (run_checkpoints.continuation_settings)
     validation: datasets.Dataset | None  # the first validation pairs, for loss and greedy BLEU during training
     validation_loader: torch.utils.data.DataLoader | None
     state: RunState
@@ -180,11 +181,11 @@ def set_up_run(settings: TrainingSettings, accelerator) -> Run:
         validation_loader = evaluation.sharded_loader(
             accelerator, tokenizer, validation, settings.evaluation, config, "validation"
         )
-    identity = checkpoints.run_identity(config, prepare.tokenizer_fingerprint(tokenizer), training_data)
-    continuation = checkpoints.continuation_settings(accelerator, settings.batches_and_schedule)
+    identity = run_checkpoints.run_identity(config, prepare.tokenizer_fingerprint(tokenizer), training_data)
+    continuation = run_checkpoints.continuation_settings(accelerator, settings.batches_and_schedule)
     state = None
     if settings.checkpoints.resume_from:
-        state = checkpoints.resume(accelerator, settings.checkpoints, model, schedule, identity, continuation)
+        state = run_checkpoints.resume(accelerator, settings.checkpoints, model, schedule, identity, continuation)
     return Run(
         tokenizer=tokenizer,
         splits=splits,
@@ -197,7 +198,7 @@ def set_up_run(settings: TrainingSettings, accelerator) -> Run:
         continuation=continuation,
         validation=validation,
         validation_loader=validation_loader,
-        state=state or RunState(checkpoints.new_run_id()),
+        state=state or RunState(run_checkpoints.new_run_id()),
     )
 
 
@@ -251,7 +252,7 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
                 accelerator, model, run.tokenizer, run.validation, run.validation_loader, state.step, progress
             )
         if state.step % settings.checkpoints.save_steps == 0:
-            checkpoints.save_checkpoint(
+            run_checkpoints.save_checkpoint(
                 accelerator, settings.checkpoints, state, schedule, run.identity, run.continuation
             )
             last_saved_step = state.step
@@ -260,7 +261,7 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
     state.elapsed_seconds = time.time() - start_time
     stop = reason == "signal"  # a stop checkpoint, to resume from: never pruned or averaged (checkpoints.py)
     if state.step != last_saved_step or (state.at_stop_checkpoint and not stop):  # a regular one replaces a stop's
-        checkpoints.save_checkpoint(
+        run_checkpoints.save_checkpoint(
             accelerator, settings.checkpoints, state, schedule, run.identity, run.continuation, stop=stop
         )
     return reason
@@ -296,7 +297,7 @@ def finish(
     Ctrl-C there loses nothing; a signal while saving is acted on once the folder is complete."""
     output_dir = settings.output.output_dir
     model = evaluation.bare_model(accelerator, run.model, run.default_attention)
-    averaged = checkpoints.load_averaged_weights(model, accelerator, settings.checkpoints, run.state.run_id)
+    averaged = run_checkpoints.load_averaged_weights(model, accelerator, settings.checkpoints, run.state.run_id)
     summary = {
         "steps": run.state.step,
         "processes": accelerator.num_processes,
@@ -311,7 +312,7 @@ def finish(
     if accelerator.is_main_process:
         if folder is not None:
             folder.record(FINAL_ENTRIES)  # the model folder, results and hypotheses, listed before they are written
-        with on_full_disk(checkpoints.disk_full(settings.checkpoints, "the final model folder")):
+        with on_full_disk(run_checkpoints.disk_full(settings.checkpoints, "the final model folder")):
             save_final_model(model, run.tokenizer, settings, summary)
         if folder is not None:
             folder.record_model_shards()
@@ -334,7 +335,7 @@ def finish(
         )
     accelerator.log({f"final/{split}_bleu": r["bleu"] for split, r in summary["results"].items()}, step=run.state.step)
     if accelerator.is_main_process:
-        with on_full_disk(checkpoints.disk_full(settings.checkpoints, "the model card and results.json")):
+        with on_full_disk(run_checkpoints.disk_full(settings.checkpoints, "the model card and results.json")):
             write_scores(model, settings, summary)
     upload_failure = push(settings) if accelerator.is_main_process and settings.push_to_hub else None
     accelerator.wait_for_everyone()

@@ -16,7 +16,7 @@ from modeling_vanilla_transformer import VanillaTransformerForConditionalGenerat
 from tests.helpers import TINY  # run as `python -m tests.distributed_gradients` from the repository's root
 from vanilla_transformer.data.batching import DataPosition, TranslationCollator
 from vanilla_transformer.mechanics.names import TRAIN_LOG
-from vanilla_transformer.training.checkpoints import RunState
+from vanilla_transformer.training.run_checkpoints import RunState
 from vanilla_transformer.training.run_setup import make_accelerator
 from vanilla_transformer.training.signals import StopSignals
 

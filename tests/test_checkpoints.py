@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vanilla_transformer.training import checkpoints
+from vanilla_transformer.training import checkpoints, run_checkpoints
 from vanilla_transformer.training.checkpoints import (
     WEIGHTS_NAME,
     average_checkpoints,
@@ -324,8 +324,8 @@ def saving_accelerator(write) -> SimpleNamespace:
 
 
 def save_step(accelerator, settings: CheckpointSettings, step: int) -> None:
-    state = checkpoints.RunState("this-run", step)
-    checkpoints.save_checkpoint(accelerator, settings, state, SimpleNamespace(state_dict=dict), {}, {})
+    state = run_checkpoints.RunState("this-run", step)
+    run_checkpoints.save_checkpoint(accelerator, settings, state, SimpleNamespace(state_dict=dict), {}, {})
 
 
 FULL_DISK = {
@@ -370,7 +370,9 @@ def test_a_run_that_took_no_optimizer_step_is_refused_naming_max_minutes_instead
     settings = CheckpointSettings(OutputSettings(str(tmp_path / "run")))
     fake_checkpoint(settings.root, 2, "an-earlier-run")  # of another run: never averaged into this one
     with pytest.raises(checkpoints.CheckpointError, match="the run took no optimizer step.*--max_minutes"):
-        checkpoints.load_averaged_weights(torch.nn.Linear(2, 2), SimpleNamespace(print=print), settings, "this-run")
+        run_checkpoints.load_averaged_weights(
+            torch.nn.Linear(2, 2), SimpleNamespace(print=print), settings, "this-run"
+        )
 
 
 # --- stop checkpoints: saved at a signal, only to resume from -----------------------------------------------------
@@ -385,8 +387,8 @@ def test_a_stop_checkpoint_is_neither_pruned_nor_counted_and_goes_once_a_newer_c
     accelerator = saving_accelerator(weights_writer)
     for step in (2, 4):
         save_step(accelerator, settings, step)
-    state = checkpoints.RunState("this-run", 5)
-    checkpoints.save_checkpoint(accelerator, settings, state, SimpleNamespace(state_dict=dict), {}, {}, stop=True)
+    state = run_checkpoints.RunState("this-run", 5)
+    run_checkpoints.save_checkpoint(accelerator, settings, state, SimpleNamespace(state_dict=dict), {}, {}, stop=True)
     assert state.at_stop_checkpoint and checkpoints.is_stop_checkpoint(checkpoint_dir(settings.root, 5))
     assert [path.name for path in checkpoints.regular_checkpoints(settings.root)] == ["step_000002", "step_000004"]
     assert latest_checkpoint(settings.root) == checkpoint_dir(settings.root, 5)  # where the run continues from
@@ -399,10 +401,10 @@ def test_a_stop_checkpoint_is_never_averaged(tmp_path, monkeypatch):
     fake_checkpoint(settings.root, 2, "this-run")
     fake_checkpoint(settings.root, 3, "this-run", stop=True)
     averaged = []
-    monkeypatch.setattr(checkpoints, "average_checkpoints", lambda paths, convert: averaged.extend(paths) or {})
+    monkeypatch.setattr(run_checkpoints, "average_checkpoints", lambda paths, convert: averaged.extend(paths) or {})
     model = torch.nn.Module()
     model.config, model.get_expanded_tied_weights_keys = None, lambda all_submodels: []
-    assert checkpoints.load_averaged_weights(model, SimpleNamespace(print=print), settings, "this-run") == 1
+    assert run_checkpoints.load_averaged_weights(model, SimpleNamespace(print=print), settings, "this-run") == 1
     assert averaged == [checkpoint_dir(settings.root, 2)]
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-from vanilla_transformer.training import checkpoints
+from vanilla_transformer.training import checkpoints, run_checkpoints
 from vanilla_transformer.training.evaluation import bare_model, sharded_generation_kwargs
 from vanilla_transformer.training.run_setup import UnsupportedSetup, check_distributed_setup, make_accelerator
 from vanilla_transformer.training.settings import CheckpointSettings, OutputSettings
@@ -192,7 +192,7 @@ def test_fsdp_full_state_checkpoints_are_averaged_into_a_plain_final_model(tmp_p
     final = bare_model(accelerator, tiny_model, "sdpa")
     assert final is not tiny_model and final.config.to_dict() == tiny_model.config.to_dict()
     settings = CheckpointSettings(OutputSettings(str(tmp_path / "run")), average_last=2)
-    assert checkpoints.load_averaged_weights(final, accelerator, settings, "run") == 2
+    assert run_checkpoints.load_averaged_weights(final, accelerator, settings, "run") == 2
     name = "model.encoder.layers.0.self_attn.out_proj.weight"
     torch.testing.assert_close(final.state_dict()[name], (states[0][name] + states[1][name]) / 2)
 

@@ -25,7 +25,7 @@ import train_accelerate
 import vanilla_transformer
 from vanilla_transformer.data.batching import DataPosition, TokenBatchSampler, TranslationCollator
 from vanilla_transformer.data.readers import DataError
-from vanilla_transformer.training import checkpoints, evaluation
+from vanilla_transformer.training import checkpoints, evaluation, run_checkpoints
 from vanilla_transformer.training.evaluation import bare_model
 from vanilla_transformer.training.log import TrainingLog
 from vanilla_transformer.training.output_folder import final_model_problem
@@ -496,7 +496,7 @@ def test_a_full_disk_during_the_final_save_is_one_error_and_resume_latest_then_s
 def stop_reason_of(*flags: str, step: int = 0, epoch: int = 0, signal: bool = False, minutes_spent: float = 0.0):
     """train_accelerate.stop_reason for a run of `flags` standing at `step` of `epoch` (one process)."""
     settings = train_accelerate.parse_training_arguments(["--data_dir", "corpus", *flags])
-    state = checkpoints.RunState("run", step=step, position=DataPosition(epoch, 0))
+    state = run_checkpoints.RunState("run", step=step, position=DataPosition(epoch, 0))
     one_process = SimpleNamespace(device="cpu", reduce=lambda tensor: tensor)
     signals = SimpleNamespace(requested=signal)
     return train_accelerate.stop_reason(one_process, settings, state, signals, time.time() - 60 * minutes_spent)

@@ -55,7 +55,7 @@ from vanilla_transformer.mechanics.names import (
     WEIGHTS_NAME,
 )
 from vanilla_transformer.mechanics.outputs import check_output_folder
-from vanilla_transformer.training import checkpoints
+from vanilla_transformer.training import checkpoints, run_checkpoints
 from vanilla_transformer.training.settings import OutputSettings
 
 RUN_RECORD = ".vanilla_transformer_run.json"  # what the runs in a folder wrote (never uploaded: not on the allow-list)
@@ -523,7 +523,7 @@ def claim_for_training(accelerator, settings: OutputSettings) -> RunFolder:
         claimed[0] = claim_run_folder(settings)
 
     try:
-        writes = checkpoints.writes_checkpoints(accelerator)
+        writes = run_checkpoints.writes_checkpoints(accelerator)
         run_while_others_wait(accelerator, claim, "checking --output_dir", writes)
     except BaseException:  # refused on another machine: this one's lock goes too
         claimed[0].close()
