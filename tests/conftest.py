@@ -37,6 +37,14 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def allocator_left_as_it_is(monkeypatch):
+    """`translate` run in this process (`run_in_this_process`) would set glibc's malloc for the whole test worker
+    (mechanics/memory.py), and later tests that train in this process would run on another allocator than the runs
+    they are compared with. Its own effect is tested in fresh interpreters (tests/test_memory.py)."""
+    monkeypatch.setattr("vanilla_transformer.commands.translate.keep_freed_memory", lambda: False)
+
+
 @pytest.fixture
 def tiny_config() -> VanillaTransformerConfig:
     return VanillaTransformerConfig(**TINY)
