@@ -38,6 +38,18 @@ def one_torch_thread():
 
 
 @pytest.fixture(autouse=True)
+def torch_threads_left_as_they_were():
+    """A test that changes torch's thread count in this worker (a CTranslate2 Translator made here sets it: the two
+    share torch's OpenMP runtime) would make the training runs of later tests compute other floats than the fresh
+    processes they are compared with: the test that does so fails, by name."""
+    threads = torch.get_num_threads()
+    yield
+    left = torch.get_num_threads()
+    torch.set_num_threads(threads)  # the next tests run as they would have
+    assert left == threads, f"the test left torch on {left} threads, not {threads}"
+
+
+@pytest.fixture(autouse=True)
 def allocator_left_as_it_is(monkeypatch):
     """`translate` run in this process (`run_in_this_process`) would set glibc's malloc for the whole test worker
     (mechanics/memory.py), and later tests that train in this process would run on another allocator than the runs

@@ -415,7 +415,7 @@ def test_the_ctranslate2_backend_gives_what_its_own_translate_batch_gives(folder
     backend = CTranslate2Backend(folder, tokenizer, export, num_beams=2, max_new_tokens=6)
     sentences = ENGLISH[:6]
     ours = translate_texts(backend, sentences, max_tokens=60).texts
-    translator = ctranslate2.Translator(str(export))
+    translator = ctranslate2.Translator(str(export), intra_threads=1)
     tokens = [tokenizer.convert_ids_to_tokens(tokenizer(sentence)["input_ids"]) for sentence in sentences]
     results = translator.translate_batch(
         tokens, beam_size=2, max_decoding_length=6, length_penalty=0.6, max_input_length=0
@@ -425,6 +425,24 @@ def test_the_ctranslate2_backend_gives_what_its_own_translate_batch_gives(folder
         for result in results
     ]
     assert ours == theirs and len(set(ours)) > 1
+
+
+def test_the_ctranslate2_backend_leaves_torchs_thread_count_as_it_was(folder, tmp_path):
+    """CTranslate2 sets its threads in the OpenMP runtime it shares with torch; the caller's torch keeps its own."""
+    pytest.importorskip("ctranslate2")
+    import torch
+
+    from vanilla_transformer.converters.export_ctranslate2 import convert_to_ctranslate2
+    from vanilla_transformer.data.tokenization import load_tokenizer
+    from vanilla_transformer.serving.ctranslate2_backend import CTranslate2Backend
+
+    threads = torch.get_num_threads()
+    backend = CTranslate2Backend(
+        folder, load_tokenizer(folder), convert_to_ctranslate2(folder, tmp_path / "ct2"), threads=threads + 1
+    )
+    assert torch.get_num_threads() == threads
+    assert len(translate_texts(backend, ENGLISH[:2], max_tokens=60).texts) == 2
+    assert torch.get_num_threads() == threads
 
 
 def test_the_command_keeps_freed_memory_for_decoding(folder, tmp_path, monkeypatch):

@@ -68,13 +68,21 @@ class CTranslate2Backend:
         max_new_tokens=None,
     ):
         import ctranslate2
+        import torch
 
         config = read_json_file(Path(model_dir) / "config.json")
         generation = read_json_file(Path(model_dir) / "generation_config.json") or {}
         self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
-        self.translator = ctranslate2.Translator(
-            str(export_dir), device=device, compute_type=compute_type, intra_threads=threads
-        )
+        # CTranslate2 sets its thread count in the OpenMP runtime torch loaded for the whole process: torch's
+        # computations after it (a caller's, a training run's in the same process) would run on other threads and
+        # give other floats. Its own workers keep theirs.
+        torch_threads = torch.get_num_threads()
+        try:
+            self.translator = ctranslate2.Translator(
+                str(export_dir), device=device, compute_type=compute_type, intra_threads=threads
+            )
+        finally:
+            torch.set_num_threads(torch_threads)
         self.source_tokens = self.target_ids = None  # one vocabulary: the tokenizer's own conversions
         if config.get("share_encoder_decoder_embeddings") is False:  # the two vocabularies, as the export wrote them
             self.source_tokens = vocabulary(model_dir, config["vocab_size"], "source")
