@@ -8,7 +8,6 @@ mechanics are `vanilla_transformer.training.checkpoints` and `.run_checkpoints`,
 
 import contextlib
 import datetime
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from vanilla_transformer.data.batching import (
 from vanilla_transformer.data.streaming import StreamedSteps
 from vanilla_transformer.hub import model_card, model_folder, upload
 from vanilla_transformer.mechanics.files import on_full_disk
-from vanilla_transformer.mechanics.names import RESULTS, TRACKER_LOGS, TRAIN_LOG
+from vanilla_transformer.mechanics.names import TRACKER_LOGS, TRAIN_LOG
 from vanilla_transformer.training import evaluation, run_checkpoints
 from vanilla_transformer.training.log import TrainingLog
 from vanilla_transformer.training.loss import forward_inputs, label_smoothed_cross_entropy, output_head
@@ -42,6 +41,7 @@ from vanilla_transformer.training.output_folder import (
     TRAINING_ENTRIES,
     RunFolder,
     claim_for_training,
+    write_final_records,
 )
 from vanilla_transformer.training.run_checkpoints import RunState
 from vanilla_transformer.training.run_setup import config_for_tokenizer, make_accelerator
@@ -294,7 +294,8 @@ def finish(
 ) -> None:
     """The final model: averaged checkpoints (6.1), saved as a Hub-ready folder, then scored as users run it (the
     paper's decoding, float32, the default attention). The folder is written before evaluating, so a crash or a
-    Ctrl-C there loses nothing; a signal while saving is acted on once the folder is complete."""
+    Ctrl-C there loses nothing, and its card and results.json once after, with the scores; a signal while saving is
+    acted on once the folder is complete."""
     output_dir = settings.output.output_dir
     model = evaluation.bare_model(accelerator, run.model, run.default_attention)
     averaged = run_checkpoints.load_averaged_weights(model, accelerator, settings.checkpoints, run.state.run_id)
@@ -317,26 +318,30 @@ def finish(
         if folder is not None:
             folder.record_model_shards()
     # a signal while saving, on any process, skips the evaluation everywhere (every process must agree)
-    if accelerator.reduce(torch.tensor(float(stop_signals.requested), device=accelerator.device), "sum").item():
-        accelerator.print(
-            f"[stop] a stop signal: the model folder is saved, the final evaluation skipped; score it "
-            f"with --evaluate_only --model_name_or_path {output_dir}"
-        )
-        return
-    stop_signals.restore_defaults()
+    skipped = bool(
+        accelerator.reduce(torch.tensor(float(stop_signals.requested), device=accelerator.device), "sum").item()
+    )
     try:
-        summary["results"] = evaluation.score_splits(
-            accelerator, model, run.tokenizer, run.splits, settings.evaluation, output_dir
-        )
+        if not skipped:
+            stop_signals.restore_defaults()
+            summary["results"] = evaluation.score_splits(
+                accelerator, model, run.tokenizer, run.splits, settings.evaluation, output_dir
+            )
     except KeyboardInterrupt:
         sys.exit(
             f"[stop] interrupted during the final evaluation; the model folder {output_dir} is saved; "
             f"score it with --evaluate_only --model_name_or_path {output_dir}"
         )
+    finally:  # with the scores, or without them when the evaluation was skipped, interrupted or failed
+        if accelerator.is_main_process:
+            write_card_and_results(model, settings, summary)
+    if skipped:
+        accelerator.print(
+            f"[stop] a stop signal: the model folder is saved, the final evaluation skipped; score it "
+            f"with --evaluate_only --model_name_or_path {output_dir}"
+        )
+        return
     accelerator.log({f"final/{split}_bleu": r["bleu"] for split, r in summary["results"].items()}, step=run.state.step)
-    if accelerator.is_main_process:
-        with on_full_disk(run_checkpoints.disk_full(settings.checkpoints, "the model card and results.json")):
-            write_scores(model, settings, summary)
     upload_failure = push(settings) if accelerator.is_main_process and settings.push_to_hub else None
     accelerator.wait_for_everyone()
     if upload_failure:
@@ -357,23 +362,21 @@ def push(settings: TrainingSettings) -> str | None:
 
 
 def save_final_model(model, tokenizer, settings: TrainingSettings, summary: dict) -> None:
-    """results.json and the Hub-ready model folder (weights, config, code, tokenizer, generation config, card)."""
-    card_values = write_results(settings, summary)
+    """The Hub-ready model folder (weights, config, code, tokenizer, generation config); its card comes with the
+    scores (`write_card_and_results`)."""
+    values = model_card.training_card_values(settings.data, summary, settings.card_recipe)
     decoding = settings.evaluation.final_decoding  # as the scores are measured
-    folder = model_folder.save_model_folder(model, tokenizer, settings.output.output_dir, card_values, decoding)
+    folder = model_folder.save_model_folder(model, tokenizer, settings.output.output_dir, values, decoding, card=False)
     print(f"[save] model folder: {folder}")
 
 
-def write_scores(model, settings: TrainingSettings, summary: dict) -> None:
-    """results.json and the model card again, once the scores are known."""
-    card = model_card.render_model_card(model, write_results(settings, summary))
-    (Path(settings.output.output_dir) / "README.md").write_text(card, encoding="utf-8")
-
-
-def write_results(settings: TrainingSettings, summary: dict) -> dict:
-    """results.json; returns the card's values for the run."""
-    (Path(settings.output.output_dir) / RESULTS).write_text(json.dumps(summary, indent=2))
-    return model_card.training_card_values(settings.data, summary, settings.card_recipe)
+def write_card_and_results(model, settings: TrainingSettings, summary: dict) -> None:
+    """The model card and results.json of the finished run, each written once (output_folder.write_final_records)."""
+    card = model_card.render_model_card(
+        model, model_card.training_card_values(settings.data, summary, settings.card_recipe)
+    )
+    with on_full_disk(run_checkpoints.disk_full(settings.checkpoints, "the model card and results.json")):
+        write_final_records(settings.output.output_dir, card, summary)
 
 
 @command

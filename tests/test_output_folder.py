@@ -326,20 +326,27 @@ def cut_the_weights(folder: Path) -> None:
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
 
 
+def finish(folder: Path) -> None:
+    (folder / "results.json").write_text(json.dumps({"steps": 2}))  # written last, once the run has finished
+
+
 @pytest.mark.parametrize(
     ("interrupt", "described"),
     [
-        (cut_the_weights, "an interrupted run (its final save did not finish: model.safetensors is cut short ("),
-        (lambda folder: (folder / "README.md").unlink(), "an interrupted run (its final save did not finish: missing"),
-        (lambda folder: None, "a finished run (2 steps, results.json)"),
+        (
+            cut_the_weights,
+            "an interrupted run (its final save or evaluation did not finish: model.safetensors is cut ",
+        ),
+        (lambda folder: (folder / "README.md").unlink(), "an interrupted run (its final save or evaluation did not "),
+        (lambda folder: None, "an interrupted run (its final save or evaluation did not finish: no results.json; "),
+        (finish, "a finished run (2 steps, results.json)"),
     ],
-    ids=["weights cut short", "no card yet", "the whole model"],
+    ids=["weights cut short", "no card yet", "no results yet", "finished"],
 )
-def test_a_run_killed_or_out_of_space_during_its_final_save_is_told_from_a_finished_run(
+def test_a_run_killed_or_out_of_space_during_its_final_save_or_evaluation_is_told_from_a_finished_run(
     tmp_path, interrupt, described
 ):
     folder = save_tiny_model_folder(tmp_path / "run", CARD_VALUES)
-    (folder / "results.json").write_text(json.dumps({"steps": 2}))  # written first by the final save
     fake_checkpoint(folder / "checkpoints", 2, "the-run")
     interrupt(folder)
     with pytest.raises(OutputDirError) as refused:

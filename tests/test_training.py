@@ -335,6 +335,41 @@ def test_an_over_long_validation_line_does_not_stop_the_run(tmp_path):
     assert len((tmp_path / "run" / "validation.hyp.txt").read_text().splitlines()) == 2
 
 
+def test_the_card_and_results_json_are_written_once_each_after_the_final_evaluation(tmp_path, monkeypatch):
+    """results.json says that a run finished: a run killed in its final evaluation has none yet (a sweep would read
+    its row as finished, without scores), and the card is written once, with the scores."""
+    folder, score_splits, seen, writes = tmp_path / "run", evaluation.score_splits, {}, []
+    names = ("config.json", "model.safetensors", "README.md", "results.json")
+
+    def look_then_score(*args, **kwargs):
+        seen.update({name: (folder / name).exists() for name in names})
+        return score_splits(*args, **kwargs)
+
+    def counted_write_text(path, *args, write_text=Path.write_text, **kwargs):
+        writes.extend([path.name] if path.parent == folder and path.name in names[2:] else [])
+        return write_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "score_splits", look_then_score)
+    monkeypatch.setattr(Path, "write_text", counted_write_text)
+    train(folder, "--max_steps", "2")
+    assert seen == {"config.json": True, "model.safetensors": True, "README.md": False, "results.json": False}
+    assert sorted(writes) == ["README.md", "results.json"]
+    signature = json.loads((folder / "results.json").read_text())["results"]["test"]["signature"]
+    assert signature.startswith("nrefs:1") and signature in (folder / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_its_final_evaluation_is_finished_by_resuming_it(tmp_path, finished_run):
+    run = shutil.copytree(finished_run, tmp_path / "run")
+    (run / "results.json").unlink()  # as a kill -9 in the final evaluation leaves it: the model folder, no records
+    (run / "README.md").unlink()
+    refused = train(run, "--max_steps", "4", "--save_steps", "2", check=False)
+    assert "already holds an interrupted run (its final save or evaluation did not finish" in refused.stderr
+    train(run, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "latest")
+    assert json.loads((run / "results.json").read_text())["steps"] == 4 and (run / "README.md").is_file()
+    assert (run / "model.safetensors").read_bytes() == (finished_run / "model.safetensors").read_bytes()
+
+
 def test_the_model_folder_is_saved_before_a_crash_in_the_final_evaluation(tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise RuntimeError("evaluation crashed")

@@ -64,8 +64,10 @@ def save_model_folder(
     output_dir: str | Path,
     card_values: dict[str, Any] | None = None,
     decoding: dict[str, Any] | None = None,
+    card: bool = True,
 ) -> Path:
-    """Write the complete Hub-ready folder (see the module docstring) into `output_dir`; return its path.
+    """Write the complete Hub-ready folder (see the module docstring) into `output_dir`; return its path. With
+    `card=False`, all of it but the model card (README.md), which a training run writes once its scores are known.
 
     `card_values` fill the model card: source_lang, target_lang, dataset, dataset_config, preset, steps, training_minutes,
     max_tokens, warmup_steps, learning_rate_scale, label_smoothing, checkpoints_averaged, training_precision,
@@ -90,8 +92,9 @@ def save_model_folder(
     settle_tokenizer_config(output_dir / "tokenizer_config.json", languages)
     paper_generation_config(model.config, **decoding).save_pretrained(output_dir)
     write_hub_code(output_dir)
-    card = render_model_card(model, {**(card_values or {}), **decoding})
-    (output_dir / "README.md").write_text(card, encoding="utf-8")
+    if card:
+        text = render_model_card(model, {**(card_values or {}), **decoding})
+        (output_dir / "README.md").write_text(text, encoding="utf-8")
     return output_dir
 
 

@@ -88,22 +88,33 @@ def contents(folder: Path) -> list[str]:
 
 
 def describe(folder: Path) -> str:
-    """What an earlier run left in `folder`, in a few words: a finished run has its results.json and a whole model
-    folder; a run stopped during its final save (killed, or out of space) has results.json, written first, and only
-    part of the model."""
+    """What an earlier run left in `folder`, in a few words. A finished run has its whole model folder and
+    results.json, written last (`write_final_records`); a run stopped during its final save or evaluation (killed, or
+    out of space) has its checkpoints and some or all of the model folder, but no results.json."""
     results = folder / RESULTS
     latest = checkpoints.latest_checkpoint(folder / CHECKPOINTS_DIR)
+    saved = f"checkpoints up to {latest.name}" if latest is not None else "no checkpoint"
     if results.is_file() and not results.is_symlink():
         if problem := final_model_problem(folder):
-            saved = f"checkpoints up to {latest.name}" if latest is not None else "no checkpoint"
-            return f"an interrupted run (its final save did not finish: {problem}; {saved})"
+            return f"a finished run whose model folder is not whole ({problem}; {saved})"
         try:
             return f"a finished run ({json.loads(results.read_text())['steps']} steps, results.json)"
         except (ValueError, KeyError, TypeError):
             return "a finished run (results.json)"
+    if (folder / "config.json").is_file():  # the final save writes it before the weights
+        problem = final_model_problem(folder) or "no results.json"
+        return f"an interrupted run (its final save or evaluation did not finish: {problem}; {saved})"
     if latest is not None:
-        return f"an unfinished run (checkpoints up to {latest.name})"
+        return f"an unfinished run ({saved})"
     return f"{len(contents(folder))} entries ({listed(contents(folder))})"
+
+
+def write_final_records(output_dir: str | Path, card: str, summary: dict) -> None:
+    """The finished run's model card (README.md) and results.json, each written once, after the model folder and the
+    final evaluation; results.json last, as it says that the run finished (`describe`, the sweep's rows)."""
+    folder = Path(output_dir)
+    (folder / "README.md").write_text(card, encoding="utf-8")
+    (folder / RESULTS).write_text(json.dumps(summary, indent=2))
 
 
 def final_model_problem(folder: Path) -> str | None:
