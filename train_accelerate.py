@@ -311,12 +311,7 @@ def finish(
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     if accelerator.is_main_process:
-        if folder is not None:
-            folder.record(FINAL_ENTRIES)  # the model folder, results and hypotheses, listed before they are written
-        with on_full_disk(run_checkpoints.disk_full(settings.checkpoints, "the final model folder")):
-            save_final_model(model, run.tokenizer, settings, summary)
-        if folder is not None:
-            folder.record_model_shards()
+        save_final_model(model, run.tokenizer, settings, summary, folder)
     # a signal while saving, on any process, skips the evaluation everywhere (every process must agree)
     skipped = bool(
         accelerator.reduce(torch.tensor(float(stop_signals.requested), device=accelerator.device), "sum").item()
@@ -361,13 +356,18 @@ def push(settings: TrainingSettings) -> str | None:
     return None
 
 
-def save_final_model(model, tokenizer, settings: TrainingSettings, summary: dict) -> None:
+def save_final_model(model, tokenizer, settings: TrainingSettings, summary: dict, folder: RunFolder | None) -> None:
     """The Hub-ready model folder (weights, config, code, tokenizer, generation config); its card comes with the
     scores (`write_card_and_results`)."""
+    if folder is not None:
+        folder.record(FINAL_ENTRIES)  # the model folder, results and hypotheses, listed before they are written
     values = model_card.training_card_values(settings.data, summary, settings.card_recipe)
     decoding = settings.evaluation.final_decoding  # as the scores are measured
-    folder = model_folder.save_model_folder(model, tokenizer, settings.output.output_dir, values, decoding, card=False)
-    print(f"[save] model folder: {folder}")
+    with on_full_disk(run_checkpoints.disk_full(settings.checkpoints, "the final model folder")):
+        model_folder.save_model_folder(model, tokenizer, settings.output.output_dir, values, decoding, card=False)
+    if folder is not None:
+        folder.record_model_shards()
+    print(f"[save] model folder: {settings.output.output_dir}")
 
 
 def write_card_and_results(model, settings: TrainingSettings, summary: dict) -> None:

@@ -118,7 +118,7 @@ def training_card(tmp_path, tiny_model, *flags: str, prepared_sources: dict | No
     score = {"bleu": 20.123, "chrf": 50.0, "signature": "nrefs:1|tok:13a"}
     summary = {"steps": 10, "training_minutes": 1.0, "checkpoints_averaged": 1, "mixed_precision": "no"}
     summary["results"] = {"validation": score, "test": score}
-    train_accelerate.write_scores(tiny_model, settings, summary)
+    train_accelerate.write_card_and_results(tiny_model, settings, summary)
     return ModelCard.load(tmp_path / "README.md")
 
 
