@@ -95,8 +95,6 @@ def describe(folder: Path) -> str:
     latest = checkpoints.latest_checkpoint(folder / CHECKPOINTS_DIR)
     saved = f"checkpoints up to {latest.name}" if latest is not None else "no checkpoint"
     if results.is_file() and not results.is_symlink():
-        if problem := final_model_problem(folder):
-            return f"a finished run whose model folder is not whole ({problem}; {saved})"
         try:
             return f"a finished run ({json.loads(results.read_text())['steps']} steps, results.json)"
         except (ValueError, KeyError, TypeError):
