@@ -5,10 +5,12 @@ plain helpers and constants are in helpers.py (`from .helpers import ...`)."""
 import gzip
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState
 
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -38,15 +40,30 @@ def one_torch_thread():
 
 
 @pytest.fixture(autouse=True)
-def torch_threads_left_as_they_were():
-    """A test that changes torch's thread count in this worker (a CTranslate2 Translator made here sets it: the two
-    share torch's OpenMP runtime) would make the training runs of later tests compute other floats than the fresh
-    processes they are compared with: the test that does so fails, by name."""
-    threads = torch.get_num_threads()
+def process_state_left_as_it_was():
+    """What a test changes for its whole worker changes the tests after it there: torch's thread count (a CTranslate2
+    Translator made here sets it, as the two share torch's OpenMP runtime) makes later in-process training runs
+    compute other floats than the fresh processes they are compared with; an Accelerator's state left behind (one
+    a process) refuses a later test's other precision; a stop signal's handler left by a training run turns Ctrl-C into
+    a request. The test that leaves any of them changed fails, by name, and they are put back so that the next tests
+    run as they would have."""
+    found = process_state()
     yield
-    left = torch.get_num_threads()
-    torch.set_num_threads(threads)  # the next tests run as they would have
-    assert left == threads, f"the test left torch on {left} threads, not {threads}"
+    left = process_state()
+    torch.set_num_threads(found["torch threads"])
+    if not found["an Accelerator's state"]:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    for number in STOP_SIGNALS:
+        signal.signal(number, found[number.name])
+    assert left == found, f"the test left the worker with {left}, not {found}"
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def process_state() -> dict:
+    state = {"torch threads": torch.get_num_threads(), "an Accelerator's state": bool(AcceleratorState._shared_state)}
+    return state | {number.name: signal.getsignal(number) for number in STOP_SIGNALS}
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from safetensors import safe_open
 from transformers import GenerationConfig, MarianMTModel
 
@@ -91,7 +92,10 @@ def evaluation_translations(model, tokenizer, sentences: list[str]) -> list[str]
         for ids in tokenizer(sentences)["input_ids"]
     ]
     loader, _ = evaluation_loader(encoded, TranslationCollator(tokenizer.pad_token_id), 8, 1024)
-    return translate_for_evaluation(Accelerator(cpu=True), model, loader, tokenizer, {})
+    try:
+        return translate_for_evaluation(Accelerator(cpu=True), model, loader, tokenizer, {})
+    finally:  # Accelerate's state is one a process: leave none to the worker's later tests
+        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def every_commands_translation(model, tokenizer) -> dict[str, str]:
