@@ -361,10 +361,11 @@ def save_final_model(model, tokenizer, settings: TrainingSettings, summary: dict
     scores (`write_card_and_results`)."""
     if folder is not None:
         folder.record(FINAL_ENTRIES)  # the model folder, results and hypotheses, listed before they are written
-    values = model_card.training_card_values(settings.data, summary, settings.card_recipe)
+    corpus = settings.data.corpus  # the card's other values come with the scores; the tokenizer's config needs these
+    languages = {"source_lang": corpus.source_lang, "target_lang": corpus.target_lang}
     decoding = settings.evaluation.final_decoding  # as the scores are measured
     with on_full_disk(run_checkpoints.disk_full(settings.checkpoints, "the final model folder")):
-        model_folder.save_model_folder(model, tokenizer, settings.output.output_dir, values, decoding, card=False)
+        model_folder.save_model_folder(model, tokenizer, settings.output.output_dir, languages, decoding, card=False)
     if folder is not None:
         folder.record_model_shards()
     print(f"[save] model folder: {settings.output.output_dir}")
