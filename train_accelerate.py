@@ -222,8 +222,10 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
     while not (reason := stop_reason(accelerator, settings, state, stop_signals, start_time)):
         step_batches, position_after_step = next(steps)
         # the loss's one normalisation (5.4): by the step's target tokens, every micro-batch's on every process
-        local_tokens = torch.tensor(float(sum(count_target_tokens(b) for b in step_batches)), dtype=torch.float64)
-        step_tokens = accelerator.reduce(local_tokens.to(accelerator.device)).item()
+        # kept on the device (made by a fill, not copied): no host sync, so the CPU queues this step while the GPU runs
+        # the last one; read only every --logging_steps
+        local_tokens = sum(count_target_tokens(b) for b in step_batches)
+        step_tokens = accelerator.reduce(torch.full((), local_tokens, dtype=torch.float64, device=accelerator.device))
         model.train()
         step_loss = torch.zeros((), device=accelerator.device)
         for index, batch in enumerate(step_batches):  # micro-batches: gradients are synchronised on the last only
@@ -234,7 +236,7 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
                 hidden, labels = outputs.decoder_hidden_states[-1], batch["labels"]
                 loss = label_smoothed_cross_entropy(hidden, output_head(model), labels, settings.label_smoothing)
                 # DDP averages the processes' gradients: this gives the mean over the step's target tokens
-                accelerator.backward(loss / (step_tokens / accelerator.num_processes))
+                accelerator.backward(loss / (step_tokens / accelerator.num_processes).to(loss.dtype))
             step_loss += loss.detach()  # no host sync: read only every --logging_steps
         if settings.max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
@@ -276,6 +278,8 @@ def stop_reason(accelerator, settings: TrainingSettings, state: RunState, stop_s
     if settings.max_epochs is not None and state.position.epoch >= settings.max_epochs:
         return "max_epochs"
     out_of_time = settings.max_minutes is not None and time.time() - start_time > settings.max_minutes * 60
+    if accelerator.num_processes == 1:  # no collective, so no host sync: the CPU stays a step ahead of the GPU
+        return "signal" if stop_signals.requested else "max_minutes" if out_of_time else None
     votes = torch.tensor([float(stop_signals.requested), float(out_of_time)], device=accelerator.device)
     signal_votes, time_votes = accelerator.reduce(votes).tolist()
     return "signal" if signal_votes else "max_minutes" if time_votes else None

@@ -10,7 +10,12 @@ interleaved in alternating order, median of `--repetitions`:
 - sdpa: torch's scaled_dot_product_attention, every backend allowed (flash where it applies);
 - sdpa_no_flash: the same without the flash backend (`torch.nn.attention.sdpa_kernel`);
 - eager: the attention written out (matmul, softmax, matmul);
-- flash_attention_2: the flash-attn package (skipped if it is not installed).
+- flash_attention_2: the flash-attn package (skipped if it is not installed);
+- sdpa_host_sync: sdpa with one host sync per step (a `.item()`, as the training loop read its step's token count
+  before each step until 2026-11-27): the CPU cannot queue a step while the GPU runs the last one.
+
+`--profile`: then 5 more sdpa steps under `torch.profiler`: the 15 kernels with the most GPU time, and the share of
+the steps' wall time the GPU spent in kernels (what is left is the GPU waiting for the host).
 
 MFU = model FLOPs per second / the GPU's peak bf16 dense FLOPs (`--peak_tflops`; 989 for H100 and H200 SXM).
 Model FLOPs (`model_flops`) count the matrix multiplies and the two attention products of every layer for the
@@ -23,6 +28,7 @@ Usage:
 
 import argparse
 import sys
+import time
 from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,7 +44,7 @@ from timing import median_seconds  # noqa: E402
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
 
-VARIANTS = ("sdpa", "sdpa_no_flash", "eager", "flash_attention_2")
+VARIANTS = ("sdpa", "sdpa_no_flash", "eager", "flash_attention_2", "sdpa_host_sync")
 PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}  # dense, SXM; PCIe parts are lower
 
 
@@ -87,6 +93,34 @@ def available(variant: str) -> bool:
     return True
 
 
+def profile(steps, device: torch.device, count: int) -> None:
+    """`steps()` (`count` training steps) under torch.profiler: the top 15 kernels by GPU time, and the GPU's busy
+    share of the wall time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profiler(activities=activities) as trace:
+        started = time.perf_counter()
+        steps()
+        wall = time.perf_counter() - started
+    events = trace.key_averages()
+    sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(f"\n## profile of {count} sdpa steps ({wall * 1000 / count:.1f} ms a step)\n")
+    print(events.table(sort_by=sort_by, row_limit=15, max_name_column_width=60))
+    if device.type == "cuda":  # the union of the kernels' intervals on the GPU's timeline, in microseconds
+        kernels = sorted(
+            (event.time_range.start, event.time_range.end)
+            for event in trace.events()
+            if event.device_type == torch.autograd.DeviceType.CUDA
+        )
+        busy, end = 0.0, float("-inf")
+        for start, stop in kernels:
+            busy += max(0.0, stop - max(start, end))
+            end = max(end, stop)
+        print(f"GPU busy in kernels: {busy / 1e6 / wall:.1%} of the wall time ({len(kernels)} kernels)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -97,6 +131,7 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--peak_tflops", type=float, default=None, help="the GPU's peak bf16 dense TFLOP/s")
+    parser.add_argument("--profile", action="store_true", help="then profile 5 sdpa steps")
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -113,7 +148,7 @@ def main() -> None:
     models, optimizers = {}, {}
     for variant in variants:
         torch.manual_seed(0)
-        implementation = "sdpa" if variant == "sdpa_no_flash" else variant
+        implementation = "sdpa" if variant in ("sdpa_no_flash", "sdpa_host_sync") else variant
         models[variant] = VanillaTransformerForConditionalGeneration(config).to(device).train()
         models[variant].set_attn_implementation(implementation)
         optimizers[variant] = torch.optim.Adam(models[variant].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
@@ -126,6 +161,8 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if variant == "sdpa_host_sync":
+                loss.item()
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the GPU's work, not just its queueing
 
@@ -144,6 +181,8 @@ def main() -> None:
         achieved = flops / step / 1e12
         mfu = f"{achieved / peak:.1%}" if peak else "-"
         print(f"| {variant} | {step * 1000:.1f} | {target_tokens / step:,.0f} | {achieved:.1f} | {mfu} |")
+    if args.profile and "sdpa" in models:
+        profile(lambda: train_steps("sdpa"), device, args.steps)
     if device.type == "cuda":
         print(f"\npeak memory allocated: {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB")
 

@@ -528,13 +528,16 @@ def test_a_full_disk_during_the_final_save_is_one_error_and_resume_latest_then_s
 # --- when the loop stops: one place, train_accelerate.stop_reason, before each step -------------------------------
 
 
-def stop_reason_of(*flags: str, step: int = 0, epoch: int = 0, signal: bool = False, minutes_spent: float = 0.0):
-    """train_accelerate.stop_reason for a run of `flags` standing at `step` of `epoch` (one process)."""
+def stop_reason_of(
+    *flags: str, processes: int, step: int = 0, epoch: int = 0, signal: bool = False, minutes_spent: float = 0.0
+):
+    """train_accelerate.stop_reason for a run of `flags` standing at `step` of `epoch`, this process's view (with
+    several processes, the others vote as this one)."""
     settings = train_accelerate.parse_training_arguments(["--data_dir", "corpus", *flags])
     state = run_checkpoints.RunState("run", step=step, position=DataPosition(epoch, 0))
-    one_process = SimpleNamespace(device="cpu", reduce=lambda tensor: tensor)
+    accelerator = SimpleNamespace(device="cpu", num_processes=processes, reduce=lambda tensor: tensor * processes)
     signals = SimpleNamespace(requested=signal)
-    return train_accelerate.stop_reason(one_process, settings, state, signals, time.time() - 60 * minutes_spent)
+    return train_accelerate.stop_reason(accelerator, settings, state, signals, time.time() - 60 * minutes_spent)
 
 
 @pytest.mark.parametrize(
@@ -549,8 +552,21 @@ def stop_reason_of(*flags: str, step: int = 0, epoch: int = 0, signal: bool = Fa
         (["--max_steps", "5"], {"step": 1, "signal": True}, "signal"),
     ],
 )
-def test_the_run_stops_before_the_step_that_would_pass_a_limit_or_at_a_signal(flags, where, reason):
-    assert stop_reason_of(*flags, **where) == reason
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_run_stops_before_the_step_that_would_pass_a_limit_or_at_a_signal(flags, where, reason, processes):
+    assert stop_reason_of(*flags, processes=processes, **where) == reason
+
+
+def test_one_process_decides_to_stop_without_a_collective_so_without_waiting_for_the_device():
+    settings = train_accelerate.parse_training_arguments(["--data_dir", "corpus", "--max_minutes", "1"])
+    state = run_checkpoints.RunState("run", step=3, position=DataPosition(0, 0))
+
+    def collective(tensor):
+        raise AssertionError("a collective, whose result the host must wait for")
+
+    accelerator = SimpleNamespace(device="cpu", num_processes=1, reduce=collective)
+    go_on = train_accelerate.stop_reason(accelerator, settings, state, SimpleNamespace(requested=False), time.time())
+    assert go_on is None
 
 
 @pytest.mark.slow

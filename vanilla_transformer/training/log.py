@@ -43,12 +43,14 @@ class TrainingLog:
         if len(kept) < len(lines):
             replace_file(self.file, "".join(kept), staging=self.file.with_name(self.file.name + ".tmp"))
 
-    def add(self, step_loss: float, step_tokens: float) -> None:
+    def add(self, step_loss, step_tokens) -> None:
+        """A step's summed loss and its target tokens (on every process): tensors on the device, read in `write`."""
         self.loss, self.tokens = self.loss + step_loss, self.tokens + step_tokens
 
     def write(self, step: int, lr: float, epoch: int) -> None:
-        loss_per_token = (self.accelerator.reduce(self.loss, "sum") / self.tokens).item()
-        tokens_per_second = self.tokens / (time.time() - self.start)
+        tokens = float(self.tokens)  # the host's one wait for the device in --logging_steps steps
+        loss_per_token = float(self.accelerator.reduce(self.loss, "sum")) / tokens
+        tokens_per_second = tokens / (time.time() - self.start)
         record = {
             "step": step,
             "loss": loss_per_token,
