@@ -48,7 +48,7 @@ print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", to
       "| datasets", datasets.__version__, "| tokenizers", tokenizers.__version__)
 print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count, "SMs")'
     $python -m pip list 2>/dev/null | grep -iE '^(pyarrow|fsspec|huggingface.hub|sacrebleu|safetensors|numpy) '
-    ls /usr/local/lib/python3*/dist-packages/nvidia 2>/dev/null | head -n 3
+    timeout 10 find /opt /usr -name 'libcublas.so.*' 2>/dev/null | head -n 4  # CTranslate2's wheels need CUDA 12's
 } >>"$results/1_machine.txt" 2>&1
 cat "$results/1_machine.txt"
 
