@@ -12,7 +12,8 @@ interleaved in alternating order, median of `--repetitions`:
 - eager: the attention written out (matmul, softmax, matmul);
 - flash_attention_2: the flash-attn package (skipped if it is not installed);
 - sdpa_host_sync: sdpa with one host sync per step (a `.item()`, as the training loop read its step's token count
-  before each step until 2026-11-27): the CPU cannot queue a step while the GPU runs the last one.
+  before each step until 2026-11-27): the CPU cannot queue a step while the GPU runs the last one;
+- sdpa_fused_adam: sdpa with `torch.optim.Adam(fused=True)` (one kernel for the update of every parameter).
 
 `--profile`: then 5 more sdpa steps under `torch.profiler`: the 15 kernels with the most GPU time, and the share of
 the steps' wall time the GPU spent in kernels (what is left is the GPU waiting for the host).
@@ -44,7 +45,7 @@ from timing import median_seconds  # noqa: E402
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
 
-VARIANTS = ("sdpa", "sdpa_no_flash", "eager", "flash_attention_2", "sdpa_host_sync")
+VARIANTS = ("sdpa", "sdpa_no_flash", "eager", "flash_attention_2", "sdpa_host_sync", "sdpa_fused_adam")
 PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}  # dense, SXM; PCIe parts are lower
 
 
@@ -148,10 +149,13 @@ def main() -> None:
     models, optimizers = {}, {}
     for variant in variants:
         torch.manual_seed(0)
-        implementation = "sdpa" if variant in ("sdpa_no_flash", "sdpa_host_sync") else variant
+        implementation = "sdpa" if variant.startswith("sdpa") else variant
         models[variant] = VanillaTransformerForConditionalGeneration(config).to(device).train()
         models[variant].set_attn_implementation(implementation)
-        optimizers[variant] = torch.optim.Adam(models[variant].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        fused = {"fused": True} if variant == "sdpa_fused_adam" else {}
+        optimizers[variant] = torch.optim.Adam(
+            models[variant].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **fused
+        )
 
     def train_steps(variant: str) -> None:
         model, optimizer = models[variant], optimizers[variant]
