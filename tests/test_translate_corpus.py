@@ -88,6 +88,26 @@ def test_a_sentence_over_the_model_is_cut_at_punctuation_into_pieces_that_fit():
     assert result.texts[1] == "one short"
 
 
+def test_the_model_backend_decodes_without_cudnn_attention_and_leaves_the_kernels_as_they_were(
+    model_and_tokenizer, monkeypatch
+):
+    """cuDNN's attention builds a plan for every new shape: a corpus's decoding ran 10x slower with it on an H100."""
+    import torch
+
+    model, tokenizer = model_and_tokenizer
+    generate, seen = model.generate, []
+
+    def recording(*args, **kwargs):
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", recording)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    translate_texts(ModelBackend(model, tokenizer, 1, 4), ENGLISH[:2], max_tokens=40)
+    assert seen and all(kernels == (False, True) for kernels in seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
 def test_the_model_backend_gives_what_generate_gives(model_and_tokenizer):
     import torch
 

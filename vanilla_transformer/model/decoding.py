@@ -7,9 +7,21 @@ itself, the same batches on every process).
 from collections.abc import Sequence
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pipeline_vanilla_transformer import length_arguments
 from vanilla_transformer.model.beam_cache import beam_search_cache
+
+# The kernels scaled_dot_product_attention may pick while decoding: every one but cuDNN's. A corpus's batches bring new
+# shapes at every step (a batch's size and sources, each step's key length), and cuDNN's attention builds a plan for
+# each new shape: on an H100 with torch 2.11, 78 lines/s against 765 without it (docs/BENCHMARKS.md, "On a GPU").
+# Other devices' choices (the CPU's flash kernel or the math one, an XPU's own kernel) are not changed.
+DECODING_ATTENTION = [
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+    SDPBackend.OVERRIDEABLE,
+]
 
 
 class ModelBackend:
@@ -52,7 +64,7 @@ class ModelBackend:
         cache = {}
         if self.beams > 1 and getattr(self.model.generation_config, "cache_implementation", None) is None:
             cache["cache"] = beam_search_cache(self.model.config)  # the cross-attention cache stays (beam_cache.py)
-        with torch.inference_mode():
+        with torch.inference_mode(), sdpa_kernel(DECODING_ATTENTION):
             output_ids = self.model.generate(**inputs, **lengths, **cache, **self.generate_kwargs)
         is_special = torch.isin(output_ids, torch.tensor(sorted(self.special_ids), device=output_ids.device))
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True), int((~is_special).sum())
