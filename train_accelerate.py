@@ -232,9 +232,11 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
             batch = {name: tensor.to(accelerator.device, non_blocking=True) for name, tensor in batch.items()}
             with accelerator.no_sync(model) if index < len(step_batches) - 1 else contextlib.nullcontext():
                 outputs = model(**forward_inputs(model, batch), output_hidden_states=True)  # sections 3.1-3.5
-                # section 5.4, summed over the targets; the loss computes the projection's gradient block by block
+                # section 5.4, summed over the targets; the loss computes the projection's gradient block by block,
+                # in the training's precision too (Accelerate autocasts the model's forward only)
                 hidden, labels = outputs.decoder_hidden_states[-1], batch["labels"]
-                loss = label_smoothed_cross_entropy(hidden, output_head(model), labels, settings.label_smoothing)
+                with accelerator.autocast():
+                    loss = label_smoothed_cross_entropy(hidden, output_head(model), labels, settings.label_smoothing)
                 # DDP averages the processes' gradients: this gives the mean over the step's target tokens
                 accelerator.backward(loss / (step_tokens / accelerator.num_processes).to(loss.dtype))
             step_loss += loss.detach()  # no host sync: read only every --logging_steps

@@ -189,6 +189,24 @@ def test_bf16_run_records_its_precision_and_scores_the_saved_float32_model(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("precision, autocast", [("bf16", True), ("no", False)])
+def test_the_loss_projects_onto_the_vocabulary_in_the_training_precision(tmp_path, monkeypatch, precision, autocast):
+    """The output projection is the step's largest matrix product (a third of the base model's FLOPs): under
+    --mixed_precision bf16 it runs under autocast as the forward does (Accelerate autocasts the forward only)."""
+    from vanilla_transformer.training import loss
+
+    forward, seen = loss.BlockwiseCrossEntropy.forward, []
+
+    def recording(ctx, hidden_states, *args):
+        seen.append(torch.is_autocast_enabled(hidden_states.device.type))
+        return forward(ctx, hidden_states, *args)
+
+    monkeypatch.setattr(loss.BlockwiseCrossEntropy, "forward", staticmethod(recording))
+    train(tmp_path / "run", "--max_steps", "2", "--mixed_precision", precision, "--save_steps", "2")
+    assert seen and set(seen) == {autocast}
+
+
+@pytest.mark.slow
 def test_one_step_on_two_processes_equals_one_step_on_one_process(tmp_path):
     """The same global batch, two batches accumulated on one process or one on each of two: same gradients."""
     script = ["-m", "tests.distributed_gradients"]
