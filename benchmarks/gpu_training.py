@@ -1,7 +1,8 @@
 """Training throughput and model FLOPs utilisation (MFU) of the base model in bf16 on a GPU, by attention kernel.
 
-Work per step, as `train_accelerate.py --mixed_precision bf16` does it: forward with the label-smoothed loss (the
-model's blockwise loss, no logits), backward and an Adam step (5.3), under bf16 autocast with float32 weights, on a
+Work per step, as `train_accelerate.py --mixed_precision bf16` does it: forward, then the training script's
+label-smoothed loss (vanilla_transformer/training/loss.py: block by block, no logits), both under bf16 autocast with
+float32 weights, backward and an Adam step (5.3), on a
 synthetic batch shaped like the paper's token batches (5.1: ~25000 target tokens; by default 800 sentence pairs of
 24-36 target and 28-32 source tokens, padded per batch, seeded). Throughput counts non-padding target tokens.
 
@@ -44,6 +45,7 @@ from timing import median_seconds  # noqa: E402
 
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
+from vanilla_transformer.training.loss import forward_inputs, label_smoothed_cross_entropy, output_head  # noqa: E402
 
 VARIANTS = ("sdpa", "sdpa_no_flash", "eager", "flash_attention_2", "sdpa_host_sync", "sdpa_fused_adam")
 PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}  # dense, SXM; PCIe parts are lower
@@ -161,8 +163,9 @@ def main() -> None:
         model, optimizer = models[variant], optimizers[variant]
         for _ in range(args.steps):
             with attention_context(variant), torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = model(**batch).loss
-            loss.backward()
+                hidden = model(**forward_inputs(model, batch), output_hidden_states=True).decoder_hidden_states[-1]
+                loss = label_smoothed_cross_entropy(hidden, output_head(model), batch["labels"], 0.1)
+            (loss / target_tokens).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if variant == "sdpa_host_sync":

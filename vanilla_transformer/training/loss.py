@@ -8,7 +8,8 @@ away: d loss / d logits = softmax(logits) - (1 - eps) onehot(target) - eps / V. 
 library's plain cross-entropy, as any transformers model. The training script's step reads
 
     outputs = model(**forward_inputs(model, batch), output_hidden_states=True)  # the decoder's output, no logits
-    loss = label_smoothed_cross_entropy(outputs.decoder_hidden_states[-1], output_head(model), batch["labels"], eps)
+    with accelerator.autocast():  # in the training's precision, as the forward (Accelerate autocasts only that)
+        loss = label_smoothed_cross_entropy(outputs.decoder_hidden_states[-1], output_head(model), batch["labels"], eps)
 """
 
 import torch
