@@ -221,19 +221,14 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
     )
     while not (reason := stop_reason(accelerator, settings, state, stop_signals, start_time)):
         step_batches, position_after_step = next(steps)
-        # the loss's one normalisation (5.4): by the step's target tokens, every micro-batch's on every process
-        # kept on the device (made by a fill, not copied): no host sync, so the CPU queues this step while the GPU runs
-        # the last one; read only every --logging_steps
-        local_tokens = sum(count_target_tokens(b) for b in step_batches)
-        step_tokens = accelerator.reduce(torch.full((), local_tokens, dtype=torch.float64, device=accelerator.device))
+        step_tokens = step_target_tokens(accelerator, step_batches)  # the loss's one normalisation (5.4)
         model.train()
         step_loss = torch.zeros((), device=accelerator.device)
         for index, batch in enumerate(step_batches):  # micro-batches: gradients are synchronised on the last only
             batch = {name: tensor.to(accelerator.device, non_blocking=True) for name, tensor in batch.items()}
             with accelerator.no_sync(model) if index < len(step_batches) - 1 else contextlib.nullcontext():
                 outputs = model(**forward_inputs(model, batch), output_hidden_states=True)  # sections 3.1-3.5
-                # section 5.4, summed over the targets; the loss computes the projection's gradient block by block,
-                # in the training's precision too (Accelerate autocasts the model's forward only)
+                # 5.4, summed over the targets, block by block; autocast too (Accelerate's covers the forward only)
                 hidden, labels = outputs.decoder_hidden_states[-1], batch["labels"]
                 with accelerator.autocast():
                     loss = label_smoothed_cross_entropy(hidden, output_head(model), labels, settings.label_smoothing)
@@ -269,6 +264,13 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
             accelerator, settings.checkpoints, state, schedule, run.identity, run.continuation, stop=stop
         )
     return reason
+
+
+def step_target_tokens(accelerator, step_batches: list[dict]) -> torch.Tensor:
+    """The target tokens of a step's micro-batches on every process, on the device: made by a fill, not a copy, and
+    never read back here, so the host does not wait for the device and queues this step while the last one runs."""
+    local_tokens = sum(count_target_tokens(batch) for batch in step_batches)
+    return accelerator.reduce(torch.full((), local_tokens, dtype=torch.float64, device=accelerator.device))
 
 
 def stop_reason(accelerator, settings: TrainingSettings, state: RunState, stop_signals: StopSignals, start_time):
