@@ -16,9 +16,10 @@ mkdir -p "$results"
 runs=$(mktemp -d)  # training runs' folders: not brought back
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 python=python3
-preset=base device=cuda training_batch=() generation_size=()
+preset=base device=cuda training_batch=() generation_size=() translate_lines=600
 if [ -n "${GPU_CHECK_DRY_RUN:-}" ]; then
     preset=tiny device=cpu training_batch=(--sentences 16 --vocab_size 1000) generation_size=(--vocab_size 1000 --batches 1 4)
+    translate_lines=64
 fi
 
 # step NAME SECONDS COMMAND...: the command's output into RESULTS/NAME.txt, ended by its exit status and seconds
@@ -55,7 +56,10 @@ cat "$results/1_machine.txt"
 # 2. base bf16 training throughput and MFU by attention kernel, one host sync a step's cost, and a profile
 step 2_training_mfu 90 $python benchmarks/gpu_training.py --device $device --preset $preset "${training_batch[@]}" \
     --steps 8 --repetitions 3 \
-    --variants sdpa sdpa_no_flash eager sdpa_host_sync --profile
+    --variants sdpa sdpa_no_cudnn eager sdpa_host_sync --profile
+# the same step with the forward compiled (its compilation untimed, but inside this step's time box)
+step 2_training_mfu 120 $python benchmarks/gpu_training.py --device $device --preset $preset "${training_batch[@]}" \
+    --steps 8 --repetitions 3 --variants sdpa sdpa_compiled
 
 # 3. the real script on Multi30k, stopped by SIGTERM as a preempted job is, then resumed
 train=(train_accelerate.py --prepared_data .gpu/multi30k-en-de --preset $preset --mixed_precision bf16
@@ -66,8 +70,9 @@ step 3_script 75 $python "${train[@]}" --output_dir "$runs/ddp" --resume_from_ch
 cp "$runs/ddp/train_log.jsonl" "$results/3_script_train_log.jsonl" 2>/dev/null
 cat "$runs/ddp/results.json" >>"$results/3_script.txt" 2>/dev/null
 
-# 4. FSDP on one process: the same start, a checkpoint, a resume; its first losses against step 3's
-if [ -z "${GPU_CHECK_DRY_RUN:-}" ]; then  # accelerate runs FSDP on GPUs only
+# 4. FSDP on one process: the same start, a checkpoint, a resume; its first losses against step 3's. Run once
+# (2026-11-27, docs/BENCHMARKS.md); again with GPU_CHECK_FSDP=1. Accelerate runs FSDP on GPUs only.
+if [ -z "${GPU_CHECK_DRY_RUN:-}" ] && [ -n "${GPU_CHECK_FSDP:-}" ]; then
 launch=(accelerate launch --config_file configs/accelerate/fsdp.yaml --num_processes 1)
 step 4_fsdp 65 timeout --signal=TERM --kill-after=15 45 "${launch[@]}" "${train[@]}" --output_dir "$runs/fsdp" \
     --save_steps 10
@@ -88,7 +93,9 @@ step 5_generation 95 $python benchmarks/gpu_generation.py --device $device --pre
 translate=($python -m vanilla_transformer translate "$runs/ddp" --input .gpu/lines.en --device $device
     --dtype bfloat16 --log_every 10)
 step 6_translate 45 "${translate[@]}" --max_tokens 16384 --output "$runs/lines.tokens.de"
-step 6_translate 30 "${translate[@]}" --batch_size 32 --output "$runs/lines.batch32.de"
+# the model backend over a corpus's changing shapes, by attention kernel (random weights)
+step 6_translate 45 $python benchmarks/gpu_translate.py --device $device --preset $preset --lines .gpu/lines.en \
+    --tokenizer .gpu/multi30k-en-de/tokenizer --count $translate_lines
 
 # 7. the tests of what differs on a GPU
 export VANILLA_TRANSFORMER_GPU_TESTS_ON=$device  # cuda: a missing GPU is an error, not 10 skipped tests

@@ -14,7 +14,11 @@ interleaved in alternating order, median of `--repetitions`:
 - flash_attention_2: the flash-attn package (skipped if it is not installed);
 - sdpa_host_sync: sdpa with one host sync per step (a `.item()`, as the training loop read its step's token count
   before each step until 2026-11-27): the CPU cannot queue a step while the GPU runs the last one;
-- sdpa_fused_adam: sdpa with `torch.optim.Adam(fused=True)` (one kernel for the update of every parameter).
+- sdpa_fused_adam: sdpa with `torch.optim.Adam(fused=True)` (one kernel for the update of every parameter);
+- sdpa_no_cudnn: sdpa without cuDNN's kernel, as the model backend decodes (`decoding.DECODING_ATTENTION`): whether
+  cuDNN's kernel, which costs a plan per new shape, is worth it in training's steady state;
+- sdpa_compiled: sdpa with the model's forward under `torch.compile` (inductor fuses the casts, LayerNorm, dropout
+  and residuals); its compilation is in the untimed first call.
 
 `--profile`: then 5 more sdpa steps under `torch.profiler`: the 15 kernels with the most GPU time, and the share of
 the steps' wall time the GPU spent in kernels (what is left is the GPU waiting for the host).
@@ -45,9 +49,19 @@ from timing import median_seconds  # noqa: E402
 
 from configuration_vanilla_transformer import VanillaTransformerConfig  # noqa: E402
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
+from vanilla_transformer.model.decoding import DECODING_ATTENTION  # noqa: E402
 from vanilla_transformer.training.loss import forward_inputs, label_smoothed_cross_entropy, output_head  # noqa: E402
 
-VARIANTS = ("sdpa", "sdpa_no_flash", "eager", "flash_attention_2", "sdpa_host_sync", "sdpa_fused_adam")
+VARIANTS = (
+    "sdpa",
+    "sdpa_no_flash",
+    "eager",
+    "flash_attention_2",
+    "sdpa_host_sync",
+    "sdpa_fused_adam",
+    "sdpa_no_cudnn",
+    "sdpa_compiled",
+)
 PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}  # dense, SXM; PCIe parts are lower
 
 
@@ -79,11 +93,13 @@ def model_flops(config: VanillaTransformerConfig, source_lengths: torch.Tensor, 
 
 
 def attention_context(variant: str):
-    if variant != "sdpa_no_flash":
-        return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH])
+    if variant == "sdpa_no_flash":
+        return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH])
+    if variant == "sdpa_no_cudnn":
+        return sdpa_kernel(DECODING_ATTENTION)
+    return nullcontext()
 
 
 def available(variant: str) -> bool:
@@ -154,6 +170,8 @@ def main() -> None:
         implementation = "sdpa" if variant.startswith("sdpa") else variant
         models[variant] = VanillaTransformerForConditionalGeneration(config).to(device).train()
         models[variant].set_attn_implementation(implementation)
+        if variant == "sdpa_compiled":
+            models[variant].forward = torch.compile(models[variant].forward)
         fused = {"fused": True} if variant == "sdpa_fused_adam" else {}
         optimizers[variant] = torch.optim.Adam(
             models[variant].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **fused
