@@ -19,7 +19,8 @@ folder. Seconds are wall clock from the process's start to its exit, loading inc
 sum of RSS over the process and its children, polled every 0.1 s. Steps (--skip NAME... leaves some out):
 
   batching      the command, model backend: --batch_size 32 (sentence batches), then --max_tokens at each of --budgets
-  ct2_backend   the command, --backend ctranslate2 --compute_type float32, then int8 (its default batching)
+  ct2_backend   the command, --backend ctranslate2 --compute_type float32, then int8 (--ct2_compute_types), at its
+                default batching or at each of --ct2_budgets
   marian        MarianMTModel (the source folder, same weights): generate() on 32 lines at a time in input order
   ctranslate2   CTranslate2's own translate_iterable on the command's export (float32, int8), batch_type "tokens",
                 max_batch_size --ct2_batch_tokens (default: the command's default budget / beams, the same batches),
@@ -340,10 +341,11 @@ def first_rows(bench: Bench) -> list[dict]:
                 {"step": "batching", "engine": ours, "settings": " ".join(flags), "flags": flags, "name": name}
             )
     if "ct2_backend" not in skip:
-        for compute_type in ("float32", "int8"):
+        for compute_type, budget in itertools.product(args.ct2_compute_types, args.ct2_budgets or [DEFAULT_BUDGET]):
             flags = ["--backend", "ctranslate2", "--compute_type", compute_type]
-            settings = f"{' '.join(flags)} (--max_tokens {DEFAULT_BUDGET})"
-            name = f"ours-ct2-{compute_type}"
+            flags += ["--max_tokens", str(budget)] if budget != DEFAULT_BUDGET else []
+            settings = f"{' '.join(flags)}" + (f" (--max_tokens {DEFAULT_BUDGET})" if budget == DEFAULT_BUDGET else "")
+            name = f"ours-ct2-{compute_type}" + (f"-{budget}" if budget != DEFAULT_BUDGET else "")
             rows.append(
                 {
                     "step": "ct2_backend",
@@ -549,6 +551,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--new_tokens", type=int, default=24, help="K: tokens generated per line by every engine")
     parser.add_argument("--budgets", type=int, nargs="+", default=[1000, 2000, 4000, 8000], help="--max_tokens")
     parser.add_argument("--ct2_batch_tokens", type=int, help="translate_iterable's max_batch_size (tokens)")
+    parser.add_argument(
+        "--ct2_budgets", type=int, nargs="+", help="step ct2_backend's --max_tokens (default: its own)"
+    )
+    parser.add_argument(
+        "--ct2_compute_types", nargs="+", default=["float32", "int8"], help="step ct2_backend's --compute_type"
+    )
     parser.add_argument("--buffer_size", type=int, default=200, help="the command's --buffer_size (its default)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each row, interleaved; the median")
     parser.add_argument("--memory_lines", type=int, default=1_000_000, help="lines of the memory run (0: skip)")
