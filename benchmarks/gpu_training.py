@@ -140,6 +140,17 @@ def profile(steps, device: torch.device, count: int) -> None:
         print(f"GPU busy in kernels: {busy / 1e6 / wall:.1%} of the wall time ({len(kernels)} kernels)")
 
 
+def model_and_optimizer(config: VanillaTransformerConfig, variant: str, device: torch.device):
+    """The seeded model of `variant` (its attention, compiled or not) on `device`, in train mode, and its Adam."""
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(config).to(device).train()
+    model.set_attn_implementation("sdpa" if variant.startswith("sdpa") else variant)
+    if variant == "sdpa_compiled":
+        model.forward = torch.compile(model.forward)
+    fused = {"fused": True} if variant == "sdpa_fused_adam" else {}
+    return model, torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **fused)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -164,21 +175,10 @@ def main() -> None:
     flops = model_flops(config, attention_mask.sum(1), (labels != -100).sum(1))
 
     variants = [variant for variant in args.variants if available(variant)]
-    models, optimizers = {}, {}
-    for variant in variants:
-        torch.manual_seed(0)
-        implementation = "sdpa" if variant.startswith("sdpa") else variant
-        models[variant] = VanillaTransformerForConditionalGeneration(config).to(device).train()
-        models[variant].set_attn_implementation(implementation)
-        if variant == "sdpa_compiled":
-            models[variant].forward = torch.compile(models[variant].forward)
-        fused = {"fused": True} if variant == "sdpa_fused_adam" else {}
-        optimizers[variant] = torch.optim.Adam(
-            models[variant].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **fused
-        )
+    trained = {variant: model_and_optimizer(config, variant, device) for variant in variants}
 
     def train_steps(variant: str) -> None:
-        model, optimizer = models[variant], optimizers[variant]
+        model, optimizer = trained[variant]
         for _ in range(args.steps):
             with attention_context(variant), torch.autocast(device.type, dtype=torch.bfloat16):
                 hidden = model(**forward_inputs(model, batch), output_hidden_states=True).decoder_hidden_states[-1]
@@ -206,7 +206,7 @@ def main() -> None:
         achieved = flops / step / 1e12
         mfu = f"{achieved / peak:.1%}" if peak else "-"
         print(f"| {variant} | {step * 1000:.1f} | {target_tokens / step:,.0f} | {achieved:.1f} | {mfu} |")
-    if args.profile and "sdpa" in models:
+    if args.profile and "sdpa" in trained:
         profile(lambda: train_steps("sdpa"), device, args.steps)
     if device.type == "cuda":
         print(f"\npeak memory allocated: {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB")
