@@ -95,3 +95,58 @@ def test_the_commands_load_their_models_with_onednn_linears_and_hub_users_get_pl
     assert any(type(module) is OneDNNLinear for module in model.modules())
     hub_model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
     assert all(type(module) is nn.Linear for module in hub_model.modules() if isinstance(module, nn.Linear))
+
+
+needs_packing = pytest.mark.skipif(
+    not (onednn.ONEDNN["usable"] and onednn.ONEDNN["packing"]), reason="this torch build has no MKL packed linear"
+)
+MKL_OP = "mkl::_mkl_linear"
+
+
+@needs_packing
+def test_packed_linears_multiply_inputs_of_the_packed_rows_by_the_packed_weight_and_drop_it_after():
+    linear = layer()
+    fits, other = torch.randn(2, 3, 256), torch.randn(5, 256)  # 6 rows (packed for), 5 rows (not)
+    with torch.no_grad():
+        with onednn.packed_linears([linear], rows=6):
+            assert linear.packed is not None and linear.packed[0] == 6
+            assert MKL_OP in operators(lambda: linear(fits))
+            torch.testing.assert_close(linear(fits), F.linear(fits, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+            assert MKL_OP not in operators(lambda: linear(other))  # MKL's packed layout is for 6 rows only
+            assert ONEDNN_OP in operators(lambda: linear(other))
+        assert linear.packed is None and "packed" not in linear.__dict__
+        assert MKL_OP not in operators(lambda: linear(fits))
+
+
+def test_a_failing_packing_op_falls_back_to_the_unpacked_linear(monkeypatch):
+    class BrokenOps:
+        def _mkl_reorder_linear_weight(self, *args):
+            raise RuntimeError("changed signature")
+
+    monkeypatch.setattr(torch.ops, "mkl", BrokenOps())
+    monkeypatch.setitem(onednn.ONEDNN, "packing", True)
+    monkeypatch.setattr(onednn, "MIN_WEIGHT_ELEMENTS", 0)
+    linear, input = layer(8, 5), torch.randn(3, 8)
+    with torch.no_grad(), onednn.packed_linears([linear], rows=3):
+        torch.testing.assert_close(linear(input), F.linear(input, linear.weight, linear.bias))
+    assert onednn.ONEDNN["packing"] is False  # not tried again
+
+
+@needs_packing
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_the_model_backend_gives_the_same_translations_with_packed_weights(monkeypatch, tmp_path, num_beams):
+    from vanilla_transformer.model import decoding
+    from vanilla_transformer.model.decoding import ModelBackend
+
+    monkeypatch.setattr(onednn, "MIN_WEIGHT_ELEMENTS", 0)  # the tiny model's matrices too
+    model, tokenizer = load_model_and_tokenizer(save_tiny_model_folder(tmp_path / "model"))
+    backend = ModelBackend(model, tokenizer, num_beams, 10)
+    batch = backend.encode(["a small test", "another sentence, a longer one than the first", "three"])
+    monkeypatch.setattr(decoding, "PACKED_ROWS", range(0))
+    plain = backend.translate(batch)
+    monkeypatch.setattr(decoding, "PACKED_ROWS", range(1, 1000))
+    packed_calls = []
+    product = OneDNNLinear._packed_product
+    monkeypatch.setattr(OneDNNLinear, "_packed_product", lambda *args: packed_calls.append(1) or product(*args))
+    assert backend.translate(batch) == plain
+    assert len(packed_calls) >= 10  # the decoder's layers and the output projection, at every step

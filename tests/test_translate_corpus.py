@@ -121,12 +121,12 @@ def test_the_model_backend_gives_what_generate_gives(model_and_tokenizer):
 
 
 @pytest.mark.parametrize("num_beams", [2, 4])
-def test_the_model_backends_beam_search_gives_generates_tokens_without_moving_the_source_cache(
+def test_the_model_backends_beam_search_gives_generates_tokens_computing_and_moving_the_source_cache_once(
     model_and_tokenizer, num_beams, monkeypatch
 ):
-    """Beam search with the cache that leaves the encoder-decoder attention's keys and values in place
-    (model/beam_cache.py): generate()'s own tokens on a padded batch of sentences of different lengths; the
-    self-attention cache is reordered at every step, the source's never."""
+    """Beam search with the cache that holds the encoder-decoder attention's keys and values, computed once a
+    sentence, and leaves them in place (model/beam_cache.py): generate()'s own tokens on a padded batch of sentences of
+    different lengths; the self-attention cache is reordered at every step, the source's never."""
     import torch
     from transformers.cache_utils import DynamicCache
 
@@ -137,14 +137,22 @@ def test_the_model_backends_beam_search_gives_generates_tokens_without_moving_th
     sentences = [ENGLISH[i] + " " + ENGLISH[(3 * i) % len(ENGLISH)] * (i % 3) for i in range(8)]
     made, moved = [], []
     monkeypatch.setattr(
-        decoding, "beam_search_cache", lambda config: made.append(beam_search_cache(config)) or made[-1]
+        decoding, "beam_search_cache", lambda *args: made.append(beam_search_cache(*args)) or made[-1]
     )
     reorder = DynamicCache.reorder_cache
     monkeypatch.setattr(
         DynamicCache, "reorder_cache", lambda cache, index: (moved.append(cache), reorder(cache, index))
     )
+    source_rows = []  # the rows each encoder-decoder attention's key projection sees
+    for decoder_layer in model.get_decoder().layers:
+        decoder_layer.encoder_attn.k_proj.register_forward_hook(
+            lambda module, args, output: source_rows.append(len(args[0]))
+        )
     backend = ModelBackend(model, tokenizer, num_beams, 8)
     texts, _ = backend.translate(backend.encode(sentences))
+    for decoder_layer in model.get_decoder().layers:
+        decoder_layer.encoder_attn.k_proj._forward_hooks.clear()
+    assert source_rows == [len(sentences)] * len(model.get_decoder().layers)  # once, a row a sentence, not a beam
     assert len(made) == 1 and len(moved) >= 7  # a reorder after every step but the last
     assert all(cache is made[0].self_attention_cache for cache in moved)
     monkeypatch.undo()
