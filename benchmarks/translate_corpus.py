@@ -24,7 +24,8 @@ sum of RSS over the process and its children, polled every 0.1 s. Steps (--skip 
   marian        MarianMTModel (the source folder, same weights): generate() on 32 lines at a time in input order
   ctranslate2   CTranslate2's own translate_iterable on the command's export (float32, int8), batch_type "tokens",
                 max_batch_size --ct2_batch_tokens (default: the command's default budget / beams, the same batches),
-                tokenized and detokenized with the folder's tokenizer
+                tokenized and detokenized with the folder's tokenizer; once with one worker of --threads threads,
+                once with --threads workers of one thread (inter_threads, as the command's backend runs)
   processes     the fastest `batching` setting as 1 process of --threads threads against --threads processes of 1
                 thread (`accelerate launch`, CPU processes over gloo)
   kill          the fastest setting killed (SIGKILL) once half its chunk files are in OUTPUT.partial/, then run again
@@ -141,7 +142,10 @@ def ctranslate2_worker(args: argparse.Namespace) -> None:
     from vanilla_transformer.data.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(args.model_dir)
-    translator = ctranslate2.Translator(args.export, compute_type=args.compute_type, intra_threads=args.threads)
+    workers = args.threads if args.ct2_workers else 1  # one-thread workers (inter_threads), or one of all threads
+    translator = ctranslate2.Translator(
+        args.export, compute_type=args.compute_type, intra_threads=args.threads // workers, inter_threads=workers
+    )
     lines = read_lines(args.worker_input)
     clock = Stopwatch()
     sources = (tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(lines)["input_ids"])
@@ -370,11 +374,13 @@ def first_rows(bench: Bench) -> list[dict]:
             }
         )
     if "ctranslate2" not in skip:
-        for compute_type in ("float32", "int8"):
+        for workers, compute_type in itertools.product((False, True), ("float32", "int8")):
             extra = ["--model_dir", str(bench.folders["ours_ct2"]), "--export", str(bench.folders["export"])]
             extra += ["--compute_type", compute_type, "--ct2_batch_tokens", str(args.ct2_batch_tokens)]
+            extra += ["--ct2_workers"] if workers else []
             settings = f"translate_iterable, {compute_type}, batch_type tokens, max_batch_size {args.ct2_batch_tokens}"
-            name = f"ct2-{compute_type}"
+            settings += f", inter_threads {args.threads}, intra_threads 1" if workers else ""
+            name = f"ct2-{compute_type}" + ("-workers" if workers else "")
             rows.append(
                 {
                     "step": "ctranslate2",
@@ -564,6 +570,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output", help="also write every figure (and the machine) to this JSON file")
     for hidden in ("--worker", "--worker_input", "--worker_output", "--model_dir", "--export", "--compute_type"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
+    parser.add_argument("--ct2_workers", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.ct2_batch_tokens is None:
         args.ct2_batch_tokens = DEFAULT_BUDGET // args.num_beams  # the command's default batches: budget / beams
