@@ -455,6 +455,25 @@ def test_the_ctranslate2_backend_gives_what_its_own_translate_batch_gives(folder
     assert ours == theirs and len(set(ours)) > 1
 
 
+def test_the_ctranslate2_backend_in_int8_splits_each_batch_between_one_thread_workers_in_order(folder, tmp_path):
+    """In int8 on a CPU, `threads` one-thread workers each decode every `threads`-th sentence of a batch: the same
+    translations, in the same order, as one worker given the whole batch."""
+    pytest.importorskip("ctranslate2")
+    from vanilla_transformer.converters.export_ctranslate2 import convert_to_ctranslate2
+    from vanilla_transformer.data.tokenization import load_tokenizer
+    from vanilla_transformer.serving.ctranslate2_backend import CTranslate2Backend
+
+    export, tokenizer = convert_to_ctranslate2(folder, tmp_path / "ct2"), load_tokenizer(folder)
+    backends = [
+        CTranslate2Backend(folder, tokenizer, export, compute_type="int8", threads=threads, num_beams=2)
+        for threads in (1, 3)
+    ]
+    assert [backend.workers for backend in backends] == [1, 3]
+    sentences = [ENGLISH[i % len(ENGLISH)] + " " + ENGLISH[(5 * i) % len(ENGLISH)] * (i % 3) for i in range(11)]
+    one, three = (translate_texts(backend, sentences, max_tokens=10_000).texts for backend in backends)
+    assert one == three and len(set(one)) > 3
+
+
 def test_the_ctranslate2_backend_leaves_torchs_thread_count_as_it_was(folder, tmp_path):
     """CTranslate2 sets its threads in the OpenMP runtime it shares with torch; the caller's torch keeps its own."""
     pytest.importorskip("ctranslate2")

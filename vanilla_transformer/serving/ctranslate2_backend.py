@@ -56,10 +56,12 @@ class CTranslate2Backend:
     follows the folder's generation_config.json (beam, length penalty, repetition settings, bad words) unless
     `num_beams` or `max_new_tokens` are given, with section 6.1's input + 50 as the output length.
 
-    On a CPU, `threads` threads are `threads` workers of one thread each (CTranslate2's inter_threads), each decoding
-    a share of every batch: small products keep one thread busier than two share them. On 2 cores, at the OPUS-MT
-    size, beam 4, int8: 1.2-1.4x the tokens/s of one worker of two threads (docs/BENCHMARKS.md). `threads` 0 leaves
-    CTranslate2's own default (one worker)."""
+    In int8 on a CPU, `threads` threads are `threads` workers of one thread each (CTranslate2's inter_threads), each
+    decoding a share of every batch: small products keep one thread busier than two share them. On 2 cores, at the
+    OPUS-MT size, beam 4: 1.2-1.4x the tokens/s of one worker of two threads (docs/BENCHMARKS.md). Other compute types
+    keep one worker of `threads` threads: in float32 the workers gained nothing, and with MKL_NUM_THREADS set, each
+    worker's MKL products (MKL shared with torch in this process) took that many threads, 0.7x the tokens/s.
+    `threads` 0 leaves CTranslate2's own default (one worker)."""
 
     def __init__(
         self,
