@@ -136,9 +136,7 @@ def test_the_model_backends_beam_search_gives_generates_tokens_computing_and_mov
     model, tokenizer = model_and_tokenizer
     sentences = [ENGLISH[i] + " " + ENGLISH[(3 * i) % len(ENGLISH)] * (i % 3) for i in range(8)]
     made, moved = [], []
-    monkeypatch.setattr(
-        decoding, "beam_search_cache", lambda *args: made.append(beam_search_cache(*args)) or made[-1]
-    )
+    monkeypatch.setattr(decoding, "beam_search_cache", lambda *args: made.append(beam_search_cache(*args)) or made[-1])
     reorder = DynamicCache.reorder_cache
     monkeypatch.setattr(
         DynamicCache, "reorder_cache", lambda cache, index: (moved.append(cache), reorder(cache, index))
