@@ -11,7 +11,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pipeline_vanilla_transformer import length_arguments
 from vanilla_transformer.model.beam_cache import beam_search_cache
-from vanilla_transformer.model.onednn import packed_linears
 
 # The kernels scaled_dot_product_attention may pick while decoding: every one but cuDNN's. A corpus's batches bring new
 # shapes at every step (a batch's size and sources, each step's key length), and cuDNN's attention builds a plan for
@@ -23,10 +22,6 @@ DECODING_ATTENTION = [
     SDPBackend.MATH,
     SDPBackend.OVERRIDEABLE,
 ]
-# The decoding batches (sentences x beams rows) whose linear layers multiply by MKL's packed weights (onednn.py): at
-# the OPUS-MT size, packing the output projection takes 34-50 ms and saves 5-25% of each product at 32-128 rows, and
-# may lose beyond (docs/BENCHMARKS.md).
-PACKED_ROWS = range(32, 129)
 
 
 class ModelBackend:
@@ -66,9 +61,7 @@ class ModelBackend:
             inputs["attention_mask"], self.model.config, self.model.generation_config, self.max_new_tokens
         )
         self.model.eval()
-        rows = len(batch) * self.beams
-        packed = [self.model.get_decoder(), self.model.get_output_embeddings()] if rows in PACKED_ROWS else []
-        with torch.inference_mode(), sdpa_kernel(DECODING_ATTENTION), packed_linears(packed, rows):
+        with torch.inference_mode(), sdpa_kernel(DECODING_ATTENTION):
             if self.beams > 1 and getattr(self.model.generation_config, "cache_implementation", None) is None:
                 encoded = self.model.get_encoder()(**inputs)  # the source's keys and values once a sentence
                 cache = beam_search_cache(self.model, encoded.last_hidden_state, inputs["attention_mask"], self.beams)

@@ -11,16 +11,7 @@ and its tools (quantizers, peft) expect.
 parameters, hooks and state) whose class computes float32 inference on CPU through oneDNN and everything else (a
 gradient, bf16, autocast, a GPU, torch.compile, a quantizer's tensor) as `nn.Linear` does; if the op is missing or
 fails, `F.linear` runs from then on. `plain_linears(model)` turns them back.
-
-`packed_linears(modules, rows)`: for the length of a `with` block (one generate() call), each OneDNNLinear of `modules`
-multiplies inputs of exactly `rows` rows by a copy of its weight in MKL's packed layout (`cblas_sgemm_pack`, packed
-for that many rows, as MKL requires), the same product as oneDNN's up to float rounding. Decoding multiplies the same
-(batch x beams)-row inputs by the same weights at every step: at the OPUS-MT size, MKL's packed product of the
-58,101-row output projection takes 11.7 ms against oneDNN's 16.0 at 32 rows (26.7 against 32.4 at 128), packing it
-34-42 ms once (docs/BENCHMARKS.md). The copies are dropped at the end of the block.
 """
-
-from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -39,21 +30,11 @@ def onednn_available() -> bool:
         return False
 
 
-def mkl_packing_available() -> bool:
-    try:
-        return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
-    except (AttributeError, RuntimeError):
-        return False
-
-
-ONEDNN = {"usable": onednn_available(), "packing": mkl_packing_available()}  # set to False for good if an op fails
+ONEDNN = {"usable": onednn_available()}  # set to False for good if the op ever fails
 
 
 class OneDNNLinear(nn.Linear):
-    """nn.Linear whose float32 inference on CPU runs through oneDNN's kernel (the same product), or MKL's packed
-    weight inside `packed_linears`."""
-
-    packed: tuple[int, torch.Tensor] | None = None  # (rows, the weight packed for inputs of that many rows)
+    """nn.Linear whose float32 inference on CPU runs through oneDNN's kernel (the same product)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight = self.weight
@@ -67,61 +48,12 @@ class OneDNNLinear(nn.Linear):
             and not torch.is_autocast_enabled("cpu")
             and not is_torchdynamo_compiling()
         ):
-            if self.packed is not None and ONEDNN["packing"] and input.numel() == self.packed[0] * self.in_features:
-                try:
-                    return self._packed_product(input)
-                except Exception as error:  # a private op: any torch may change or drop it
-                    ONEDNN["packing"] = False
-                    logger.warning(f"MKL's packed linear failed ({type(error).__name__}: {error}); not packing again")
             try:
                 return torch.ops.mkldnn._linear_pointwise(input, weight, self.bias, "none", [], "")
             except Exception as error:  # a private op: any torch may change or drop it
                 ONEDNN["usable"] = False
                 logger.warning(f"oneDNN linear failed ({type(error).__name__}: {error}); using F.linear from now on")
         return F.linear(input, weight, self.bias)
-
-    def _packed_product(self, input: torch.Tensor) -> torch.Tensor:
-        rows, packed = self.packed
-        output = torch.ops.mkl._mkl_linear(input.reshape(rows, self.in_features), packed, self.weight, self.bias, rows)
-        return output.view(*input.shape[:-1], self.out_features)
-
-
-@contextmanager
-def packed_linears(modules: list[nn.Module], rows: int):
-    """Within the block, the OneDNNLinear layers of `modules` multiply `rows`-row float32 CPU inputs by their weight in
-    MKL's packed layout (the module docstring); other inputs, and every layer when packing is unavailable, as before."""
-    layers = [
-        layer
-        for module in modules
-        for layer in module.modules()
-        if type(layer) is OneDNNLinear
-        and layer.weight.device.type == "cpu"
-        and layer.weight.dtype == torch.float32
-        and type(layer.weight) in (nn.Parameter, torch.Tensor)
-        and layer.weight.numel() > MIN_WEIGHT_ELEMENTS
-    ]
-    try:
-        for layer in layers if ONEDNN["usable"] and rows > 0 else []:
-            if not _pack(layer, rows):
-                break
-        yield
-    finally:
-        for layer in layers:
-            layer.__dict__.pop("packed", None)
-
-
-def _pack(layer: OneDNNLinear, rows: int) -> bool:
-    """Give `layer` its weight packed for `rows` rows; False (and no packing from now on) if MKL cannot."""
-    if not ONEDNN["packing"]:
-        return False
-    try:
-        with torch.no_grad():
-            layer.packed = (rows, torch.ops.mkl._mkl_reorder_linear_weight(layer.weight, rows))
-        return True
-    except Exception as error:  # a private op: any torch may change or drop it
-        ONEDNN["packing"] = False
-        logger.warning(f"MKL's weight packing failed ({type(error).__name__}: {error}); not packing from now on")
-        return False
 
 
 def use_onednn_linears(model: nn.Module) -> nn.Module:
