@@ -146,11 +146,15 @@ def test_the_model_backends_beam_search_gives_generates_tokens_computing_and_mov
         decoder_layer.encoder_attn.k_proj.register_forward_hook(
             lambda module, args, output: source_rows.append(len(args[0]))
         )
+    encodings = []
+    model.get_encoder().register_forward_hook(lambda module, args, output: encodings.append(True))
     backend = ModelBackend(model, tokenizer, num_beams, 8)
     texts, _ = backend.translate(backend.encode(sentences))
+    model.get_encoder()._forward_hooks.clear()
     for decoder_layer in model.get_decoder().layers:
         decoder_layer.encoder_attn.k_proj._forward_hooks.clear()
     assert source_rows == [len(sentences)] * len(model.get_decoder().layers)  # once, a row a sentence, not a beam
+    assert encodings == [True]  # generate() encodes nothing again
     assert len(made) == 1 and len(moved) >= 7  # a reorder after every step but the last
     assert all(cache is made[0].self_attention_cache for cache in moved)
     monkeypatch.undo()

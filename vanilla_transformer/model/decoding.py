@@ -65,7 +65,7 @@ class ModelBackend:
             if self.beams > 1 and getattr(self.model.generation_config, "cache_implementation", None) is None:
                 encoded = self.model.get_encoder()(**inputs)  # the source's keys and values once a sentence
                 cache = beam_search_cache(self.model, encoded.last_hidden_state, inputs["attention_mask"], self.beams)
-                inputs = {"attention_mask": inputs["attention_mask"], "encoder_outputs": encoded, "cache": cache}
+                inputs |= {"encoder_outputs": encoded, "cache": cache}  # generate() then encodes nothing
             output_ids = self.model.generate(**inputs, **lengths, **self.generate_kwargs)
         is_special = torch.isin(output_ids, torch.tensor(sorted(self.special_ids), device=output_ids.device))
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True), int((~is_special).sum())
