@@ -471,6 +471,8 @@ def test_the_ctranslate2_backend_in_int8_splits_each_batch_between_one_thread_wo
         for threads in (1, 3)
     ]
     assert [backend.workers for backend in backends] == [1, 3]
+    float32 = CTranslate2Backend(folder, tokenizer, export, compute_type="float32", threads=3)
+    assert float32.workers == 1  # no gain in float32, and a loss with MKL_NUM_THREADS set (the backend's docstring)
     sentences = [ENGLISH[i % len(ENGLISH)] + " " + ENGLISH[(5 * i) % len(ENGLISH)] * (i % 3) for i in range(11)]
     one, three = (translate_texts(backend, sentences, max_tokens=10_000).texts for backend in backends)
     assert one == three and len(set(one)) > 3

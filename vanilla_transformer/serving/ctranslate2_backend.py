@@ -84,7 +84,7 @@ class CTranslate2Backend:
         # computations after it (a caller's, a training run's in the same process) would run on other threads and
         # give other floats. Its own workers keep theirs.
         torch_threads = torch.get_num_threads()
-        self.workers = threads if device == "cpu" and threads > 1 else 1
+        self.workers = threads if device == "cpu" and threads > 1 and compute_type.startswith("int8") else 1
         try:
             self.translator = ctranslate2.Translator(
                 str(export_dir),
