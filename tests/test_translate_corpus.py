@@ -141,18 +141,16 @@ def test_the_model_backends_beam_search_gives_generates_tokens_computing_and_mov
     monkeypatch.setattr(
         DynamicCache, "reorder_cache", lambda cache, index: (moved.append(cache), reorder(cache, index))
     )
-    source_rows = []  # the rows each encoder-decoder attention's key projection sees
-    for decoder_layer in model.get_decoder().layers:
-        decoder_layer.encoder_attn.k_proj.register_forward_hook(
-            lambda module, args, output: source_rows.append(len(args[0]))
-        )
-    encodings = []
-    model.get_encoder().register_forward_hook(lambda module, args, output: encodings.append(True))
+    source_rows, encodings = [], []  # the rows each encoder-decoder attention's key projection sees; encoder runs
+    hooks = [
+        decoder_layer.encoder_attn.k_proj.register_forward_hook(lambda _, args, __: source_rows.append(len(args[0])))
+        for decoder_layer in model.get_decoder().layers
+    ]
+    hooks.append(model.get_encoder().register_forward_hook(lambda *_: encodings.append(True)))
     backend = ModelBackend(model, tokenizer, num_beams, 8)
     texts, _ = backend.translate(backend.encode(sentences))
-    model.get_encoder()._forward_hooks.clear()
-    for decoder_layer in model.get_decoder().layers:
-        decoder_layer.encoder_attn.k_proj._forward_hooks.clear()
+    for hook in hooks:
+        hook.remove()
     assert source_rows == [len(sentences)] * len(model.get_decoder().layers)  # once, a row a sentence, not a beam
     assert encodings == [True]  # generate() encodes nothing again
     assert len(made) == 1 and len(moved) >= 7  # a reorder after every step but the last

@@ -59,8 +59,9 @@ class CTranslate2Backend:
     In int8 on a CPU, `threads` threads are `threads` workers of one thread each (CTranslate2's inter_threads), each
     decoding a share of every batch: small products keep one thread busier than two share them. On 2 cores, at the
     OPUS-MT size, beam 4: 1.2-1.4x the tokens/s of one worker of two threads (docs/BENCHMARKS.md). Other compute types
-    keep one worker of `threads` threads: in float32 the workers gained nothing, and with MKL_NUM_THREADS set, each
-    worker's MKL products (MKL shared with torch in this process) took that many threads, 0.7x the tokens/s.
+    keep one worker of `threads` threads: in float32 the workers gained nothing, and with MKL_NUM_THREADS set they ran
+    at 0.7x (not in a process without torch: likely each worker's MKL products, MKL shared with torch, took that many
+    threads; not verified).
     `threads` 0 leaves CTranslate2's own default (one worker)."""
 
     def __init__(
