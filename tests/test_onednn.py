@@ -46,6 +46,36 @@ def test_onednn_runs_only_float32_inference_and_gives_the_plain_product():
 
 
 @needs_onednn
+def test_the_weight_in_onednns_layout_gives_the_same_product_to_the_bit_for_any_rows():
+    linear = layer()
+    with torch.no_grad():
+        for shape in [(1, 256), (2, 256), (7, 256), (64, 256), (300, 256), (3, 5, 256)]:
+            input = torch.randn(shape)
+            plain = torch.ops.mkldnn._linear_pointwise(input, linear.weight, linear.bias, "none", [], "")
+            assert torch.equal(linear(input), plain), shape
+        assert linear.__dict__["_onednn_packed"].layout == torch._mkldnn  # laid out once, kept
+
+
+@needs_onednn
+def test_a_changed_weight_is_laid_out_again():
+    linear, input = layer(), torch.randn(4, 256)
+    with torch.no_grad():
+        linear(input)
+        linear.weight.mul_(2)  # in place: the same tensor, a new version
+        torch.testing.assert_close(linear(input), F.linear(input, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+        linear.load_state_dict({"weight": torch.randn(512, 256), "bias": linear.bias.clone()})
+        torch.testing.assert_close(linear(input), F.linear(input, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+        linear.weight = nn.Parameter(torch.randn(512, 256))  # another tensor
+        torch.testing.assert_close(linear(input), F.linear(input, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        made_here = use_onednn_linears(nn.Sequential(nn.Linear(256, 512)))[0]  # no version counter: not laid out
+        torch.testing.assert_close(made_here(input), F.linear(input, made_here.weight, made_here.bias))
+        assert "_onednn_packed" not in made_here.__dict__
+    plain_linears(nn.Sequential(linear))
+    assert "_onednn_packed" not in linear.__dict__  # the copy's memory given back
+
+
+@needs_onednn
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_generate_gives_the_same_tokens_with_and_without_onednn(monkeypatch, tiny_model, source_batch, num_beams):
     monkeypatch.setattr(onednn, "MIN_WEIGHT_ELEMENTS", 0)  # the tiny model's matrices take oneDNN too

@@ -120,45 +120,67 @@ def test_the_model_backend_gives_what_generate_gives(model_and_tokenizer):
             assert translation == tokenizer.decode(ids[0], skip_special_tokens=True)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("num_beams", [2, 4])
-def test_the_model_backends_beam_search_gives_generates_tokens_computing_and_moving_the_source_cache_once(
-    model_and_tokenizer, num_beams, monkeypatch
+def test_the_model_backends_beam_search_gives_generates_tokens_with_the_source_cache_once_a_sentence(
+    model_and_tokenizer, num_beams, attention, monkeypatch
 ):
     """Beam search with the cache that holds the encoder-decoder attention's keys and values, computed once a
     sentence, and leaves them in place (model/beam_cache.py): generate()'s own tokens on a padded batch of sentences of
-    different lengths; the self-attention cache is reordered at every step, the source's never."""
+    different lengths; the self-attention cache is reordered at every step, the source's never. With sdpa the cache
+    holds them once a sentence and the attention reads them so; with eager attention once a beam."""
+    from contextlib import contextmanager
+
     import torch
     from transformers.cache_utils import DynamicCache
 
     from vanilla_transformer.model import decoding
-    from vanilla_transformer.model.beam_cache import beam_search_cache
+    from vanilla_transformer.model.beam_cache import SENTENCE_BEAMS_ATTENTION, sentence_beam_cache
 
     model, tokenizer = model_and_tokenizer
+    model.set_attn_implementation(attention)
     sentences = [ENGLISH[i] + " " + ENGLISH[(3 * i) % len(ENGLISH)] * (i % 3) for i in range(8)]
-    made, moved = [], []
-    monkeypatch.setattr(decoding, "beam_search_cache", lambda *args: made.append(beam_search_cache(*args)) or made[-1])
+    made, moved, implementations = [], [], set()
+
+    @contextmanager
+    def recorded(*args):
+        with sentence_beam_cache(*args) as cache:
+            made.append(cache)
+            yield cache
+
+    monkeypatch.setattr(decoding, "sentence_beam_cache", recorded)
     reorder = DynamicCache.reorder_cache
     monkeypatch.setattr(
         DynamicCache, "reorder_cache", lambda cache, index: (moved.append(cache), reorder(cache, index))
     )
     source_rows, encodings = [], []  # the rows each encoder-decoder attention's key projection sees; encoder runs
+    layers = model.get_decoder().layers
     hooks = [
-        decoder_layer.encoder_attn.k_proj.register_forward_hook(lambda _, args, __: source_rows.append(len(args[0])))
-        for decoder_layer in model.get_decoder().layers
+        layer.encoder_attn.k_proj.register_forward_hook(lambda _, args, __: source_rows.append(len(args[0])))
+        for layer in layers
     ]
+    hooks.append(layers[0].register_forward_hook(lambda *_: implementations.add(model.config._attn_implementation)))
     hooks.append(model.get_encoder().register_forward_hook(lambda *_: encodings.append(True)))
     backend = ModelBackend(model, tokenizer, num_beams, 8)
-    texts, _ = backend.translate(backend.encode(sentences))
-    for hook in hooks:
-        hook.remove()
-    assert source_rows == [len(sentences)] * len(model.get_decoder().layers)  # once, a row a sentence, not a beam
+    try:
+        texts, _ = backend.translate(backend.encode(sentences))
+    finally:
+        for hook in hooks:
+            hook.remove()
+        monkeypatch.undo()
+    assert source_rows == [len(sentences)] * len(layers)  # once, a row a sentence, not a beam
     assert encodings == [True]  # generate() encodes nothing again
     assert len(made) == 1 and len(moved) >= 7  # a reorder after every step but the last
     assert all(cache is made[0].self_attention_cache for cache in moved)
-    monkeypatch.undo()
+    cached_rows = {len(layer.keys) for layer in made[0].cross_attention_cache.layers}
+    assert cached_rows == {len(sentences) if attention == "sdpa" else len(sentences) * num_beams}
+    # the prefill step with the model's own attention, generate() with the attention that reads a source once
+    assert implementations == ({"sdpa", SENTENCE_BEAMS_ATTENTION} if attention == "sdpa" else {"eager"})
+    assert model.config._attn_implementation == attention  # as it was after the call
     batch = tokenizer(sentences, return_tensors="pt", padding=True)
     with torch.no_grad():
         ids = model.generate(**batch, num_beams=num_beams, max_new_tokens=8)
+    model.set_attn_implementation("sdpa")
     assert texts == tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 

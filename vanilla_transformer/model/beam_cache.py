@@ -1,24 +1,38 @@
-"""A decoder cache for beam search that leaves the encoder-decoder attention's keys and values where they are.
+"""The encoder-decoder attention's keys and values once a sentence during beam search, not once a beam.
 
-Beam search keeps num_beams rows per sentence and, after each step, reorders the cache so that each row continues
-the hypothesis it was chosen from (`reorder_cache(beam_idx)`). Those choices never leave a sentence: a row takes the
-place of another row of the same sentence. The self-attention cache differs from row to row and must move; the
-encoder-decoder attention's keys and values are the source sentence's, the same on every row of a sentence, so moving
-them copies each sentence's rows onto themselves. transformers' EncoderDecoderCache moves both: at the OPUS-MT size
-and beam 4, half of the reorder's time (8% of a translation's, docs/BENCHMARKS.md).
+generate()'s beam search runs num_beams rows per sentence. It repeats the encoder output for the beams, so every
+decoder layer projects num_beams copies of each source into keys and values (at the OPUS-MT size, 11% of a beam-4
+translation's multiply-adds on 16 sentences of Multi30k), holds num_beams copies in its cache, reads all of them at
+every step (the query of one step is one vector a row: the attention reads the whole source for 8 products) and, after
+each step, reorders them (`reorder_cache(beam_idx)`) although a row only ever takes the place of another row of the
+same sentence: the source's keys and values are the same on every row of a sentence, so the reorder copies them onto
+themselves.
 
-generate() also computes the encoder-decoder attention's keys and values on num_beams copies of each sentence's
-encoder output (it repeats the encoder output for the beams before decoding): num_beams times the projections a
-sentence needs, at the OPUS-MT size 11% of a beam-4 translation's multiply-adds on 16 sentences of Multi30k.
-`beam_search_cache(model, encoder_output, attention_mask, num_beams)` is a cache for one generate() call that moves only
-the self-attention cache and holds the source's keys and values already, computed once a sentence by the model's own
-decoder and repeated for the beams. The translate command's model backend passes it with the encoder output
-(`generate(encoder_outputs=..., cache=...)`). It gives generate()'s tokens (tested on padded batches of sentences of
-different lengths, tests/test_translate_corpus.py).
+`sentence_beam_cache(model, encoder_output, attention_mask, num_beams)` gives a cache for one generate() call that
+
+- holds the source's keys and values once a sentence, computed by one step of the model's own decoder on one row a
+  sentence (they do not depend on the token);
+- moves only the self-attention cache when the beams are reordered (`SentenceBeamCache`);
+- for as long as the call lasts, has the model's "sdpa" attention read them once a sentence: the queries of a
+  sentence's beams become one query of num_beams positions against its source (`sentence_beams_attention`, registered
+  with transformers' AttentionInterface, the library's public way to supply an attention function), the same
+  products row by row. The model's config names it during the call and "sdpa" again after.
+
+With another attention implementation (eager, a flash kernel) the keys and values are repeated for the beams as
+generate() does, and only the first two points hold. The translate command's model backend uses it
+(`model/decoding.py`); it gives generate()'s tokens (tests/test_translate_corpus.py).
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
+from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+
+SENTENCE_BEAMS_ATTENTION = "vanilla_transformer_sentence_beams_sdpa"
 
 
 class SentenceBeamCache(EncoderDecoderCache):
@@ -28,12 +42,32 @@ class SentenceBeamCache(EncoderDecoderCache):
         self.self_attention_cache.reorder_cache(beam_idx)
 
 
-def beam_search_cache(
+def sentence_beams_attention(module, query, key, value, attention_mask, **kwargs):
+    """sdpa attention where the keys and values hold one row a sentence and the queries num_beams rows a sentence
+    (sentence-major, as generate() lays the beams out): each sentence's beams are one query of num_beams x Tq
+    positions against its source. Anything else (equal rows: self-attention, the encoder) is sdpa as it is."""
+    beams, rest = divmod(query.shape[0], key.shape[0])
+    if beams == 1 or rest:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is not None and attention_mask.shape[2] != 1:  # a mask per query position: one row a beam
+        key, value = key.repeat_interleave(beams, 0), value.repeat_interleave(beams, 0)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is not None and attention_mask.shape[0] == query.shape[0]:
+        attention_mask = attention_mask[::beams]  # a sentence's mask, the same for its beams' positions
+    sentences, query_length = key.shape[0], query.shape[2]
+    # (sentences * beams, H, Tq, d) -> (sentences, H, beams * Tq, d)
+    folded = query.unflatten(0, (sentences, beams)).transpose(1, 2).flatten(2, 3)
+    output, weights = sdpa_attention_forward(module, folded, key, value, attention_mask, **kwargs)
+    # output (sentences, beams * Tq, H, d_v) -> (sentences * beams, Tq, H, d_v)
+    return output.unflatten(1, (beams, query_length)).flatten(0, 1), weights
+
+
+@contextmanager
+def sentence_beam_cache(
     model, encoder_output: torch.Tensor, attention_mask: torch.Tensor, num_beams: int
-) -> SentenceBeamCache:
-    """A cache for one generate() call on a batch whose encoder output (one row a sentence) is `encoder_output`: an
-    empty self-attention cache, and the encoder-decoder attention's keys and values of each sentence, computed once
-    and repeated for its `num_beams` beams (the module docstring)."""
+) -> Iterator[SentenceBeamCache]:
+    """A cache for one generate() call on a batch whose encoder output (one row a sentence) is `encoder_output`, to use
+    inside the `with` block (the module docstring)."""
     config = model.config
     cache = SentenceBeamCache(DynamicCache(config=config), DynamicCache(config=config))
     any_token = torch.zeros((len(encoder_output), 1), dtype=torch.long, device=encoder_output.device)
@@ -46,5 +80,14 @@ def beam_search_cache(
         use_cache=True,
     )
     cache.self_attention_cache = DynamicCache(config=config)
-    cache.cross_attention_cache.batch_repeat_interleave(num_beams)
-    return cache
+    if config._attn_implementation != "sdpa":
+        cache.cross_attention_cache.batch_repeat_interleave(num_beams)
+        yield cache
+        return
+    AttentionInterface.register(SENTENCE_BEAMS_ATTENTION, sentence_beams_attention)
+    AttentionMaskInterface.register(SENTENCE_BEAMS_ATTENTION, sdpa_mask)  # the masks sdpa gets
+    config._attn_implementation = SENTENCE_BEAMS_ATTENTION
+    try:
+        yield cache
+    finally:
+        config._attn_implementation = "sdpa"

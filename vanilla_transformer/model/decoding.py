@@ -10,7 +10,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pipeline_vanilla_transformer import length_arguments
-from vanilla_transformer.model.beam_cache import beam_search_cache
+from vanilla_transformer.model.beam_cache import sentence_beam_cache
 
 # The kernels scaled_dot_product_attention may pick while decoding: every one but cuDNN's. A corpus's batches bring new
 # shapes at every step (a batch's size and sources, each step's key length), and cuDNN's attention builds a plan for
@@ -62,10 +62,14 @@ class ModelBackend:
         )
         self.model.eval()
         with torch.inference_mode(), sdpa_kernel(DECODING_ATTENTION):
-            if self.beams > 1 and getattr(self.model.generation_config, "cache_implementation", None) is None:
-                encoded = self.model.get_encoder()(**inputs)  # the source's keys and values once a sentence
-                cache = beam_search_cache(self.model, encoded.last_hidden_state, inputs["attention_mask"], self.beams)
-                inputs |= {"encoder_outputs": encoded, "cache": cache}  # generate() then encodes nothing
-            output_ids = self.model.generate(**inputs, **lengths, **self.generate_kwargs)
+            if self.beams == 1 or getattr(self.model.generation_config, "cache_implementation", None) is not None:
+                output_ids = self.model.generate(**inputs, **lengths, **self.generate_kwargs)
+            else:  # the source's keys and values once a sentence, not once a beam (beam_cache.py)
+                encoded = self.model.get_encoder()(**inputs)
+                mask = inputs["attention_mask"]
+                with sentence_beam_cache(self.model, encoded.last_hidden_state, mask, self.beams) as cache:
+                    output_ids = self.model.generate(
+                        **inputs, encoder_outputs=encoded, cache=cache, **lengths, **self.generate_kwargs
+                    )  # generate() then encodes nothing
         is_special = torch.isin(output_ids, torch.tensor(sorted(self.special_ids), device=output_ids.device))
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True), int((~is_special).sum())
