@@ -16,7 +16,8 @@ themselves.
 - for as long as the call lasts, has the model's "sdpa" attention read them once a sentence: the queries of a
   sentence's beams become one query of num_beams positions against its source (`sentence_beams_attention`, registered
   with transformers' AttentionInterface, the library's public way to supply an attention function), the same
-  products row by row. The model's config names it during the call and "sdpa" again after.
+  products row by row. The model's config names it during the call and "sdpa" again after; wherever the rows are
+  equal it is sdpa itself, so another call on the same model meanwhile computes as before.
 
 With another attention implementation (eager, a flash kernel) the keys and values are repeated for the beams as
 generate() does, and only the first two points hold. The translate command's model backend uses it

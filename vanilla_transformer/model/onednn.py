@@ -14,10 +14,10 @@ fails, `F.linear` runs from then on. `plain_linears(model)` turns them back.
 
 Each such layer also keeps its weight in oneDNN's own blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, as
 torch's inductor does for frozen graphs), laid out on first use and again when the weight changes: one more copy of
-the linear weights in memory (at the OPUS-MT size, 74M parameters: 300 MB), for products that are the same to the bit
-as with the plain weight (tested at 1-39, 63-65, 100-1000 rows; one row keeps the plain weight, the only count where
-the bits differ) and, on the Intel Xeon of 2026-11-28 (family 6 model 207), 1.1-1.5x faster at the 16-120 rows of a beam-4 step
-(the whole translation 1.14x, docs/BENCHMARKS.md), since oneDNN no longer reorders the weight at every call.
+the linear weights in memory (at the OPUS-MT size about 280 MB), for products that are the same to the bit as with
+the plain weight (tried at 1-39, 63-65, 100-1000 rows; one row, the only count where the bits differ, keeps the plain
+weight) and, on the Intel Xeon of 2026-11-28 (family 6 model 207), 1.1-1.5x faster at the 16-120 rows of a beam-4
+step (the whole translation 1.14x, docs/BENCHMARKS.md), since oneDNN no longer reorders the weight at every call.
 """
 
 import torch
@@ -27,7 +27,7 @@ from transformers.utils import is_torchdynamo_compiling, logging
 
 logger = logging.get_logger(__name__)
 
-LAYOUT_ROWS = 64  # the rows oneDNN lays a weight out for; any number of rows gives the same product with it
+LAYOUT_ROWS = 64  # the rows oneDNN lays a weight out for; every row count but one gives the same bits with it
 MIN_WEIGHT_ELEMENTS = 65536  # smaller matrices: oneDNN's fixed cost per call (~30 us vs MKL's ~10) dominates
 
 
