@@ -17,7 +17,8 @@ torch's inductor does for frozen graphs), laid out on first use and again when t
 the linear weights in memory (at the OPUS-MT size about 280 MB), for products that are the same to the bit as with
 the plain weight (tried at 1-39, 63-65, 100-1000 rows; one row, the only count where the bits differ, keeps the plain
 weight) and, on the Intel Xeon of 2026-11-28 (family 6 model 207), 1.1-1.5x faster at the 16-120 rows of a beam-4
-step (the whole translation 1.14x, docs/BENCHMARKS.md), since oneDNN no longer reorders the weight at every call.
+step, since oneDNN no longer reorders the weight at every call (the whole translation: 1.14x in one measurement, 1.01x
+in the next, docs/BENCHMARKS.md; to be settled, and the copy dropped if the gain does not hold).
 """
 
 import torch
