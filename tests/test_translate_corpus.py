@@ -138,7 +138,7 @@ def test_the_model_backends_beam_search_gives_generates_tokens_with_the_source_c
     from vanilla_transformer.model.beam_cache import SENTENCE_BEAMS_ATTENTION, sentence_beam_cache
 
     model, tokenizer = model_and_tokenizer
-    model.set_attn_implementation(attention)
+    monkeypatch.setattr(model.config, "_attn_implementation", attention)  # the module's model gets its own back
     sentences = [ENGLISH[i] + " " + ENGLISH[(3 * i) % len(ENGLISH)] * (i % 3) for i in range(8)]
     made, moved, implementations = [], [], set()
 
@@ -167,7 +167,6 @@ def test_the_model_backends_beam_search_gives_generates_tokens_with_the_source_c
     finally:
         for hook in hooks:
             hook.remove()
-        monkeypatch.undo()
     assert source_rows == [len(sentences)] * len(layers)  # once, a row a sentence, not a beam
     assert encodings == [True]  # generate() encodes nothing again
     assert len(made) == 1 and len(moved) >= 7  # a reorder after every step but the last
@@ -177,10 +176,11 @@ def test_the_model_backends_beam_search_gives_generates_tokens_with_the_source_c
     # the prefill step with the model's own attention, generate() with the attention that reads a source once
     assert implementations == ({"sdpa", SENTENCE_BEAMS_ATTENTION} if attention == "sdpa" else {"eager"})
     assert model.config._attn_implementation == attention  # as it was after the call
+    monkeypatch.setattr(decoding, "sentence_beam_cache", sentence_beam_cache)
+    monkeypatch.setattr(DynamicCache, "reorder_cache", reorder)
     batch = tokenizer(sentences, return_tensors="pt", padding=True)
     with torch.no_grad():
-        ids = model.generate(**batch, num_beams=num_beams, max_new_tokens=8)
-    model.set_attn_implementation("sdpa")
+        ids = model.generate(**batch, num_beams=num_beams, max_new_tokens=8)  # with the same attention
     assert texts == tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
