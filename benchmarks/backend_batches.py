@@ -1,8 +1,9 @@
 """The translate command's model backend against CTranslate2 float32 on the very same batches, in one process.
 
 This machine's whole runs move 10-30% from one run to the next (docs/BENCHMARKS.md), more than most single changes
-gain. Here every batch is timed --rounds times, the rows in alternating order, and each row's figure is the sum over
-the batches of each batch's best time: what a change to the backend gains, measured against CTranslate2 beside it.
+gain. Here every batch is timed --rounds times, by every row one after the other (in reversed order every other
+batch, so that a drift of the machine's speed falls on all rows alike), and each row's figure is the sum over the
+batches of each batch's best time: what a change to the backend gains, measured against CTranslate2 beside it.
 
 The batches are the command's: `token_batches` at --max_tokens (the command's default budget) over the first --lines
 lines of ../shared/data/multi30k/train.en.gz, tokenized by the folder's tokenizer. The model is
@@ -14,6 +15,7 @@ engine generates --new_tokens tokens a line at beam --num_beams. Rows:
   backend         `ModelBackend.translate`, as the command runs it
   plain weights   the same with each oneDNN linear given its plain weight, not its copy in oneDNN's own layout
                   (vanilla_transformer/model/onednn.py): what that copy gains
+  generate()'s search  the backend with transformers' own beam search, not model/beam_search.py's: what that gains
 
 The backend rows must give the same text (checked).
 
@@ -67,24 +69,28 @@ def rows(folders: dict, args: argparse.Namespace) -> tuple[dict, list]:
         finally:
             OneDNNLinear._onednn_weight = laid_out
 
+    library_search = ModelBackend(model, tokenizer, args.num_beams, args.new_tokens)
+    library_search.search = {}  # generate() without custom_generate
     return {
         "ctranslate2": ctranslate2_row,
         "backend": lambda batch: backend.translate(batch)[0],
         "plain weights": plain_weights_row,
+        "generate()'s search": lambda batch: library_search.translate(batch)[0],
     }, batches
 
 
 def measure(runs: dict, batches: list, rounds: int) -> dict[str, list[float]]:
-    """Each batch's best seconds per row over `rounds` rounds, the rows' order reversed every other round."""
+    """Each batch's best seconds per row over `rounds` rounds, the rows' order reversed every other batch."""
     best = {name: [float("inf")] * len(batches) for name in runs}
     texts = {}
     for name, run in runs.items():  # one untimed call each: first-call costs (the weights' layout) out of the times
         texts[name] = run(batches[0])
-    if texts["backend"] != texts["plain weights"]:
-        raise SystemExit("the backend's text changed with the plain weights")
+    for name in ("plain weights", "generate()'s search"):
+        if texts["backend"] != texts[name]:
+            raise SystemExit(f"the backend's text changed with {name}")
     for round_ in range(rounds):
-        for name in list(runs) if round_ % 2 == 0 else list(runs)[::-1]:
-            for index, batch in enumerate(batches):
+        for index, batch in enumerate(batches):  # each batch by every row in turn: the machine's drift spread evenly
+            for name in list(runs) if (round_ + index) % 2 == 0 else list(runs)[::-1]:
                 seconds = timed(functools.partial(runs[name], batch))[1]
                 best[name][index] = min(best[name][index], seconds)
         print(f"round {round_ + 1}: " + ", ".join(f"{name} {sum(s):.2f} s" for name, s in best.items()), flush=True)

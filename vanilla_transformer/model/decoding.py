@@ -4,6 +4,7 @@ batches texts by tokens and cuts what is too long) and the training's evaluation
 itself, the same batches on every process).
 """
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -11,6 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pipeline_vanilla_transformer import length_arguments
 from vanilla_transformer.model.beam_cache import sentence_beam_cache
+from vanilla_transformer.model.beam_search import beam_search, unsupported_settings
 
 # The kernels scaled_dot_product_attention may pick while decoding: every one but cuDNN's. A corpus's batches bring new
 # shapes at every step (a batch's size and sources, each step's key length), and cuDNN's attention builds a plan for
@@ -45,6 +47,10 @@ class ModelBackend:
             kwargs,
         )
         self.beams = kwargs.get("num_beams") or model.generation_config.num_beams or 1
+        settings = copy.deepcopy(model.generation_config)
+        settings.update(**kwargs)
+        # generate()'s beam search with fewer passes over the log-probabilities (beam_search.py), where it applies
+        self.search = {} if self.beams == 1 or unsupported_settings(settings) else {"custom_generate": beam_search}
         self.max_source_tokens = model.config.max_position_embeddings
         self.special_ids = set(tokenizer.all_special_ids)
 
@@ -69,7 +75,12 @@ class ModelBackend:
                 mask = inputs["attention_mask"]
                 with sentence_beam_cache(self.model, encoded.last_hidden_state, mask, self.beams) as cache:
                     output_ids = self.model.generate(
-                        **inputs, encoder_outputs=encoded, cache=cache, **lengths, **self.generate_kwargs
+                        **inputs,
+                        encoder_outputs=encoded,
+                        cache=cache,
+                        **lengths,
+                        **self.generate_kwargs,
+                        **self.search,
                     )  # generate() then encodes nothing
         is_special = torch.isin(output_ids, torch.tensor(sorted(self.special_ids), device=output_ids.device))
         return self.tokenizer.batch_decode(output_ids, skip_special_tokens=True), int((~is_special).sum())
