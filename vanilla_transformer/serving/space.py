@@ -44,8 +44,8 @@ LIBRARY_CODE = (  # what the demo imports, as paths inside the package
     "__init__.py",
     "serving/__init__.py", "serving/demo.py", "serving/attention_maps.py", "serving/translate.py",
     "serving/sentences.py", "serving/batches.py", "serving/settings.py", "model/__init__.py", "model/loading.py",
-    "model/upgrade.py", "model/onednn.py", "model/decoding.py", "model/beam_cache.py", "model/registration.py",
-    "mechanics/__init__.py", "mechanics/names.py", "mechanics/errors.py",
+    "model/upgrade.py", "model/onednn.py", "model/decoding.py", "model/beam_cache.py", "model/beam_search.py",
+    "model/registration.py", "mechanics/__init__.py", "mechanics/names.py", "mechanics/errors.py",
 )  # fmt: skip
 SPACE_CODE = ("app.py", *CODE_FILES, *(f"vanilla_transformer/{name}" for name in LIBRARY_CODE))
 SPACE_FILES = (*SPACE_CODE, "requirements.txt", "README.md")
