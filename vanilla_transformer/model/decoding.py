@@ -46,9 +46,9 @@ class ModelBackend:
             max_new_tokens,
             kwargs,
         )
-        self.beams = kwargs.get("num_beams") or model.generation_config.num_beams or 1
-        settings = copy.deepcopy(model.generation_config)
+        settings = copy.deepcopy(model.generation_config)  # the config generate() will decode with
         settings.update(**kwargs)
+        self.beams = settings.num_beams or 1
         # generate()'s beam search with fewer passes over the log-probabilities (beam_search.py), where it applies
         self.search = {} if self.beams == 1 or unsupported_settings(settings) else {"custom_generate": beam_search}
         self.max_source_tokens = model.config.max_position_embeddings
