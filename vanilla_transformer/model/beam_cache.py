@@ -16,8 +16,11 @@ themselves.
 - for as long as the call lasts, has the model's "sdpa" attention read them once a sentence: the queries of a
   sentence's beams become one query of num_beams positions against its source (`sentence_beams_attention`, registered
   with transformers' AttentionInterface, the library's public way to supply an attention function), the same
-  products row by row. The model's config names it during the call and "sdpa" again after; wherever the rows are
-  equal it is sdpa itself, so another call on the same model meanwhile computes as before.
+  products row by row, though not always rounded alike: torch's flash kernel on CPU takes another path for one query
+  position than for several (on an AMD EPYC the outputs differed by up to 7e-7 in values up to 1.2), so the beams
+  get generate()'s tokens, checked by the tests, not its bits. The model's config names it during the call and "sdpa"
+  again after; wherever the rows are equal it is sdpa itself, so another call on the same model meanwhile computes as
+  before.
 
 With another attention implementation (eager, a flash kernel) the keys and values are repeated for the beams as
 generate() does, and only the first two points hold. The translate command's model backend uses it
