@@ -173,8 +173,8 @@ def test_the_model_backends_beam_search_gives_generates_tokens_with_the_source_c
     assert all(cache is made[0].self_attention_cache for cache in moved)
     cached_rows = {len(layer.keys) for layer in made[0].cross_attention_cache.layers}
     assert cached_rows == {len(sentences) if attention == "sdpa" else len(sentences) * num_beams}
-    # the prefill step with the model's own attention, generate() with the attention that reads a source once
-    assert implementations == ({"sdpa", SENTENCE_BEAMS_ATTENTION} if attention == "sdpa" else {"eager"})
+    # generate() with the attention that reads a source once, from the first step on
+    assert implementations == ({SENTENCE_BEAMS_ATTENTION} if attention == "sdpa" else {"eager"})
     assert model.config._attn_implementation == attention  # as it was after the call
     monkeypatch.setattr(decoding, "sentence_beam_cache", sentence_beam_cache)
     monkeypatch.setattr(DynamicCache, "reorder_cache", reorder)
@@ -182,6 +182,27 @@ def test_the_model_backends_beam_search_gives_generates_tokens_with_the_source_c
     with torch.no_grad():
         ids = model.generate(**batch, num_beams=num_beams, max_new_tokens=8)  # with the same attention
     assert texts == tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_model_backends_beam_search_takes_the_first_step_once_a_sentence(
+    model_and_tokenizer, attention, monkeypatch
+):
+    """At the first step a sentence's beams are one row num_beams times: the backend's decoder computes it once a
+    sentence, then every step on a row a beam (the tokens are generate()'s: the test above)."""
+    model, tokenizer = model_and_tokenizer
+    monkeypatch.setattr(model.config, "_attn_implementation", attention)
+    sentences, rows = ENGLISH[:6], []
+    decoder = model.get_decoder()
+    hook = decoder.register_forward_pre_hook(
+        lambda _, __, kwargs: rows.append(len(kwargs["input_ids"])), with_kwargs=True
+    )
+    backend = ModelBackend(model, tokenizer, 4, 5)
+    try:
+        backend.translate(backend.encode(sentences))
+    finally:
+        hook.remove()
+    assert rows == [len(sentences)] + [len(sentences) * 4] * (len(rows) - 1) and len(rows) > 2
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,12 @@ each step, reorders them (`reorder_cache(beam_idx)`) although a row only ever ta
 same sentence: the source's keys and values are the same on every row of a sentence, so the reorder copies them onto
 themselves.
 
-`sentence_beam_cache(model, encoder_output, attention_mask, num_beams)` gives a cache for one generate() call that
+`sentence_beam_cache(model)` gives a cache for one generate() call that
 
-- holds the source's keys and values once a sentence, computed by one step of the model's own decoder on one row a
-  sentence (they do not depend on the token);
-- moves only the self-attention cache when the beams are reordered (`SentenceBeamCache`);
+- takes the first step once a sentence (`beam_search.first_step_once_a_sentence`), where a sentence's beams are one
+  row num_beams times: that step computes the source's keys and values once a sentence too;
+- then holds them once a sentence, and moves only the self-attention cache when the beams are reordered
+  (`SentenceBeamCache`);
 - for as long as the call lasts, has the model's "sdpa" attention read them once a sentence: the queries of a
   sentence's beams become one query of num_beams positions against its source (`sentence_beams_attention`, registered
   with transformers' AttentionInterface, the library's public way to supply an attention function), the same
@@ -22,15 +23,14 @@ themselves.
   again after; wherever the rows are equal it is sdpa itself, so another call on the same model meanwhile computes as
   before.
 
-With another attention implementation (eager, a flash kernel) the keys and values are repeated for the beams as
-generate() does, and only the first two points hold. The translate command's model backend uses it
-(`model/decoding.py`); it gives generate()'s tokens (tests/test_translate_corpus.py).
+With another attention implementation (eager, a flash kernel) the keys and values are repeated for the beams after
+the first step, as generate() holds them, and only the first two points hold. The translate command's model backend
+uses it (`model/decoding.py`); it gives generate()'s tokens (tests/test_translate_corpus.py).
 """
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -40,7 +40,17 @@ SENTENCE_BEAMS_ATTENTION = "vanilla_transformer_sentence_beams_sdpa"
 
 
 class SentenceBeamCache(EncoderDecoderCache):
-    """An EncoderDecoderCache whose beam reorder moves the self-attention cache only (the module docstring)."""
+    """An EncoderDecoderCache for beam search whose first step is taken once a sentence (then `repeat_for_beams`),
+    and whose beam reorder moves the self-attention cache only (the module docstring). `source_once_a_sentence`: the
+    source's keys and values stay one row a sentence (the attention reads them so)."""
+
+    source_once_a_sentence = False
+
+    def repeat_for_beams(self, num_beams: int) -> None:
+        """After a first step taken once a sentence: each sentence's rows, num_beams times, where the beams need them."""
+        self.self_attention_cache.batch_repeat_interleave(num_beams)
+        if not self.source_once_a_sentence:
+            self.cross_attention_cache.batch_repeat_interleave(num_beams)
 
     def reorder_cache(self, beam_idx):
         self.self_attention_cache.reorder_cache(beam_idx)
@@ -67,27 +77,15 @@ def sentence_beams_attention(module, query, key, value, attention_mask, **kwargs
 
 
 @contextmanager
-def sentence_beam_cache(
-    model, encoder_output: torch.Tensor, attention_mask: torch.Tensor, num_beams: int
-) -> Iterator[SentenceBeamCache]:
-    """A cache for one generate() call on a batch whose encoder output (one row a sentence) is `encoder_output`, to use
-    inside the `with` block (the module docstring)."""
+def sentence_beam_cache(model) -> Iterator[SentenceBeamCache]:
+    """An empty cache for one generate() call with `beam_search`, to use inside the `with` block (the module
+    docstring)."""
     config = model.config
     cache = SentenceBeamCache(DynamicCache(config=config), DynamicCache(config=config))
-    any_token = torch.zeros((len(encoder_output), 1), dtype=torch.long, device=encoder_output.device)
-    # one decoder step fills the source's keys and values (they do not depend on the token); its own are dropped
-    model.get_decoder()(
-        input_ids=any_token,
-        encoder_hidden_states=encoder_output,
-        encoder_attention_mask=attention_mask,
-        cache=cache,
-        use_cache=True,
-    )
-    cache.self_attention_cache = DynamicCache(config=config)
     if config._attn_implementation != "sdpa":
-        cache.cross_attention_cache.batch_repeat_interleave(num_beams)
         yield cache
         return
+    cache.source_once_a_sentence = True
     AttentionInterface.register(SENTENCE_BEAMS_ATTENTION, sentence_beams_attention)
     AttentionMaskInterface.register(SENTENCE_BEAMS_ATTENTION, sdpa_mask)  # the masks sdpa gets
     config._attn_implementation = SENTENCE_BEAMS_ATTENTION

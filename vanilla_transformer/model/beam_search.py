@@ -23,9 +23,18 @@ criteria. Two things differ, neither what it returns:
 Everything else is generate()'s beam search (transformers 5.24): the same operations in the same order, so the result
 is generate()'s to the bit (tests/test_beam_search.py compares them with end tokens, length penalties, every early
 stopping mode and the processors the commands use).
+
+With the cache of model/beam_cache.py (`SentenceBeamCache`, the translate command's), the first step, where each
+sentence's beams are one row num_beams times, runs once a sentence (`first_step_once_a_sentence`): the same products
+on a quarter of the rows at beam 4. Its rows get generate()'s bits wherever the matrix library gives a row the same
+bits whatever rows it is multiplied beside: so oneDNN and MKL did from 8 rows up on this project's CPUs, not always
+on 1 or 2 rows. So that path keeps generate()'s tokens (tests/test_translate_corpus.py), not always its bits.
 """
 
 import torch
+from transformers.modeling_outputs import BaseModelOutput
+
+from vanilla_transformer.model.beam_cache import SentenceBeamCache
 
 BLOCK = 256  # tokens per block: one row's 58,101 log-probabilities become 226 maxima
 
@@ -166,14 +175,20 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     if unsupported:
         raise ValueError(f"beam_search does not support {', '.join(unsupported)}: use generate() without it")
     beams = _Beams(input_ids, generation_config, stopping_criteria)
-    tokens, inputs = input_ids, model.prepare_inputs_for_generation(input_ids, is_first_iteration=True, **kwargs)
+    tokens, outputs = input_ids, first_step_once_a_sentence(model, input_ids, beams.beams, kwargs)
+    if outputs is None:
+        inputs = model.prepare_inputs_for_generation(input_ids, is_first_iteration=True, **kwargs)
     while True:
-        outputs = model(**inputs, return_dict=True)
+        if outputs is None:
+            outputs = model(**inputs, return_dict=True)
         if "cache" in outputs:
             kwargs["cache"] = outputs.cache
         logits = outputs.logits[:, -1, :].to(dtype=torch.float32, device=input_ids.device)  # no copy if already so
-        del outputs
-        log_probs = logits_processor(tokens, torch.nn.functional.log_softmax(logits, dim=-1))
+        outputs = None
+        log_probs = torch.nn.functional.log_softmax(logits, dim=-1)
+        if log_probs.shape[0] != tokens.shape[0]:  # the first step, once a sentence: the same for all its beams
+            log_probs = log_probs.repeat_interleave(beams.beams, dim=0)
+        log_probs = logits_processor(tokens, log_probs)
         del logits
         candidates = beams.candidates(log_probs)
         beam_idx = beams.advance(*candidates)
@@ -183,3 +198,34 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
             return beams.sequences()
         tokens = beams.running[:, :, : beams.length].flatten(0, 1)
         inputs = model.prepare_inputs_for_generation(tokens, next_sequence_length=1, **kwargs)
+
+
+def first_step_once_a_sentence(model, input_ids, num_beams: int, kwargs: dict):
+    """The model's outputs for the first step on one row a sentence, with the cache then holding each sentence's rows
+    for its beams; None where the inputs are not those this is sure for (the first step then runs as generate() runs
+    it).
+
+    At the first step a sentence's beams are one row num_beams times: the same prompt, the same source. generate()
+    computes that row num_beams times; with an empty `SentenceBeamCache` (model/beam_cache.py) it is computed once.
+    generate() gives the prompt, the encoder output and its mask repeated for the beams; one row a sentence of each is
+    what generate() gives a batch of those sentences at beam 1."""
+    cache, encoder = kwargs.get("cache"), kwargs.get("encoder_outputs")
+    if (
+        num_beams == 1
+        or not isinstance(cache, SentenceBeamCache)
+        or cache.get_seq_length()
+        or any(cache.is_updated.values())
+    ):
+        return None
+    if not isinstance(encoder, BaseModelOutput) or encoder.hidden_states or encoder.attentions:
+        return None
+    batch_sized = [name for name, value in kwargs.items() if isinstance(value, torch.Tensor) and value.dim()]
+    if set(batch_sized) - {"attention_mask"}:
+        return None  # an input this does not know how to take one row a sentence of
+    one = slice(None, None, num_beams)
+    one_a_sentence = {name: kwargs[name][one] for name in batch_sized}
+    one_a_sentence["encoder_outputs"] = BaseModelOutput(last_hidden_state=encoder.last_hidden_state[one])
+    inputs = model.prepare_inputs_for_generation(input_ids[one], is_first_iteration=True, **kwargs | one_a_sentence)
+    outputs = model(**inputs, return_dict=True)
+    outputs.cache.repeat_for_beams(num_beams)
+    return outputs

@@ -70,10 +70,9 @@ class ModelBackend:
         with torch.inference_mode(), sdpa_kernel(DECODING_ATTENTION):
             if self.beams == 1 or getattr(self.model.generation_config, "cache_implementation", None) is not None:
                 output_ids = self.model.generate(**inputs, **lengths, **self.generate_kwargs)
-            else:  # the source's keys and values once a sentence, not once a beam (beam_cache.py)
+            else:  # the first step and the source's keys and values once a sentence, not once a beam (beam_cache.py)
                 encoded = self.model.get_encoder()(**inputs)
-                mask = inputs["attention_mask"]
-                with sentence_beam_cache(self.model, encoded.last_hidden_state, mask, self.beams) as cache:
+                with sentence_beam_cache(self.model) as cache:
                     output_ids = self.model.generate(
                         **inputs,
                         encoder_outputs=encoded,
