@@ -39,3 +39,22 @@ def test_the_sentence_beams_attention_gives_sdpa_on_the_keys_and_values_repeated
     ).transpose(1, 2)
     assert output.shape == (sentences * beams, query_length, heads, 8)
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_model_reads_the_sources_once_a_sentence_until_the_last_of_overlapping_calls_ends(model_and_tokenizer):
+    """Calls on one model in several threads (ModelBackend's workers) overlap: the first to end leaves the others'
+    attention as it was, and the last puts sdpa back."""
+    from vanilla_transformer.model.beam_cache import SENTENCE_BEAMS_ATTENTION, sentence_beam_cache
+
+    model, _ = model_and_tokenizer
+    config, attention = model.config, model.config._attn_implementation
+    config._attn_implementation = "sdpa"
+    try:
+        first, second = sentence_beam_cache(model), sentence_beam_cache(model)
+        assert first.__enter__().source_once_a_sentence and second.__enter__().source_once_a_sentence
+        first.__exit__(None, None, None)
+        assert config._attn_implementation == SENTENCE_BEAMS_ATTENTION
+        second.__exit__(None, None, None)
+        assert config._attn_implementation == "sdpa"
+    finally:
+        config._attn_implementation = attention

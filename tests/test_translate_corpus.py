@@ -54,6 +54,9 @@ class WordBackend:
         spelled = {index: word for word, index in self.words.items()}
         return [" ".join(spelled[index] for index in reversed(ids[:-1])) for ids in batch], sum(map(len, batch))
 
+    def translate_batches(self, batches):
+        return map(self.translate, batches)
+
 
 def test_token_batches_stay_within_the_budget_and_take_every_sentence_once():
     lengths = [random.Random(seed).randint(1, 60) for seed in range(500)]
@@ -205,6 +208,89 @@ def test_the_model_backends_beam_search_takes_the_first_step_once_a_sentence(
     assert rows == [len(sentences)] + [len(sentences) * 4] * (len(rows) - 1) and len(rows) > 2
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_model_backend_given_two_threads_decodes_two_batches_at_once_with_one_workers_text(
+    model_and_tokenizer, attention, monkeypatch
+):
+    """On a CPU, a backend given 2 threads decodes 2 batches at once, each in a worker of one torch thread, and gives
+    the translations of one worker, in input order; torch's thread count is as it was after."""
+    import threading
+
+    import torch
+
+    model, tokenizer = model_and_tokenizer
+    monkeypatch.setattr(model.config, "_attn_implementation", attention)
+    sentences = [ENGLISH[i % len(ENGLISH)] + " " + ENGLISH[(5 * i) % len(ENGLISH)] * (i % 3) for i in range(23)]
+    one = translate_texts(ModelBackend(model, tokenizer, 4, 6), sentences, max_tokens=120).texts
+    lock, running, seen = threading.Lock(), set(), []
+
+    def during_encoding(module, args, kwargs):  # the encoder runs once a batch, in the worker decoding it
+        with lock:
+            running.add(threading.get_ident())
+            seen.append((len(running), torch.get_num_threads()))
+        time.sleep(0.2)  # long enough for the other worker to start its batch meanwhile
+        with lock:
+            running.discard(threading.get_ident())
+
+    threads = torch.get_num_threads()
+    backend = ModelBackend(model, tokenizer, 4, 6, threads=2)
+    hook = model.get_encoder().register_forward_pre_hook(during_encoding, with_kwargs=True)
+    torch.set_num_threads(2)  # the tests' one thread (conftest) is what a worker takes unless set
+    try:
+        two = translate_texts(backend, sentences, max_tokens=120).texts
+        after, fresh = (
+            [torch.get_num_threads()],
+            threading.Thread(target=lambda: after.append(torch.get_num_threads())),
+        )
+        fresh.start()
+        fresh.join()  # a thread started after takes the caller's count, not the workers'
+    finally:
+        hook.remove()
+        torch.set_num_threads(threads)
+    assert backend.workers == 2 and len(seen) > 4  # several batches
+    assert max(at_once for at_once, _ in seen) == 2 and {threads for _, threads in seen} == {1}
+    assert two == one and len(set(one)) > 3
+    assert after == [2, 2] and model.config._attn_implementation == attention
+
+
+def test_a_workers_error_reaches_the_caller_and_the_batches_waiting_are_not_decoded(model_and_tokenizer):
+    import torch
+
+    model, tokenizer = model_and_tokenizer
+    backend, started = ModelBackend(model, tokenizer, 2, 4, threads=2), []
+    generate = backend.generate
+
+    def failing_second(inputs):
+        started.append(len(inputs["input_ids"]))
+        if len(started) == 2:
+            raise RuntimeError("out of memory in batch 2")
+        return generate(inputs)
+
+    backend.generate = failing_second
+    threads = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="batch 2"):
+        translate_texts(backend, [ENGLISH[i % len(ENGLISH)] for i in range(40)], max_tokens=24)
+    assert 2 <= len(started) < 10  # of 20 batches
+    assert torch.get_num_threads() == threads
+
+
+def test_the_command_gives_the_model_backend_torchs_threads(folder, tmp_path, monkeypatch):
+    """The command's model backend decodes with the process's threads (OMP_NUM_THREADS, default the cores), in as many
+    workers as ModelBackend makes of them."""
+    import torch
+
+    made, init = [], ModelBackend.__init__
+
+    def recorded(backend, *args, **kwargs):
+        init(backend, *args, **kwargs)
+        made.append(backend)
+
+    monkeypatch.setattr(ModelBackend, "__init__", recorded)
+    result = translate(folder, "--input", write_lines(tmp_path / "lines.en", corpus_lines(3)), *FAST)
+    assert result.returncode == 0, result.stderr
+    assert [backend.threads for backend in made] == [torch.get_num_threads()]
+
+
 @pytest.fixture(scope="module")
 def source_file(tmp_path_factory) -> Path:
     return write_lines(tmp_path_factory.mktemp("corpus") / "source.en", corpus_lines(120))
@@ -255,14 +341,20 @@ def test_a_stopped_run_continues_without_translating_a_finished_chunk_again(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("stop", "after_chunks"), [(signal.SIGKILL, 1), (signal.SIGKILL, 7), (signal.SIGTERM, 4)])
+@pytest.mark.parametrize(
+    ("stop", "after_chunks", "threads"),
+    [(signal.SIGKILL, 1, 1), (signal.SIGKILL, 7, 1), (signal.SIGTERM, 4, 1), (signal.SIGTERM, 4, 2)],
+)
 def test_a_killed_or_terminated_run_then_the_same_command_gives_the_uninterrupted_bytes(
-    folder, source_file, uninterrupted, tmp_path, stop, after_chunks
+    folder, source_file, uninterrupted, tmp_path, stop, after_chunks, threads
 ):
+    """A run stopped by kill -9 or SIGTERM, then the same command: the uninterrupted run's bytes. Also with 2 threads,
+    whose 2 workers are each decoding a batch when SIGTERM comes (the uninterrupted bytes are 1 thread's)."""
     output = tmp_path / "out.de"
     command = [sys.executable, "-m", "vanilla_transformer", "translate", str(folder), "--input", str(source_file)]
     command += ["--output", str(output), "--buffer_size", "10", *FAST]
-    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **OFFLINE}, stderr=subprocess.PIPE, text=True)
+    environment = {**os.environ, **OFFLINE, "OMP_NUM_THREADS": str(threads)}
+    process = subprocess.Popen(command, cwd=ROOT, env=environment, stderr=subprocess.PIPE, text=True)
     partial = Path(f"{output}.partial")
     deadline = time.monotonic() + 120
     while len(list(partial.glob("chunk-*.jsonl"))) < after_chunks and process.poll() is None:
@@ -275,9 +367,7 @@ def test_a_killed_or_terminated_run_then_the_same_command_gives_the_uninterrupte
     assert not output.exists()
     finished = len(list(partial.glob("chunk-*.jsonl")))
     assert after_chunks <= finished < 12
-    resumed = subprocess.run(
-        command, cwd=ROOT, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=120
-    )
+    resumed = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     assert f"{finished} of 12 chunks resumed" in resumed.stderr
     assert output.read_bytes() == uninterrupted

@@ -210,7 +210,7 @@ def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | N
     if args.attn_implementation:
         model_kwargs["attn_implementation"] = args.attn_implementation
     model, tokenizer = load_model_and_tokenizer(args.model_dir, device, **model_kwargs)
-    return ModelBackend(model, tokenizer, args.num_beams, args.max_new_tokens)
+    return ModelBackend(model, tokenizer, args.num_beams, args.max_new_tokens, threads=torch.get_num_threads())
 
 
 def this_process(args: argparse.Namespace) -> tuple[Process, str]:

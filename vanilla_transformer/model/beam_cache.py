@@ -19,15 +19,17 @@ themselves.
   with transformers' AttentionInterface, the library's public way to supply an attention function), the same
   products row by row, though not always rounded alike: torch's flash kernel on CPU takes another path for one query
   position than for several (on an AMD EPYC the outputs differed by up to 7e-7 in values up to 1.2), so the beams
-  get generate()'s tokens, checked by the tests, not its bits. The model's config names it during the call and "sdpa"
-  again after; wherever the rows are equal it is sdpa itself, so another call on the same model meanwhile computes as
-  before.
+  get generate()'s tokens, checked by the tests, not its bits. The model's config names it while a call lasts (with
+  calls in several threads, until the last ends) and "sdpa" again after; wherever the rows are equal it is sdpa
+  itself, so another call on the same model meanwhile computes as before.
 
 With another attention implementation (eager, a flash kernel) the keys and values are repeated for the beams after
 the first step, as generate() holds them, and only the first two points hold. The translate command's model backend
 uses it (`model/decoding.py`); it gives generate()'s tokens (tests/test_translate_corpus.py).
 """
 
+import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -37,6 +39,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 SENTENCE_BEAMS_ATTENTION = "vanilla_transformer_sentence_beams_sdpa"
+_CALLS, _CALLS_LOCK = Counter(), threading.Lock()  # the calls under way on each model config, in any thread
 
 
 class SentenceBeamCache(EncoderDecoderCache):
@@ -82,14 +85,21 @@ def sentence_beam_cache(model) -> Iterator[SentenceBeamCache]:
     docstring)."""
     config = model.config
     cache = SentenceBeamCache(DynamicCache(config=config), DynamicCache(config=config))
-    if config._attn_implementation != "sdpa":
+    with _CALLS_LOCK:
+        if config._attn_implementation in ("sdpa", SENTENCE_BEAMS_ATTENTION):
+            cache.source_once_a_sentence = True
+            AttentionInterface.register(SENTENCE_BEAMS_ATTENTION, sentence_beams_attention)
+            AttentionMaskInterface.register(SENTENCE_BEAMS_ATTENTION, sdpa_mask)  # the masks sdpa gets
+            config._attn_implementation = SENTENCE_BEAMS_ATTENTION
+            _CALLS[id(config)] += 1
+    if not cache.source_once_a_sentence:
         yield cache
         return
-    cache.source_once_a_sentence = True
-    AttentionInterface.register(SENTENCE_BEAMS_ATTENTION, sentence_beams_attention)
-    AttentionMaskInterface.register(SENTENCE_BEAMS_ATTENTION, sdpa_mask)  # the masks sdpa gets
-    config._attn_implementation = SENTENCE_BEAMS_ATTENTION
     try:
         yield cache
     finally:
-        config._attn_implementation = "sdpa"
+        with _CALLS_LOCK:
+            _CALLS[id(config)] -= 1
+            if not _CALLS[id(config)]:  # the last of the calls on this model (ModelBackend's workers run several)
+                del _CALLS[id(config)]
+                config._attn_implementation = "sdpa"

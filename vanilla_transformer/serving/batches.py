@@ -75,8 +75,9 @@ def translate_texts(
         owners += [index] * len(cut)
         spaces += [space for _, space in cut]
     translations = [""] * len(encoded)
-    for batch in token_batches([len(ids) for ids in encoded], max_tokens, batch_size, backend.beams):
-        texts_out, tokens = backend.translate([encoded[index] for index in batch])
+    batches = token_batches([len(ids) for ids in encoded], max_tokens, batch_size, backend.beams)
+    translated = backend.translate_batches([encoded[index] for index in batch] for batch in batches)
+    for batch, (texts_out, tokens) in zip(batches, translated, strict=True):
         result.target_tokens += tokens
         for index, text in zip(batch, texts_out, strict=True):
             translations[index] = text

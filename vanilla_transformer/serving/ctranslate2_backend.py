@@ -9,7 +9,7 @@ weights: a model trained or converted again gets a new export, never a stale one
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
@@ -135,6 +135,9 @@ class CTranslate2Backend:
         source + 50 up to MAX_OUTPUT_TOKENS), within the exported position table (its first row is the start)."""
         length = self.max_new_tokens or min(max(map(len, batch)) + EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)
         return min(length, self.max_source_tokens - 1) - self.forced_end
+
+    def translate_batches(self, batches: Iterable[list[list[int]]]) -> Iterator[tuple[list[str], int]]:
+        return map(self.translate, batches)  # the workers share each batch
 
     def translate(self, batch: list[list[int]]) -> tuple[list[str], int]:
         if self.source_tokens is None:
