@@ -7,6 +7,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from vanilla_transformer.commands import translate as translate_command
 from vanilla_transformer.commands.translate import main
 from vanilla_transformer.model.decoding import ModelBackend
 from vanilla_transformer.serving import corpus
-from vanilla_transformer.serving.batches import token_batches, translate_texts
+from vanilla_transformer.serving.batches import token_batches, translate_groups, translate_texts
 
 from .helpers import ENGLISH, OFFLINE, launcher, run_in_this_process
 
@@ -78,6 +79,45 @@ def test_token_batched_translation_keeps_the_input_order():
     result = translate_texts(backend, texts, max_tokens=120)
     assert result.texts == [" ".join(reversed(text.split())) for text in texts]
     assert len(backend.batches) > 1 and all(len(batch) < len(texts) for batch in backend.batches)
+
+
+class Overlap:
+    """A forward pre-hook for a model's encoder, which runs once a batch in the worker that decodes it: how many
+    batches were being encoded at once, and the torch threads of the worker, at each batch."""
+
+    def __init__(self):
+        self.lock, self.running, self.seen = threading.Lock(), set(), []
+
+    def __call__(self, module, args, kwargs):
+        import torch
+
+        with self.lock:
+            self.running.add(threading.get_ident())
+            self.seen.append((len(self.running), torch.get_num_threads()))
+        time.sleep(0.2)  # long enough for another worker to start its batch meanwhile
+        with self.lock:
+            self.running.discard(threading.get_ident())
+
+
+class LookingAheadBackend(WordBackend):
+    """A WordBackend that takes every batch it is given before it gives back the first translation."""
+
+    def translate_batches(self, batches):
+        return map(self.translate, list(batches))
+
+
+@pytest.mark.parametrize("backend_class", [WordBackend, LookingAheadBackend])
+def test_groups_are_each_batched_alone_and_given_back_in_order(backend_class):
+    """A corpus's chunks stream to the backend as one sequence of batches, but each chunk is batched as it would be
+    alone, and each comes back whole and in order, blank ones included, however far ahead the backend reads."""
+    groups = [corpus_lines(30), [], ["", "  "], corpus_lines(45)[7:], ["one", "two words"]]
+    backend, alone = backend_class(), WordBackend()
+    given_back = list(translate_groups(backend, iter(groups), max_tokens=120))
+    assert [result.texts for result in given_back] == [
+        translate_texts(alone, group, max_tokens=120).texts for group in groups
+    ]
+    assert backend.batches == alone.batches  # the same batches, none of them mixing two groups
+    assert [result.target_tokens for result in given_back][1:3] == [0, 0]
 
 
 def test_a_sentence_over_the_model_is_cut_at_punctuation_into_pieces_that_fit():
@@ -214,43 +254,45 @@ def test_the_model_backend_given_two_threads_decodes_two_batches_at_once_with_on
 ):
     """On a CPU, a backend given 2 threads decodes 2 batches at once, each in a worker of one torch thread, and gives
     the translations of one worker, in input order; torch's thread count is as it was after."""
-    import threading
-
     import torch
 
     model, tokenizer = model_and_tokenizer
     monkeypatch.setattr(model.config, "_attn_implementation", attention)
     sentences = [ENGLISH[i % len(ENGLISH)] + " " + ENGLISH[(5 * i) % len(ENGLISH)] * (i % 3) for i in range(23)]
     one = translate_texts(ModelBackend(model, tokenizer, 4, 6), sentences, max_tokens=120).texts
-    lock, running, seen = threading.Lock(), set(), []
-
-    def during_encoding(module, args, kwargs):  # the encoder runs once a batch, in the worker decoding it
-        with lock:
-            running.add(threading.get_ident())
-            seen.append((len(running), torch.get_num_threads()))
-        time.sleep(0.2)  # long enough for the other worker to start its batch meanwhile
-        with lock:
-            running.discard(threading.get_ident())
-
-    threads = torch.get_num_threads()
-    backend = ModelBackend(model, tokenizer, 4, 6, threads=2)
-    hook = model.get_encoder().register_forward_pre_hook(during_encoding, with_kwargs=True)
+    threads, backend, watch = torch.get_num_threads(), ModelBackend(model, tokenizer, 4, 6, threads=2), Overlap()
+    hook = model.get_encoder().register_forward_pre_hook(watch, with_kwargs=True)
     torch.set_num_threads(2)  # the tests' one thread (conftest) is what a worker takes unless set
     try:
         two = translate_texts(backend, sentences, max_tokens=120).texts
-        after, fresh = (
-            [torch.get_num_threads()],
-            threading.Thread(target=lambda: after.append(torch.get_num_threads())),
-        )
+        after = [torch.get_num_threads()]
+        fresh = threading.Thread(target=lambda: after.append(torch.get_num_threads()))
         fresh.start()
         fresh.join()  # a thread started after takes the caller's count, not the workers'
     finally:
         hook.remove()
         torch.set_num_threads(threads)
-    assert backend.workers == 2 and len(seen) > 4  # several batches
-    assert max(at_once for at_once, _ in seen) == 2 and {threads for _, threads in seen} == {1}
+    assert backend.workers == 2 and len(watch.seen) > 4  # several batches
+    assert max(at_once for at_once, _ in watch.seen) == 2 and {threads for _, threads in watch.seen} == {1}
     assert two == one and len(set(one)) > 3
     assert after == [2, 2] and model.config._attn_implementation == attention
+
+
+def test_two_workers_start_the_next_chunk_while_the_last_batch_of_one_is_decoded(model_and_tokenizer):
+    """Chunks of one batch each still keep both workers busy: the next chunk's batch starts beside the last one of
+    the chunk before, and each chunk comes back as it would alone."""
+    model, tokenizer = model_and_tokenizer
+    chunks = [ENGLISH[:3], ENGLISH[3:6], ENGLISH[6:9]]
+    alone = [translate_texts(ModelBackend(model, tokenizer, 2, 5), chunk, max_tokens=400).texts for chunk in chunks]
+    watch = Overlap()
+    hook = model.get_encoder().register_forward_pre_hook(watch, with_kwargs=True)
+    try:
+        streamed = translate_groups(ModelBackend(model, tokenizer, 2, 5, threads=2), chunks, max_tokens=400)
+        streamed = [result.texts for result in streamed]
+    finally:
+        hook.remove()
+    assert len(watch.seen) == 3 and max(at_once for at_once, _ in watch.seen) == 2
+    assert streamed == alone
 
 
 def test_a_workers_error_reaches_the_caller_and_the_batches_waiting_are_not_decoded(model_and_tokenizer):
@@ -312,13 +354,13 @@ def test_a_stopped_run_continues_without_translating_a_finished_chunk_again(
 ):
     output = tmp_path / "out.de"
     argv = [folder, "--input", source_file, "--output", output, "--buffer_size", 10, *FAST]
-    translated, real_units, real_translate = [], corpus.translate_units, ModelBackend.translate
+    taken, real_pieces, real_translate = [], corpus.pieces_of, ModelBackend.translate
 
-    def stop_at_the_fourth_chunk(backend, units, settings):
-        if len(translated) == 3:
+    def stop_at_the_fourth_chunk(units, settings):  # a chunk is taken once the one before is recorded (1 thread)
+        if len(taken) == 3:
             raise KeyboardInterrupt
-        translated.append(units)
-        return real_units(backend, units, settings)
+        taken.append(units)
+        return real_pieces(units, settings)
 
     sentences_given = []
 
@@ -326,12 +368,12 @@ def test_a_stopped_run_continues_without_translating_a_finished_chunk_again(
         sentences_given.append(len(batch))
         return real_translate(self, batch)
 
-    monkeypatch.setattr(corpus, "translate_units", stop_at_the_fourth_chunk)
+    monkeypatch.setattr(corpus, "pieces_of", stop_at_the_fourth_chunk)
     stopped = translate(*argv)
     assert stopped.returncode == 130 and "the same command continues" in stopped.stderr
     assert len(list(Path(f"{output}.partial").glob("chunk-*.jsonl"))) == 3 and not output.exists()
 
-    monkeypatch.setattr(corpus, "translate_units", real_units)
+    monkeypatch.setattr(corpus, "pieces_of", real_pieces)
     monkeypatch.setattr(ModelBackend, "translate", counting)
     resumed = translate(*argv)
     assert resumed.returncode == 0, resumed.stderr
@@ -412,7 +454,7 @@ def test_two_machines_sharing_a_filesystem_write_the_bytes_of_one(folder, source
 
 def stopped_run(folder, source_file, output, monkeypatch, *flags) -> None:
     """A run of `source_file` into `output` stopped after its first chunk (Ctrl-C)."""
-    real = corpus.translate_units
+    real = corpus.pieces_of
     calls = []
 
     def stop_at_the_second_chunk(*args):
@@ -421,10 +463,10 @@ def stopped_run(folder, source_file, output, monkeypatch, *flags) -> None:
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(corpus, "translate_units", stop_at_the_second_chunk)
+    monkeypatch.setattr(corpus, "pieces_of", stop_at_the_second_chunk)
     result = translate(folder, "--input", source_file, "--output", output, "--buffer_size", 10, *FAST, *flags)
     assert result.returncode == 130
-    monkeypatch.setattr(corpus, "translate_units", real)
+    monkeypatch.setattr(corpus, "pieces_of", real)
 
 
 def test_a_changed_setting_or_input_is_refused_by_name_and_overwrite_starts_again(

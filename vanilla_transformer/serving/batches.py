@@ -4,7 +4,8 @@ translations back in input order. A backend (`translate.ModelBackend`, `ctransla
 the encoding and the decoding; this module imports neither torch nor transformers.
 """
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from vanilla_transformer.serving.sentences import cut_to_fit
@@ -57,30 +58,73 @@ def translate_texts(
     backend's, the model's positions) is cut at punctuation or spaces into pieces that fit (`sentences.cut_to_fit`),
     whose translations are joined; `Translated.cut` counts them. Batches: `token_batches` by `max_tokens` and
     `batch_size` (at least one given; the default is BATCH_SIZE sentences)."""
+    return next(translate_groups(backend, [texts], batch_size, max_tokens, max_source_tokens))
+
+
+def translate_groups(
+    backend,
+    groups: Iterable[Sequence[str]],
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    max_source_tokens: int | None = None,
+) -> Iterator[Translated]:
+    """`translate_texts` of each group of texts (a corpus's chunks), in order, each batched on its own (the batches it
+    would have alone), with the groups' batches given to the backend as one stream: a backend decoding several
+    batches at once starts the next group's first while the last of a group are decoded. A group is read, encoded and
+    batched only when the backend asks for its first batch."""
     if batch_size is None and max_tokens is None:
         batch_size = BATCH_SIZE
-    limit = max_source_tokens or backend.max_source_tokens
-    result = Translated([""] * len(texts))
-    kept = [index for index, text in enumerate(texts) if text.strip()]
-    encoded, owners, spaces = [], [], []  # the ids translated, the text each belongs to, the space after it
-    for index, ids in zip(kept, backend.encode([texts[index] for index in kept]) if kept else [], strict=True):
-        if len(ids) <= limit:  # encoded once: only the pieces of a cut text are encoded again
-            encoded.append(ids)
-            owners.append(index)
-            spaces.append("")
-            continue
-        cut = cut_to_fit(texts[index], backend.count, limit)
-        result.cut += len(cut) > 1
-        encoded += backend.encode([piece for piece, _ in cut])
-        owners += [index] * len(cut)
-        spaces += [space for _, space in cut]
-    translations = [""] * len(encoded)
-    batches = token_batches([len(ids) for ids in encoded], max_tokens, batch_size, backend.beams)
-    translated = backend.translate_batches([encoded[index] for index in batch] for batch in batches)
-    for batch, (texts_out, tokens) in zip(batches, translated, strict=True):
-        result.target_tokens += tokens
-        for index, text in zip(batch, texts_out, strict=True):
-            translations[index] = text
-    for owner, translation, space in zip(owners, translations, spaces, strict=True):
-        result.texts[owner] += translation + space
-    return result
+    waiting = deque()  # the groups read and not yet given back, in order
+
+    def batches() -> Iterator[list[list[int]]]:
+        for texts in groups:
+            group = _Group(backend, texts, max_source_tokens or backend.max_source_tokens)
+            group.batches = token_batches([len(ids) for ids in group.encoded], max_tokens, batch_size, backend.beams)
+            waiting.append(group)
+            for batch in group.batches:
+                yield [group.encoded[index] for index in batch]
+
+    def finished() -> Iterator[Translated]:  # the first groups, once all their batches are back (or they had none)
+        while waiting and waiting[0].finished == len(waiting[0].batches):
+            yield waiting.popleft().finish()
+
+    for texts, target_tokens in backend.translate_batches(batches()):
+        yield from finished()  # groups read since the last batch, without a batch of their own
+        waiting[0].add(texts, target_tokens)
+        yield from finished()
+    yield from finished()
+
+
+class _Group:
+    """One group of texts as `translate_groups` translates it: the ids to translate (a text over `limit` tokens cut
+    into pieces), their batches, and the translations as the batches come back."""
+
+    def __init__(self, backend, texts: Sequence[str], limit: int):
+        self.translated = Translated([""] * len(texts))
+        kept = [index for index, text in enumerate(texts) if text.strip()]
+        self.encoded, self.owners, self.spaces = [], [], []  # the ids translated, their text, the space after them
+        for index, ids in zip(kept, backend.encode([texts[index] for index in kept]) if kept else [], strict=True):
+            if len(ids) <= limit:  # encoded once: only the pieces of a cut text are encoded again
+                self.encoded.append(ids)
+                self.owners.append(index)
+                self.spaces.append("")
+                continue
+            cut = cut_to_fit(texts[index], backend.count, limit)
+            self.translated.cut += len(cut) > 1
+            self.encoded += backend.encode([piece for piece, _ in cut])
+            self.owners += [index] * len(cut)
+            self.spaces += [space for _, space in cut]
+        self.translations, self.batches, self.finished = [""] * len(self.encoded), [], 0
+
+    def add(self, texts: list[str], target_tokens: int) -> None:
+        """The translations of the next of its batches."""
+        for index, text in zip(self.batches[self.finished], texts, strict=True):
+            self.translations[index] = text
+        self.translated.target_tokens += target_tokens
+        self.finished += 1
+
+    def finish(self) -> Translated:
+        """Each text's translation, its pieces' joined."""
+        for owner, translation, space in zip(self.owners, self.translations, self.spaces, strict=True):
+            self.translated.texts[owner] += translation + space
+        return self.translated

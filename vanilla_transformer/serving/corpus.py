@@ -2,9 +2,10 @@
 order. The library under `vanilla-transformer translate`.
 
 The input's units (`sources`: lines, paragraphs, dataset rows) are numbered and cut into chunks of `buffer_size`.
-Each chunk is translated on its own: its sentences sorted by length and batched by tokens (`translate.translate_texts`),
-so its translation depends on its units and the settings only, never on the process that made it or on the chunks
-before it. That is what makes a run resumable and shardable, and its output byte-identical either way.
+Each chunk is translated on its own: its sentences sorted by length and batched by tokens (`batches.translate_groups`,
+which streams the chunks' batches to the backend, so that its workers start a chunk while the last batches of the
+one before are decoded), so its translation depends on its units and the settings only, never on the process that
+made it or on the chunks before it. That is what makes a run resumable and shardable, and its output byte-identical either way.
 
 With an output path, the run keeps a folder beside it, `<output>.partial/`:
 
@@ -32,7 +33,8 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -40,7 +42,7 @@ from tqdm import tqdm
 
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import move_into_place, on_full_disk, replace_file, staging_path
-from vanilla_transformer.serving.batches import translate_texts
+from vanilla_transformer.serving.batches import translate_groups
 from vanilla_transformer.serving.sentences import split_sentences
 from vanilla_transformer.serving.settings import CorpusSettings
 from vanilla_transformer.serving.sources import DatasetSource, InputError, TextSource, fingerprint, spool_stdin
@@ -102,23 +104,41 @@ class Process:
         return self.index == 0
 
 
-def translate_units(backend, units: list[str], settings: CorpusSettings) -> tuple[list[str], dict]:
-    """One chunk: each unit's translation (its sentences translated and joined as they were, with
-    `split_sentences`), and its counts."""
+def pieces_of(units: list[str], settings: CorpusSettings) -> list[list[tuple[str, str]]]:
+    """A chunk's units as the texts to translate: each unit's sentences (with `split_sentences`; else the unit
+    whole), each with the whitespace after it; none for a blank unit."""
     if settings.split_sentences:
-        pieces = [split_sentences(unit, settings.language) if unit.strip() else [] for unit in units]
-    else:
-        pieces = [[(unit, "")] if unit.strip() else [] for unit in units]
-    texts = [text for unit in pieces for text, _ in unit]
-    translated = translate_texts(backend, texts, settings.batch_size, settings.max_tokens, settings.max_source_tokens)
-    translations, position = [], 0
-    for unit in pieces:
-        parts = translated.texts[position : position + len(unit)]
-        translations.append("".join(text + space for text, (_, space) in zip(parts, unit, strict=True)).rstrip())
-        position += len(unit)
-    counts = {"units": len(units), "pieces": sum(1 for text in texts if text.strip()), "cut": translated.cut}
-    counts["target_tokens"] = translated.target_tokens
-    return translations, counts
+        return [split_sentences(unit, settings.language) if unit.strip() else [] for unit in units]
+    return [[(unit, "")] if unit.strip() else [] for unit in units]
+
+
+def translate_chunks(
+    backend, chunks: Iterable[tuple[int, list[str]]], settings: CorpusSettings
+) -> Iterator[tuple[int, list[str], dict]]:
+    """Each chunk (number, units) as (number, each unit's translation, its counts), in order: a unit's sentences
+    translated and joined as they were. Each chunk is batched on its own; the next chunk is read when the backend is
+    ready for its first batch (`batches.translate_groups`)."""
+    taken = deque()
+
+    def texts_of_each() -> Iterator[list[str]]:
+        for number, units in chunks:
+            pieces = pieces_of(units, settings)
+            taken.append((number, units, pieces))
+            yield [text for unit in pieces for text, _ in unit]
+
+    for translated in translate_groups(
+        backend, texts_of_each(), settings.batch_size, settings.max_tokens, settings.max_source_tokens
+    ):
+        number, units, pieces = taken.popleft()
+        translations, position = [], 0
+        for unit in pieces:
+            parts = translated.texts[position : position + len(unit)]
+            translations.append("".join(text + space for text, (_, space) in zip(parts, unit, strict=True)).rstrip())
+            position += len(unit)
+        pieces_translated = sum(1 for unit in pieces for text, _ in unit if text.strip())
+        counts = {"units": len(units), "pieces": pieces_translated, "cut": translated.cut}
+        counts["target_tokens"] = translated.target_tokens
+        yield number, translations, counts
 
 
 def chunks_of(units: Iterator[str], size: int, wanted: set[int] | None = None) -> Iterator[tuple[int, list[str]]]:
@@ -415,8 +435,8 @@ class CorpusRun:
         self.progress = Progress(
             manifest["input"]["units"], done_units, terminal, self.settings.log_every, enabled=self.process.is_first
         )
-        for number, units in chunks_of(self.source.units(), size, mine) if mine else ():
-            translations, counts = translate_units(backend, units, self.settings)
+        chunks = chunks_of(self.source.units(), size, mine) if mine else ()
+        for number, translations, counts in translate_chunks(backend, chunks, self.settings):
             self.say_cut_once(counts, number)
             lines = [json.dumps(counts)] + [json.dumps(text, ensure_ascii=False) for text in translations]
             with on_full_disk(
@@ -505,8 +525,9 @@ def translate_to_stream(
     """Translate `source` chunk by chunk into `write` (stdout), in input order; nothing is recorded (no resume)."""
     summary, started = Summary(), time.monotonic()
     progress = Progress(None, 0, terminal, settings.log_every)
-    for _, units in chunks_of(source.units(), settings.buffer_size):
-        translations, counts = translate_units(backend, units, settings)
+    for _, translations, counts in translate_chunks(
+        backend, chunks_of(source.units(), settings.buffer_size), settings
+    ):
         write("".join(one_line(text) + "\n" for text in translations))
         summary.add(counts)
         summary.chunks += 1
