@@ -41,8 +41,8 @@ class ModelBackend:
     `num_beams` and `max_new_tokens` given here on top (None: the config's beam, and the config's length where it sets
     one, else section 6.1's input + 50). The text is decoded as the tokenizer's `batch_decode` does.
 
-    `threads` > 1 on a CPU: `translate_batches` decodes CPU_WORKERS batches at once, each by a worker with its share of
-    the threads (None: one batch at a time, on torch's threads as they are set)."""
+    `threads` > 1 on a CPU: `translate_batches` decodes CPU_WORKERS batches at once, each by a worker of threads //
+    CPU_WORKERS torch threads (None: one batch at a time, on torch's threads as they are set)."""
 
     def __init__(
         self,

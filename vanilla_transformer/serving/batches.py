@@ -58,7 +58,8 @@ def translate_texts(
     backend's, the model's positions) is cut at punctuation or spaces into pieces that fit (`sentences.cut_to_fit`),
     whose translations are joined; `Translated.cut` counts them. Batches: `token_batches` by `max_tokens` and
     `batch_size` (at least one given; the default is BATCH_SIZE sentences)."""
-    return next(translate_groups(backend, [texts], batch_size, max_tokens, max_source_tokens))
+    [translated] = translate_groups(backend, [texts], batch_size, max_tokens, max_source_tokens)  # run to its end
+    return translated
 
 
 def translate_groups(

@@ -3,9 +3,10 @@ order. The library under `vanilla-transformer translate`.
 
 The input's units (`sources`: lines, paragraphs, dataset rows) are numbered and cut into chunks of `buffer_size`.
 Each chunk is translated on its own: its sentences sorted by length and batched by tokens (`batches.translate_groups`,
-which streams the chunks' batches to the backend, so that its workers start a chunk while the last batches of the
-one before are decoded), so its translation depends on its units and the settings only, never on the process that
-made it or on the chunks before it. That is what makes a run resumable and shardable, and its output byte-identical either way.
+which streams the chunks' batches to the backend, so that its workers start a chunk while the last batches of the one
+before are decoded), so its translation depends on its units and the settings only, never on the process that made it
+or on the chunks before it. That is what makes a run resumable and shardable, and its output byte-identical either
+way.
 
 With an output path, the run keeps a folder beside it, `<output>.partial/`:
 
