@@ -83,10 +83,10 @@ def test_token_batched_translation_keeps_the_input_order():
 
 class Overlap:
     """A forward pre-hook for a model's encoder, which runs once a batch in the worker that decodes it: how many
-    batches were being encoded at once, and the torch threads of the worker, at each batch."""
+    batches were being encoded at once, the torch threads of the worker, and whether cuDNN's attention was on."""
 
     def __init__(self):
-        self.lock, self.running, self.seen = threading.Lock(), set(), []
+        self.lock, self.running, self.seen, self.cudnn = threading.Lock(), set(), [], []
 
     def __call__(self, module, args, kwargs):
         import torch
@@ -94,6 +94,8 @@ class Overlap:
         with self.lock:
             self.running.add(threading.get_ident())
             self.seen.append((len(self.running), torch.get_num_threads()))
+        time.sleep(0.1)
+        self.cudnn.append(torch.backends.cuda.cudnn_sdp_enabled())  # meanwhile, another worker may have ended
         time.sleep(0.2)  # long enough for another worker to start its batch meanwhile
         with self.lock:
             self.running.discard(threading.get_ident())
@@ -261,6 +263,7 @@ def test_the_model_backend_given_two_threads_decodes_two_batches_at_once_with_on
     sentences = [ENGLISH[i % len(ENGLISH)] + " " + ENGLISH[(5 * i) % len(ENGLISH)] * (i % 3) for i in range(23)]
     one = translate_texts(ModelBackend(model, tokenizer, 4, 6), sentences, max_tokens=120).texts
     threads, backend, watch = torch.get_num_threads(), ModelBackend(model, tokenizer, 4, 6, threads=2), Overlap()
+    kernels = torch.backends.cuda.cudnn_sdp_enabled()  # the process's, not a thread's: the workers share them
     hook = model.get_encoder().register_forward_pre_hook(watch, with_kwargs=True)
     torch.set_num_threads(2)  # the tests' one thread (conftest) is what a worker takes unless set
     try:
@@ -276,6 +279,7 @@ def test_the_model_backend_given_two_threads_decodes_two_batches_at_once_with_on
     assert max(at_once for at_once, _ in watch.seen) == 2 and {threads for _, threads in watch.seen} == {1}
     assert two == one and len(set(one)) > 3
     assert after == [2, 2] and model.config._attn_implementation == attention
+    assert torch.backends.cuda.cudnn_sdp_enabled() == kernels and not any(watch.cudnn)
 
 
 def test_two_workers_start_the_next_chunk_while_the_last_batch_of_one_is_decoded(model_and_tokenizer):

@@ -84,7 +84,8 @@ class ModelBackend:
 
     def translate(self, batch: list[list[int]]) -> tuple[list[str], int]:
         """One batch's translations and the target tokens generated."""
-        return self.decode(self.generate(self.inputs(batch)))
+        with sdpa_kernel(DECODING_ATTENTION):
+            return self.decode(self.generate(self.inputs(batch)))
 
     def translate_batches(self, batches: Iterable[list[list[int]]]) -> Iterator[tuple[list[str], int]]:
         """`translate` of each batch, in order; with several workers, as many batches decoded at once (CPU_WORKERS),
@@ -100,12 +101,13 @@ class ModelBackend:
         )
         pending = deque()
         try:
-            for batch in batches:
-                pending.append(pool.submit(self.generate, self.inputs(batch)))
-                if len(pending) > self.workers:
+            with sdpa_kernel(DECODING_ATTENTION):  # the process's choice, not a thread's: made here for the workers
+                for batch in batches:
+                    pending.append(pool.submit(self.generate, self.inputs(batch)))
+                    if len(pending) > self.workers:
+                        yield self.decode(pending.popleft().result())
+                while pending:
                     yield self.decode(pending.popleft().result())
-            while pending:
-                yield self.decode(pending.popleft().result())
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # on an error: the batches waiting are not started
             torch.set_num_threads(threads)  # the default a new thread takes, which the workers' setting changed
@@ -121,7 +123,7 @@ class ModelBackend:
             inputs["attention_mask"], self.model.config, self.model.generation_config, self.max_new_tokens
         )
         self.model.eval()
-        with torch.inference_mode(), sdpa_kernel(DECODING_ATTENTION):
+        with torch.inference_mode():  # sdpa's kernels: chosen by the caller (`translate`, `translate_batches`)
             if self.beams == 1 or getattr(self.model.generation_config, "cache_implementation", None) is not None:
                 return self.model.generate(**inputs, **lengths, **self.generate_kwargs)
             # the first step and the source's keys and values once a sentence, not once a beam (beam_cache.py)
