@@ -98,7 +98,7 @@ def translate_groups(
 
 class _Group:
     """One group of texts as `translate_groups` translates it: the ids to translate (a text over `limit` tokens cut
-    into pieces), their batches, and the translations as the batches come back."""
+    into pieces), their batches (set by `translate_groups`), and the translations as the batches come back."""
 
     def __init__(self, backend, texts: Sequence[str], limit: int):
         self.translated = Translated([""] * len(texts))
