@@ -79,8 +79,7 @@ def translate_groups(
 
     def batches() -> Iterator[list[list[int]]]:
         for texts in groups:
-            group = _Group(backend, texts, max_source_tokens or backend.max_source_tokens)
-            group.batches = token_batches([len(ids) for ids in group.encoded], max_tokens, batch_size, backend.beams)
+            group = _Group(backend, texts, max_source_tokens or backend.max_source_tokens, max_tokens, batch_size)
             waiting.append(group)
             for batch in group.batches:
                 yield [group.encoded[index] for index in batch]
@@ -98,9 +97,9 @@ def translate_groups(
 
 class _Group:
     """One group of texts as `translate_groups` translates it: the ids to translate (a text over `limit` tokens cut
-    into pieces), their batches (set by `translate_groups`), and the translations as the batches come back."""
+    into pieces), their batches, and the translations as the batches come back."""
 
-    def __init__(self, backend, texts: Sequence[str], limit: int):
+    def __init__(self, backend, texts: Sequence[str], limit: int, max_tokens: int | None, batch_size: int | None):
         self.translated = Translated([""] * len(texts))
         kept = [index for index, text in enumerate(texts) if text.strip()]
         self.encoded, self.owners, self.spaces = [], [], []  # the ids translated, their text, the space after them
@@ -115,7 +114,8 @@ class _Group:
             self.encoded += backend.encode([piece for piece, _ in cut])
             self.owners += [index] * len(cut)
             self.spaces += [space for _, space in cut]
-        self.translations, self.batches, self.finished = [""] * len(self.encoded), [], 0
+        self.batches = token_batches([len(ids) for ids in self.encoded], max_tokens, batch_size, backend.beams)
+        self.translations, self.finished = [""] * len(self.encoded), 0
 
     def add(self, texts: list[str], target_tokens: int) -> None:
         """The translations of the next of its batches."""
