@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from common import describe_machine, machine  # noqa: E402
 from timing import timed  # noqa: E402
-from translate_corpus import CORPUS, DEFAULT_BUDGET, build_folders, read_lines  # noqa: E402
+from translate_corpus import add_batch_arguments, build_folders, first_batches  # noqa: E402
 
 
 def rows(folders: dict, args: argparse.Namespace) -> tuple[dict, list]:
@@ -46,15 +46,12 @@ def rows(folders: dict, args: argparse.Namespace) -> tuple[dict, list]:
 
     from vanilla_transformer.model.decoding import ModelBackend
     from vanilla_transformer.model.onednn import OneDNNLinear
-    from vanilla_transformer.serving.batches import token_batches
     from vanilla_transformer.serving.translate import load_model_and_tokenizer
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(folders["ours"])
     backend = ModelBackend(model, tokenizer, args.num_beams, args.new_tokens)
-    ids = backend.encode(read_lines(CORPUS, args.lines))
-    batches = token_batches([len(line) for line in ids], args.max_tokens, None, args.num_beams)[: args.batches]
-    batches = [[ids[index] for index in batch] for batch in batches]
+    batches = first_batches(backend.encode, args)
     translator = ctranslate2.Translator(str(folders["export"]), compute_type="float32", intra_threads=args.threads)
     settings = dict(beam_size=args.num_beams, max_decoding_length=args.new_tokens, end_token=[], max_input_length=0)
 
@@ -99,12 +96,8 @@ def measure(runs: dict, batches: list, rounds: int) -> dict[str, list[float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lines", type=int, default=256, help="lines of multi30k's train.en to batch")
-    parser.add_argument("--batches", type=int, default=6, help="the first this many of the command's batches")
+    add_batch_arguments(parser, batches=6)
     parser.add_argument("--rounds", type=int, default=3, help="times each batch is timed per row; the best")
-    parser.add_argument("--max_tokens", type=int, default=DEFAULT_BUDGET, help="the command's --max_tokens")
-    parser.add_argument("--num_beams", type=int, default=4)
-    parser.add_argument("--new_tokens", type=int, default=24, help="tokens generated per line by every engine")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="a tiny model: checks that the script runs")
     args = parser.parse_args()

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from common import WorkerProcess, describe_machine, machine  # noqa: E402
 from timing import timed  # noqa: E402
-from translate_corpus import CORPUS, DEFAULT_BUDGET, build_folders, read_lines  # noqa: E402
+from translate_corpus import add_batch_arguments, build_folders, first_batches  # noqa: E402
 
 ENGINES = ("backend", "ctranslate2")
 WAYS = ("1 thread", "1 thread, 2 tokens", "2 threads", "2 workers")
@@ -47,8 +47,6 @@ def engine_ways(args: argparse.Namespace) -> dict:
     """This worker's engine: for each way, a callable that translates the batches (twice them for 2 workers) and
     returns the texts or tokens."""
     import torch
-
-    from vanilla_transformer.serving.batches import token_batches
 
     if args.worker == "backend":
         from vanilla_transformer.mechanics.memory import keep_freed_memory
@@ -63,9 +61,7 @@ def engine_ways(args: argparse.Namespace) -> dict:
         from vanilla_transformer.data.tokenization import load_tokenizer
 
         tokenizer = load_tokenizer(args.model_dir)
-    ids = tokenizer(read_lines(CORPUS, args.lines), verbose=False)["input_ids"]
-    batches = token_batches([len(line) for line in ids], args.max_tokens, None, args.num_beams)[: args.batches]
-    batches = [[ids[index] for index in batch] for batch in batches]
+    batches = first_batches(lambda texts: tokenizer(texts, verbose=False)["input_ids"], args)
 
     if args.worker == "backend":
         one = ModelBackend(model, tokenizer, args.num_beams, args.new_tokens)
@@ -162,12 +158,8 @@ def table(best: dict, args: argparse.Namespace) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lines", type=int, default=256, help="lines of multi30k's train.en to batch")
-    parser.add_argument("--batches", type=int, default=4, help="the first this many of the command's batches")
+    add_batch_arguments(parser, batches=4)
     parser.add_argument("--rounds", type=int, default=2, help="times each way is timed per engine; the best")
-    parser.add_argument("--max_tokens", type=int, default=DEFAULT_BUDGET, help="the command's --max_tokens")
-    parser.add_argument("--num_beams", type=int, default=4)
-    parser.add_argument("--new_tokens", type=int, default=24, help="tokens generated per line by every engine")
     parser.add_argument("--tiny", action="store_true", help="a tiny model: checks that the script runs")
     for hidden in ("--worker", "--model_dir", "--export"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
