@@ -161,3 +161,26 @@ def test_overwrite_replaces_a_previous_output_only(tmp_path, monkeypatch, capsys
     (output / "notes.txt").write_text("mine")
     assert paper_figures_command.main([str(output), "--overwrite"]) == 1
     assert "notes.txt" in capsys.readouterr().err and (output / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("listed", ["../victim.txt", "ABSOLUTE", "link/victim.txt"])
+def test_overwrite_never_deletes_a_file_its_record_names_outside_the_folder(tmp_path, monkeypatch, capsys, listed):
+    from vanilla_transformer.mechanics.integrity import sha256_of
+
+    for name in ("positions", "scaling", "complexity", "label_smoothing", "learning_rate", "masks"):
+        monkeypatch.setattr(figures, name, lambda *a, name=name: (_blank(), figures.Item(f"{name}.png", name, "")))
+    monkeypatch.setattr(figures, "attention_maps", lambda *a: [])
+    monkeypatch.setattr(figures, "beam_search", lambda *a: (_blank(), figures.Item("beam_search.png", "b", "")))
+    output, victim = tmp_path / "figures", tmp_path / "victim.txt"
+    assert paper_figures_command.main([str(output)]) == 0
+    victim.write_text("a user's file")
+    (output / "link").symlink_to(tmp_path)
+    record = json.loads((output / RECORD).read_text())
+    name = str(victim) if listed == "ABSOLUTE" else listed
+    record["files"][name] = {"size": victim.stat().st_size, "sha256": sha256_of(victim)}
+    if listed != "link/victim.txt":
+        (output / "link").unlink()
+    (output / RECORD).write_text(json.dumps(record))
+    assert paper_figures_command.main([str(output), "--overwrite"]) == 1
+    assert name in capsys.readouterr().err
+    assert victim.read_text() == "a user's file"

@@ -33,6 +33,8 @@ def files_problem(folder: Path, entries, only: Iterable[str] | None = None) -> s
     with its path; None when all match. `entries` as `record_files` returns them, as read back from JSON."""
     if not isinstance(entries, dict) or not all(_is_entry(entry) for entry in entries.values()):
         return f"the file list recorded for {folder} is damaged (not the sizes and sha256 we write)"
+    if outside := next((name for name in entries if not is_name_inside(folder, name)), None):
+        return f"the file list recorded for {folder} names {outside!r}, which is not a file inside it"
     only = None if only is None else set(only)
     for name, entry in entries.items():
         if only is not None and Path(name).name not in only:
@@ -45,6 +47,17 @@ def files_problem(folder: Path, entries, only: Iterable[str] | None = None) -> s
         if sha256_of(path) != entry["sha256"]:
             return f"{path} does not match the sha256 recorded when it was written (damaged or edited)"
     return None
+
+
+def is_name_inside(folder: Path, name) -> bool:
+    """Whether a name read from a record is a relative path to a file inside `folder`: no absolute path, no `..`,
+    no symbolic link on the way. A record is input: what it names may be read, replaced or deleted."""
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
+        return False
+    parts = Path(name).parts
+    if Path(name).is_absolute() or any(part in ("", ".", "..") for part in parts):
+        return False
+    return not any((folder.joinpath(*parts[: depth + 1])).is_symlink() for depth in range(len(parts)))
 
 
 def _is_entry(entry) -> bool:
