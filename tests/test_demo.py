@@ -529,6 +529,18 @@ def test_overwrite_replaces_only_what_the_previous_space_export_wrote_and_only_u
     assert (folder / "app.py").read_text() == "# edited since\n"
 
 
+def test_overwrite_keeps_a_file_that_a_stopped_export_listed_but_never_wrote(tmp_path):
+    folder = tmp_path / "space"
+    space.write_space("someone/model", folder)
+    record = json.loads((folder / space.SPACE_RECORD).read_text())
+    record["files"]["app.py"] = None  # what an export stopped between listing and writing app.py leaves
+    (folder / space.SPACE_RECORD).write_text(json.dumps(record))
+    (folder / "app.py").write_text("# the user's own app\n")
+    with pytest.raises(space.SpaceError, match=r"app.py \(listed by an export that did not finish"):
+        space.write_space("someone/model", folder, overwrite=True)
+    assert (folder / "app.py").read_text() == "# the user's own app\n"
+
+
 @pytest.mark.parametrize("name", ["app.py", "README.md", "vanilla_transformer"])
 def test_the_space_writer_never_writes_through_a_link(tmp_path, name):
     outside = tmp_path / "outside"

@@ -183,7 +183,9 @@ def why_not_a_space(folder: Path) -> str | None:
             continue
         if name not in recorded:
             foreign.append(f"{name} (not written by vanilla-transformer space)")
-        elif recorded[name] is not None and (not path.is_file() or sha256_of(path) != recorded[name]):
+        elif recorded[name] is None:  # listed before an export was stopped: nothing proves who wrote it
+            foreign.append(f"{name} (listed by an export that did not finish, so maybe not ours: remove it yourself)")
+        elif not path.is_file() or sha256_of(path) != recorded[name]:
             foreign.append(f"{name} (changed since vanilla-transformer space wrote it)")
     if foreign:
         return f"it holds {', '.join(foreign)}"
