@@ -1338,6 +1338,20 @@ def test_a_source_file_linked_out_of_the_source_folder_is_refused_and_nothing_is
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name", ["dict.txt", "bpecodes"])
+def test_a_fairseq_file_beside_the_checkpoint_linked_out_of_its_folder_is_refused(
+    fsmt_model, fairseq_files, tmp_path, name
+):
+    path = write_fairseq(tmp_path / "wmt", fsmt_model, fairseq_files)
+    outside = tmp_path / "elsewhere" / name
+    outside.parent.mkdir()
+    (path.parent / name).rename(outside)
+    (path.parent / name).symlink_to(outside)
+    with pytest.raises(ConversionError, match=f"{name} is a symbolic link to .*outside the source folder"):
+        convert(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_keys_a_tokenizer_does_not_take_are_not_carried_into_the_converted_folder(marian_source, tmp_path):
     source = Path(shutil.copytree(marian_source, tmp_path / "source"))
     settings = json.loads((source / "tokenizer_config.json").read_text())

@@ -31,7 +31,7 @@ from vanilla_transformer.converters.core import (
     weights_problem,
 )
 from vanilla_transformer.converters.fairseq_checkpoint import load_fairseq_checkpoint
-from vanilla_transformer.converters.untrusted import SIZE_LIMITS, check_sizes, read_text
+from vanilla_transformer.converters.untrusted import SIZE_LIMITS, beside, check_sizes, read_text
 from vanilla_transformer.model.loading import MAX_MODEL_BYTES
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def read_fairseq(path: Path, dictionary, bpe_codes, languages, scratch: Path) ->
         symbols = (
             fairseq_dictionary(dictionary_files(path, dictionary, languages), embedding, problems) if named else []
         )
-    codes = bpe_codes if bpe_codes is not None else path.parent / "bpecodes"
+    codes = bpe_codes if bpe_codes is not None else beside(path.parent, "bpecodes")
     tokenizer = tokenizer_from_fairseq(symbols, Path(codes), languages, fields["max_position_embeddings"], scratch)
     reference = fsmt_reference(fields, layers, embedding, languages)
     card_name = f"{path.parent.name}/{path.name}" if path.parent.name else path.name
@@ -241,9 +241,9 @@ def dictionary_files(path: Path, dictionary, languages) -> list[Path]:
         if not 1 <= len(files) <= 2:
             raise ConversionError(f"give one dictionary, or the source's and the target's: got {len(files)}")
         return files
-    if (path.parent / "dict.txt").is_file():
-        return [path.parent / "dict.txt"]
-    files = [path.parent / f"dict.{language}.txt" for language in languages]
+    if (joined := beside(path.parent, "dict.txt")).is_file():
+        return [joined]
+    files = [beside(path.parent, f"dict.{language}.txt") for language in languages]
     if not all(file.is_file() for file in files):
         raise ConversionError(f"no dict.txt nor {files[0].name} and {files[1].name} beside {path}: give --dictionary")
     return files

@@ -130,6 +130,18 @@ def download(repo_id: str, revision: str | None) -> Path:
         raise ConversionError(f"cannot download {repo_id} from the Hub: {type(error).__name__}: {error}") from error
 
 
+def beside(folder: Path, name: str) -> Path:
+    """`folder / name`, a file found (not given) beside the source: ConversionError if it is a symbolic link leading
+    out of `folder`, the rule `check_no_link_leaves` applies to a whole folder."""
+    path = folder / name
+    if path.is_symlink() and not path.resolve().is_relative_to(folder.resolve()):
+        raise ConversionError(
+            f"{path} is a symbolic link to {path.resolve()}, outside the source folder: the conversion reads no file "
+            "found beside the source through such a link; give the file itself by its flag, or copy it into the folder"
+        )
+    return path
+
+
 def check_no_link_leaves(folder: Path, allowed_root: Path | None = None) -> None:
     """ConversionError for an entry of the source `folder` that is a symbolic link leading out of it (or out of
     `allowed_root`: a Hub cache's repository folder, whose snapshots link into its blobs). Transformers' loaders
