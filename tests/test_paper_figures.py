@@ -184,3 +184,27 @@ def test_overwrite_never_deletes_a_file_its_record_names_outside_the_folder(tmp_
     assert paper_figures_command.main([str(output), "--overwrite"]) == 1
     assert name in capsys.readouterr().err
     assert victim.read_text() == "a user's file"
+
+
+@pytest.mark.parametrize("flag", ["--source", "--target"])
+def test_a_sentence_past_the_models_positions_is_refused_before_the_folder_is_made(folder, tmp_path, capsys, flag):
+    output = tmp_path / "figures"
+    argv = [str(output), "--model", str(folder), flag, "word " * 50_000]
+    assert paper_figures_command.main(argv) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"{flag} is over 64 tokens, the model's positions" in errors[0]
+    assert not output.exists()
+
+
+def test_a_layer_the_model_lacks_is_named_as_given_and_no_folder_is_made(folder, tmp_path, capsys):
+    output = tmp_path / "figures"
+    assert paper_figures_command.main([str(output), "--model", str(folder), "--layer", "99"]) == 1
+    assert "--layer 99: the model has" in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_a_resolution_past_print_quality_is_refused_by_the_parser(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        paper_figures_command.main([str(tmp_path / "figures"), "--dpi", "100000"])
+    assert "--dpi: must be an integer from 1 to 600" in capsys.readouterr().err
+    assert not (tmp_path / "figures").exists()

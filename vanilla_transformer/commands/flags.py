@@ -60,19 +60,20 @@ beam_size = up_to("MAX_BEAMS")
 output_tokens = up_to("MAX_OUTPUT_TOKENS")
 
 
-def at_least(minimum: int):
-    """An integer type for argparse: whole numbers >= `minimum`."""
+def at_least(minimum: int, maximum: int | None = None):
+    """An integer type for argparse: whole numbers >= `minimum` (and <= `maximum`, if given)."""
+    wanted = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {value}")
         return value
 
-    parse.__name__ = f"integer >= {minimum}"
+    parse.__name__ = wanted.removeprefix("an ")
     return parse
 
 

@@ -14,8 +14,10 @@ model. An OUTPUT_DIR that holds anything is refused; --overwrite replaces a prev
 import sys
 from collections.abc import Sequence
 
-from vanilla_transformer.commands.flags import command_parser, positive_int
+from vanilla_transformer.commands.flags import at_least, command_parser
 from vanilla_transformer.commands.runner import command
+
+MAX_DPI = 600  # a print's resolution; the largest figure is then about 100 MB to draw
 
 
 @command
@@ -28,7 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--layer", type=int, default=-1, help="the layer whose heads are drawn, from 1 (default: last)"
     )
-    parser.add_argument("--dpi", type=positive_int, default=80, help="resolution of the PNG files")
+    parser.add_argument(
+        "--dpi", type=at_least(1, MAX_DPI), default=80, help=f"resolution of the PNG files (at most {MAX_DPI})"
+    )
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a previous paper-figures output in OUTPUT_DIR (only that)"
     )
@@ -45,9 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--{flag} is empty: give a sentence, or leave the flag out")
     from vanilla_transformer.paper.output import write_paper_figures
 
-    layer = args.layer - 1 if args.layer > 0 else args.layer
     paths = write_paper_figures(
-        args.output_dir, args.model, args.overwrite, args.source, args.target, layer, args.dpi, args.trust_remote_code
+        args.output_dir,
+        args.model,
+        args.overwrite,
+        args.source,
+        args.target,
+        args.layer,
+        args.dpi,
+        args.trust_remote_code,
     )
     for path in paths:
         print(path)

@@ -57,6 +57,27 @@ def record_output(folder: Path) -> None:
     (folder / RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
+def check_sentences(model, tokenizer, source: str | None, target: str | None, dpi: int) -> None:
+    """Before anything is computed or written: a `source` or `target` longer than the model's positions (the
+    demonstration model's without `model`), or whose attention pictures would pass attention-maps' limit, is
+    refused by name."""
+    from vanilla_transformer.paper import measurements
+    from vanilla_transformer.serving.attention_maps import check_picture_sizes
+
+    if model is None:
+        model, tokenizer = measurements.demo_model_and_tokenizer()
+    positions, lengths = model.config.max_position_embeddings, {}
+    for flag, text in (("source", source), ("target", target)):
+        if text is not None:
+            lengths[flag] = len(tokenizer(text[: 64 * positions]).input_ids)  # a token is at least a character
+            if lengths[flag] > positions:
+                raise PaperFiguresError(
+                    f"--{flag} is over {positions} tokens, the model's positions (max_position_embeddings): give a "
+                    "shorter sentence"
+                )
+    check_picture_sizes(model.config, dpi, lengths.get("source", 1), lengths.get("target"))
+
+
 def write_paper_figures(
     output_dir: str | Path,
     model_dir: str | Path | None = None,
@@ -67,10 +88,10 @@ def write_paper_figures(
     dpi: int = 80,
     trust_remote_code: bool = False,
 ) -> list[Path]:
-    """Every figure and `index.md` into `output_dir` (checked by the rule first); the paths written."""
+    """Every figure and `index.md` into `output_dir` (checked by the rule first); the paths written. `layer` counts
+    from 1, or from the last with -1. Every input is checked before the folder is touched."""
     folder = Path(output_dir)
     inputs = [("the model's folder", model_dir)] if model_dir is not None else []
-    prepare_folder(folder, overwrite, inputs)
     model = tokenizer = None
     if model_dir is not None:
         from vanilla_transformer.serving.translate import load_model_and_tokenizer
@@ -79,10 +100,12 @@ def write_paper_figures(
             model_dir, attn_implementation="eager", trust_remote_code=trust_remote_code
         )
         layers = model.config.encoder_layers
-        if not -layers <= layer < layers:
+        if not (1 <= layer <= layers or -layers <= layer <= -1):
             raise PaperFiguresError(f"--layer {layer}: the model has {layers} layers (give 1 to {layers}, or -1)")
     from vanilla_transformer.paper.figures import write_figures
 
-    names = write_figures(folder, model, tokenizer, source, target, layer, dpi)
+    check_sentences(model, tokenizer, source, target, dpi)
+    prepare_folder(folder, overwrite, inputs)
+    names = write_figures(folder, model, tokenizer, source, target, layer - 1 if layer > 0 else layer, dpi)
     record_output(folder)
     return [folder / name for name in names]
