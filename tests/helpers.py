@@ -309,3 +309,43 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+# --- translate ------------------------------------------------------------------------------------
+
+FAST = ["--num_beams", "1", "--max_new_tokens", "4", "--device", "cpu"]  # decoding that takes no time
+
+
+def corpus_lines(count: int) -> list[str]:
+    return [f"{ENGLISH[i % len(ENGLISH)]} {ENGLISH[(7 * i) % len(ENGLISH)]}" for i in range(count)]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def translate(*argv) -> subprocess.CompletedProcess:
+    """The translate command, run in this process (`run_in_this_process`)."""
+    from vanilla_transformer.commands.translate import main
+
+    return run_in_this_process(main, [str(arg) for arg in argv])
+
+
+def stopped_run(folder, source_file, output, monkeypatch, *flags) -> None:
+    """A run of `source_file` into `output` stopped after its first chunk (Ctrl-C)."""
+    from vanilla_transformer.serving import corpus
+
+    real = corpus.pieces_of
+    calls = []
+
+    def stop_at_the_second_chunk(*args):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(corpus, "pieces_of", stop_at_the_second_chunk)
+    result = translate(folder, "--input", source_file, "--output", output, "--buffer_size", 10, *FAST, *flags)
+    assert result.returncode == 130, result.stderr
+    monkeypatch.setattr(corpus, "pieces_of", real)

@@ -431,9 +431,10 @@ def test_a_second_command_writing_the_same_output_is_refused_before_loading_a_mo
     loaded = []
     monkeypatch.setattr(translate, "load_model_and_tokenizer", lambda *a, **k: loaded.append(a))
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{SOURCES[0]}\n"))
-    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
     try:
-        assert main([str(tmp_path), "--output", str(output_file)]) == 1
+        assert main([str(tmp_path / "model"), "--output", str(output_file)]) == 1
     finally:
         first.unlock()
     assert f"--output {output_file} is being written by another command" in capsys.readouterr().err

@@ -19,23 +19,9 @@ from vanilla_transformer.model.decoding import ModelBackend
 from vanilla_transformer.serving import corpus
 from vanilla_transformer.serving.batches import token_batches, translate_groups, translate_texts
 
-from .helpers import ENGLISH, OFFLINE, launcher, run_in_this_process
+from .helpers import ENGLISH, FAST, OFFLINE, corpus_lines, launcher, stopped_run, translate, write_lines
 
 ROOT = Path(__file__).resolve().parent.parent
-FAST = ["--num_beams", "1", "--max_new_tokens", "4", "--device", "cpu"]
-
-
-def corpus_lines(count: int) -> list[str]:
-    return [f"{ENGLISH[i % len(ENGLISH)]} {ENGLISH[(7 * i) % len(ENGLISH)]}" for i in range(count)]
-
-
-def write_lines(path: Path, lines: list[str]) -> Path:
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
-def translate(*argv) -> subprocess.CompletedProcess:
-    return run_in_this_process(main, [str(arg) for arg in argv])
 
 
 class WordBackend:
@@ -454,23 +440,6 @@ def test_two_machines_sharing_a_filesystem_write_the_bytes_of_one(folder, source
     assert codes == [0, 0], logs[0][-2000:] + logs[1][-2000:]
     assert "translated 120 lines" in logs[0] and "translated 120 lines" not in logs[1]
     assert output.read_bytes() == uninterrupted
-
-
-def stopped_run(folder, source_file, output, monkeypatch, *flags) -> None:
-    """A run of `source_file` into `output` stopped after its first chunk (Ctrl-C)."""
-    real = corpus.pieces_of
-    calls = []
-
-    def stop_at_the_second_chunk(*args):
-        if calls:
-            raise KeyboardInterrupt
-        calls.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(corpus, "pieces_of", stop_at_the_second_chunk)
-    result = translate(folder, "--input", source_file, "--output", output, "--buffer_size", 10, *FAST, *flags)
-    assert result.returncode == 130
-    monkeypatch.setattr(corpus, "pieces_of", real)
 
 
 def test_a_changed_setting_or_input_is_refused_by_name_and_overwrite_starts_again(

@@ -20,7 +20,10 @@ processes) share the chunks and the first writes the output; on several machines
 they share.
 
 A sentence longer than the model takes (--max_source_tokens, default its positions) is cut at punctuation or spaces
-into pieces that fit, said once and counted in the summary. A line over --max_line_bytes is an error naming it.
+into pieces that fit, said once and counted in the summary. A line (or a dataset's cell) over --max_line_bytes is an
+error naming it: a line takes about 200 times its size in memory while it is tokenized and cut, so the flag is at
+most 4 MiB (about 1 GB). An input that can be read only once (stdin, a pipe, a FIFO, `<(...)`) is copied into
+OUTPUT.partial/ first; an input that changes while the run reads it is an error naming it.
 Decoding follows the model's generation_config.json (the paper: beam 4, length penalty 0.6) with a maximum output
 length of input length + 50 tokens (section 6.1) unless --max_new_tokens is given.
 
@@ -38,6 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vanilla_transformer.commands.flags import (
+    at_least,
     beam_size,
     command_parser,
     field_default,
@@ -55,14 +59,32 @@ from vanilla_transformer.serving.corpus import (
     Process,
     check_output,
     same_file,
+    say,
     translate_to_stream,
 )
-from vanilla_transformer.serving.settings import DTYPE_NAMES, CorpusSettings
-from vanilla_transformer.serving.sources import MAX_LINE_BYTES, NO_STDIN, DatasetSource, InputError, TextSource
+from vanilla_transformer.serving.settings import DTYPE_NAMES, CorpusSettings, folder_max_new_tokens
+from vanilla_transformer.serving.sources import (
+    LINE_BYTES_LIMIT,
+    MAX_LINE_BYTES,
+    NO_STDIN,
+    DatasetSource,
+    InputError,
+    TextSource,
+)
 
 
 def default(name: str):
     return field_default(CorpusSettings, name)
+
+
+def line_bytes(text: str) -> int:
+    """--max_line_bytes: from 1 to LINE_BYTES_LIMIT (a line's memory is about 200 times its size)."""
+    value = at_least(1)(text)
+    if value > LINE_BYTES_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {LINE_BYTES_LIMIT:,} (a line takes about 200 times its size in memory), got {value:,}"
+        )
+    return value
 
 
 def add_input_flags(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +95,13 @@ def add_input_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--paragraphs", action="store_true", help="a unit is a paragraph (lines up to a blank line)")
     group.add_argument("--split_sentences", action="store_true", help="translate each unit sentence by sentence")
     group.add_argument("--language", default=default("language"), help="the source language, for --split_sentences")
-    group.add_argument("--max_line_bytes", type=positive_int, default=MAX_LINE_BYTES, help="longest input line")
+    group.add_argument(
+        "--max_line_bytes",
+        type=line_bytes,
+        default=MAX_LINE_BYTES,
+        help=f"longest input line or dataset cell (default {MAX_LINE_BYTES:,}, at most {LINE_BYTES_LIMIT:,}: a line "
+        "takes about 200 times its size in memory)",
+    )
     group.add_argument("--dataset_name", help="a dataset in the local Hub cache (or a loading script's folder)")
     group.add_argument("--dataset_config", help="the dataset's configuration")
     group.add_argument("--split", default="train", help="the dataset's split (default: train)")
@@ -129,7 +157,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if dataset and not args.column:
         parser.error("a dataset needs --column, the column to translate")
     if dataset and not args.output:
-        parser.error(f"a dataset is written to --output (a {' or '.join(DATASET_SUFFIXES)} file, or a folder)")
+        parser.error(f"a dataset is written to --output (a {', '.join(DATASET_SUFFIXES)} file, or a folder)")
     if (args.column or args.streaming) and not dataset:
         parser.error("--column and --streaming are for a dataset (--dataset_name or --data_files)")
     if args.backend != "ctranslate2" and (args.ctranslate2_dir or args.compute_type):
@@ -162,17 +190,36 @@ def corpus_source(args: argparse.Namespace):
             split=args.split,
             data_files=tuple(args.data_files or ()),
             streaming=args.streaming,
+            max_line_bytes=args.max_line_bytes,
         )
     return TextSource(args.input, paragraphs=args.paragraphs, max_line_bytes=args.max_line_bytes)
 
 
-def output_settings(args: argparse.Namespace, device: str, model_digest: str) -> dict:
-    """What changes the output, as a run's manifest records it: a resumed run must give the same."""
-    names = ("backend", "compute_type", "dtype", "attn_implementation", "trust_remote_code", "num_beams")
-    names += ("max_new_tokens", "max_source_tokens", "max_tokens", "batch_size", "buffer_size", "split_sentences")
-    names += ("paragraphs", "language", "column")
+def output_settings(args: argparse.Namespace, device: str, model_digest: str, export_digest: str | None) -> dict:
+    """What changes the output, as a run's manifest records it: a resumed run must give the same. The settings in
+    effect: a flag left out and one given with the folder's own value are the same setting."""
+    names = ("backend", "dtype", "attn_implementation", "trust_remote_code", "max_tokens", "batch_size")
+    names += ("buffer_size", "split_sentences", "paragraphs", "language", "column")
     record = {f"--{name}": getattr(args, name) for name in names}
-    return {"model": model_digest, "device": device.split(":")[0], **record}
+    record.update({f"--{name}": value for name, value in effective_decoding(args).items()})
+    return {"model": model_digest, "ctranslate2": export_digest, "device": device.split(":")[0], **record}
+
+
+def effective_decoding(args: argparse.Namespace) -> dict:
+    """The beam, output length, source length and compute type the run decodes with: the flags', else the folder's
+    (generation_config.json, config.json), else the backends' defaults (None: section 6.1's input + 50)."""
+    from vanilla_transformer.model.loading import read_json_file
+
+    folder = Path(args.model_dir)
+    generation = read_json_file(folder / "generation_config.json") or {}
+    positions = (read_json_file(folder / "config.json") or {}).get("max_position_embeddings")
+    max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else folder_max_new_tokens(generation)
+    return {
+        "num_beams": args.num_beams or generation.get("num_beams") or 1,
+        "max_new_tokens": max_new_tokens,
+        "max_source_tokens": args.max_source_tokens or positions,
+        "compute_type": args.compute_type or ("default" if args.backend == "ctranslate2" else None),
+    }
 
 
 def stop_on_sigterm(signum, frame):
@@ -189,16 +236,15 @@ def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | N
 
     if first:
         for note in folder_notes(args.model_dir, args.trust_remote_code):
-            print(note, file=sys.stderr)
+            say(note)
     if args.backend == "ctranslate2":
         from vanilla_transformer.data.tokenization import load_tokenizer
-        from vanilla_transformer.serving.ctranslate2_backend import CTranslate2Backend, cached_export
+        from vanilla_transformer.serving.ctranslate2_backend import CTranslate2Backend
 
-        need("ctranslate2", "export", "--backend ctranslate2")
         return CTranslate2Backend(
             args.model_dir,
             load_tokenizer(args.model_dir),
-            ctranslate2_dir or cached_export(args.model_dir),
+            ctranslate2_dir,
             device=device.split(":")[0],
             compute_type=args.compute_type or "default",
             threads=torch.get_num_threads(),
@@ -247,16 +293,15 @@ def resolve_device(name: str) -> str:
 
 def translate_to_output(args: argparse.Namespace, source, settings: CorpusSettings, process, device) -> None:
     """A resumable run into --output (see corpus.py): the first process checks and prepares, all translate."""
-    from vanilla_transformer.serving.ctranslate2_backend import cached_export, model_digest
+    from vanilla_transformer.serving.ctranslate2_backend import model_digest
 
     def record() -> tuple[dict, dict]:
-        check_output(args.output, args.overwrite, isinstance(source, DatasetSource))
+        check_output(args.output, args.overwrite, isinstance(source, DatasetSource), inputs_of(args))
         check_model_folder(args.model_dir)
         digest = model_digest(args.model_dir)
-        export = args.ctranslate2_dir
-        if args.backend == "ctranslate2" and export is None:
-            export = str(cached_export(args.model_dir, digest))
-        return output_settings(args, device, digest), {"ctranslate2_dir": export}
+        export = the_export(args, digest)
+        export_digest = model_digest(export) if export is not None else None
+        return output_settings(args, device, digest, export_digest), {"ctranslate2_dir": export}
 
     run = CorpusRun(source, args.output, settings, process, args.overwrite)
     try:
@@ -267,13 +312,39 @@ def translate_to_output(args: argparse.Namespace, source, settings: CorpusSettin
     finally:
         run.close()
     if summary is not None:
-        print(summary.line(unit_name(args)), file=sys.stderr)
+        say(summary.line(unit_name(args)))
 
 
 def check_model_folder(model_dir: str) -> None:
     folder = Path(model_dir)
     if not (folder / "config.json").is_file():
         raise CorpusError(f"{model_dir} is not a model folder: it has no config.json")
+
+
+def inputs_of(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """What the run reads, as (what, path) pairs: --output may be none of them, nor inside one."""
+    inputs = [("the model folder", args.model_dir)]
+    inputs += [("the input", args.input)] if args.input else []
+    inputs += [("the data file", path) for path in args.data_files or ()]
+    if args.dataset_name and Path(args.dataset_name).exists():
+        inputs.append(("the dataset's folder", args.dataset_name))
+    inputs += [("the CTranslate2 export", args.ctranslate2_dir)] if args.ctranslate2_dir else []
+    return inputs
+
+
+def the_export(args: argparse.Namespace, digest: str | None = None) -> str | None:
+    """The CTranslate2 export the run decodes with (--backend ctranslate2): --ctranslate2_dir, checked to be
+    MODEL_DIR's, or the one made beside MODEL_DIR; None for the model backend."""
+    if args.backend != "ctranslate2":
+        return None
+    need("ctranslate2", "export", "--backend ctranslate2")
+    from vanilla_transformer.serving.ctranslate2_backend import cached_export, check_export
+
+    if args.ctranslate2_dir is None:
+        return str(cached_export(args.model_dir, digest))
+    check_model_folder(args.model_dir)
+    check_export(args.ctranslate2_dir, args.model_dir)
+    return args.ctranslate2_dir
 
 
 def unit_name(args: argparse.Namespace) -> str:
@@ -309,9 +380,11 @@ def run(args: argparse.Namespace) -> None:
     else:
         if args.input is None and sys.stdin is None:  # started with stdin closed (<&-): before the model loads
             raise InputError(NO_STDIN)
-        backend = make_backend(args, device, args.ctranslate2_dir, True)
+        if sys.stdout is None:  # started with stdout closed (>&-)
+            raise CorpusError("there is nowhere to write: stdout is closed. Give --output FILE, or redirect stdout.")
+        backend = make_backend(args, device, the_export(args), True)
         summary = translate_to_stream(backend, source, settings, write_stdout, is_terminal())
-        print(summary.line(unit_name(args)), file=sys.stderr)
+        say(summary.line(unit_name(args)))
 
 
 @command
@@ -325,12 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         if args.output:
-            print(
-                f"stopped: the finished chunks are recorded in {args.output}.partial; the same command continues",
-                file=sys.stderr,
-            )
+            say(f"stopped: the finished chunks are recorded in {args.output}.partial; the same command continues")
         else:
-            print("stopped: the translations written so far are on stdout", file=sys.stderr)
+            say("stopped: the translations written so far are on stdout")
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -3,12 +3,17 @@ once and cached beside the model folder, decoded with the model's own generation
 rest come from `translate.translate_texts`, as for the model itself.
 
 The cache is `<model folder>.ctranslate2-<digest>` beside the folder, the digest that of the model's config and
-weights: a model trained or converted again gets a new export, never a stale one.
+weights: a model trained or converted again gets a new export, never a stale one. An export given by its path
+(`--ctranslate2_dir`) is checked to be the model's (`check_export`): its vocabulary is the model's tokenizer's, and
+its target embeddings are the model's, within what the export's quantization changes (a model fine-tuned from
+another by less than that cannot be told from it).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import struct
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -20,6 +25,11 @@ from vanilla_transformer.converters.export_ctranslate2 import (
     why_not_an_export,
 )
 from vanilla_transformer.model.loading import read_json_file
+from vanilla_transformer.serving.settings import folder_max_new_tokens
+
+EMBEDDINGS = "decoder/embeddings/weight"  # the export's target embeddings (the shared matrix, one vocabulary)
+MODEL_EMBEDDINGS = ("model.decoder.embed_tokens.weight", "model.shared.weight")  # the folder's, by its safetensors
+DTYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")  # CTranslate2's type ids in model.bin
 
 
 def model_digest(model_dir: str | Path) -> str:
@@ -32,6 +42,91 @@ def model_digest(model_dir: str | Path) -> str:
             while block := file.read(1 << 24):
                 digest.update(block)
     return digest.hexdigest()
+
+
+def check_export(export_dir: str | Path, model_dir: str | Path) -> None:
+    """Refuse (ExportError naming the folder and the fix) an export that is not a CTranslate2 export, or not
+    `model_dir`'s: another vocabulary, or other target embeddings."""
+    export, fix = Path(export_dir), "give the export of MODEL_DIR, or leave --ctranslate2_dir out to have it made"
+    if (why := why_not_an_export(export)) is not None:
+        raise ExportError(f"--ctranslate2_dir {export_dir} is not a CTranslate2 export ({why}): {fix}")
+    config = read_json_file(Path(model_dir) / "config.json")
+    if config.get("share_encoder_decoder_embeddings") is False:
+        sides = [("source", config["vocab_size"]), ("target", config["decoder_vocab_size"])]
+    else:
+        sides = [("shared", config["vocab_size"])]
+    for side, size in sides:
+        written = [line for line in exported_vocabulary(export, side) if line is not None]
+        if written != vocabulary(model_dir, size, side):
+            raise ExportError(f"--ctranslate2_dir {export_dir} has another vocabulary than {model_dir}'s: {fix}")
+    if not same_embeddings(export, Path(model_dir)):
+        raise ExportError(f"--ctranslate2_dir {export_dir} has other weights than {model_dir}: {fix}")
+
+
+def exported_vocabulary(export: Path, side: str) -> list[str]:
+    """The tokens of an export's vocabulary file for `side` (vocabulary.json or .txt; shared_, source_, target_)."""
+    prefixes = ("", "shared_") if side == "shared" else (f"{side}_",)
+    for prefix in prefixes:
+        if (export / f"{prefix}vocabulary.json").is_file():
+            return json.loads((export / f"{prefix}vocabulary.json").read_text(encoding="utf-8"))
+        if (export / f"{prefix}vocabulary.txt").is_file():
+            return (export / f"{prefix}vocabulary.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    return []
+
+
+def same_embeddings(export: Path, model_dir: Path) -> bool:
+    """Whether the export's target embeddings are the folder's, each row within its quantization's step; True
+    where either cannot be read (a folder without model.safetensors, or by other names)."""
+    import numpy as np
+    from safetensors import safe_open
+
+    weights = model_dir / "model.safetensors"
+    variables = read_variables(export / "model.bin", {EMBEDDINGS, EMBEDDINGS + "_scale"})
+    if not weights.is_file() or EMBEDDINGS not in variables:
+        return True
+    with safe_open(str(weights), "np") as tensors:
+        name = next((name for name in MODEL_EMBEDDINGS if name in tensors.keys()), None)  # noqa: SIM118
+        if name is None:
+            return True
+        ours = tensors.get_tensor(name).astype(np.float32)
+    theirs = variables[EMBEDDINGS]
+    if EMBEDDINGS + "_scale" in variables:
+        theirs = theirs / variables[EMBEDDINGS + "_scale"][:, None]
+    if theirs.shape != ours.shape:
+        return False
+    step = np.abs(ours).max(axis=1, keepdims=True) / 100 + 1e-2 * np.abs(ours) + 1e-6  # int8's, float16's
+    return bool((np.abs(theirs - ours) <= step).all())
+
+
+def read_variables(path: Path, names: set[str]) -> dict:
+    """The variables `names` of a CTranslate2 model.bin (CTranslate2's format: version, spec name, revision, then
+    each variable's name, shape, type and bytes), as float32 numpy arrays; the others are skipped unread."""
+    import numpy as np
+
+    found = {}
+    with open(path, "rb") as file:
+
+        def number(code: str):
+            return struct.unpack(code, file.read(struct.calcsize(code)))[0]
+
+        def string() -> str:
+            return file.read(number("H"))[:-1].decode("utf-8")
+
+        _version, _spec, _revision = number("I"), string(), number("I")
+        for _ in range(number("I")):
+            name = string()
+            shape = tuple(number("I") for _ in range(number("B")))
+            dtype, size = DTYPES[number("B")], number("I")
+            if name not in names:
+                file.seek(size, 1)
+                continue
+            raw = file.read(size)
+            if dtype == "bfloat16":
+                values = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+            else:
+                values = np.frombuffer(raw, dtype).astype(np.float32)
+            found[name] = values.reshape(shape)
+    return found
 
 
 def cached_export(model_dir: str | Path, digest: str | None = None) -> Path:
@@ -53,8 +148,9 @@ def cached_export(model_dir: str | Path, digest: str | None = None) -> Path:
 
 class CTranslate2Backend:
     """`translate_texts`' backend on a CTranslate2 Translator: source tokens are the model tokenizer's, decoding
-    follows the folder's generation_config.json (beam, length penalty, repetition settings, bad words) unless
-    `num_beams` or `max_new_tokens` are given, with section 6.1's input + 50 as the output length.
+    follows the folder's generation_config.json (beam, length penalty, repetition settings, bad words, its length:
+    `max_new_tokens`, or `max_length` less the decoder's start) unless `num_beams` or `max_new_tokens` are given, with
+    section 6.1's input + 50 as the output length where neither gives one.
 
     In int8 on a CPU, `threads` threads are `threads` workers of one thread each (CTranslate2's inter_threads), each
     decoding a share of every batch: small products keep one thread busier than two share them. On 2 cores, at the
@@ -80,7 +176,9 @@ class CTranslate2Backend:
 
         config = read_json_file(Path(model_dir) / "config.json")
         generation = read_json_file(Path(model_dir) / "generation_config.json") or {}
-        self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
+        self.tokenizer = tokenizer
+        configured = folder_max_new_tokens(generation)
+        self.max_new_tokens = max_new_tokens if max_new_tokens is not None else configured
         # CTranslate2 sets its thread count in the OpenMP runtime torch loaded for the whole process: torch's
         # computations after it (a caller's, a training run's in the same process) would run on other threads and
         # give other floats. Its own workers keep theirs.
@@ -94,6 +192,12 @@ class CTranslate2Backend:
                 intra_threads=threads if self.workers == 1 else 1,
                 inter_threads=self.workers,
             )
+        except (RuntimeError, ValueError) as error:
+            raise ExportError(
+                f"CTranslate2 cannot load the export {export_dir} on {device} as {compute_type} ({error}): export it "
+                "again (`vanilla-transformer export-ctranslate2 MODEL_DIR OUTPUT_DIR`), or choose another "
+                "--compute_type or --device"
+            ) from error
         finally:
             torch.set_num_threads(torch_threads)
         self.source_tokens = self.target_ids = None  # one vocabulary: the tokenizer's own conversions

@@ -7,6 +7,14 @@ BATCH_SIZE = 32  # sentences translated together, by default, outside a corpus r
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the model's weights and computation (`translate.DTYPES`)
 
 
+def folder_max_new_tokens(generation: dict) -> int | None:
+    """The output length a folder's generation_config.json sets, as both backends decode it: its max_new_tokens, or
+    its max_length less the decoder's start token; None where it sets neither (section 6.1's input + 50)."""
+    if generation.get("max_new_tokens") is not None:
+        return generation["max_new_tokens"]
+    return generation["max_length"] - 1 if generation.get("max_length") is not None else None
+
+
 @dataclass(frozen=True)
 class CorpusSettings:
     """How a corpus is cut and batched. Each default is stated here once (the command's flags read them)."""

@@ -5,14 +5,19 @@
   dropped; bad UTF-8 is an error naming the line and byte. A line over `max_line_bytes` is an error naming it,
   raised before the line is held whole or tokenized (memory stays bounded on any file, /dev/zero included).
 - A dataset (`datasets`): a Hub dataset in the local cache, or local Parquet, JSON Lines or CSV files, one unit per
-  row, the text in `column`; `streaming` reads it row by row, for datasets larger than memory.
+  row, the text in `column` (held to `max_line_bytes` too); `streaming` reads it row by row, for datasets larger than
+  memory. A broken JSON Lines row is an error naming its file and line.
 
-A source is opened again by each process and for the final output, and yields the same units each time.
+A source is opened again by each process and for the final output, and yields the same units each time; an input that
+can be read only once (stdin, a pipe, a FIFO, `<(...)`) is first copied into the run's folder (`spool`).
 """
 
 import codecs
 import hashlib
 import io
+import json
+import os
+import stat
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +26,10 @@ from pathlib import Path
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: about 250,000 tokens, 500 pieces at the paper's 512 positions
+# the most --max_line_bytes may allow: a line takes about 200 times its size in memory while it is tokenized and cut
+# into pieces (1 MiB about 200 MB, 4 MiB about 1 GB; a 30 MB line took 6.4 GB)
+LINE_BYTES_LIMIT = 4 << 20
+OUTPUT_COLUMN = "translation"  # the column a dataset's output adds
 NO_STDIN = "there is no input: stdin is closed. Pipe the sentences in (< source.txt) or give --input FILE."
 DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 
@@ -79,15 +88,27 @@ def paragraphs(lines: Iterator[str], max_bytes: int = MAX_LINE_BYTES) -> Iterato
 
 @dataclass(frozen=True)
 class TextSource:
-    """A UTF-8 text file (`path`; None: stdin, read once), read a line or a paragraph a unit."""
+    """A UTF-8 text file (`path`; None: stdin, read once), read a line or a paragraph a unit. `name`: what messages
+    call it (the input as given, where `path` is its spooled copy)."""
 
     path: str | None
     paragraphs: bool = False
     max_line_bytes: int = MAX_LINE_BYTES
+    name: str | None = None
 
     @property
     def label(self) -> str:
-        return self.path or "(stdin)"
+        return self.name or self.path or "(stdin)"
+
+    @property
+    def reads_once(self) -> bool:
+        """Whether the input can be read only once (stdin, a pipe, a FIFO, a device): not a regular file."""
+        if self.path is None:
+            return True
+        try:
+            return not stat.S_ISREG(os.stat(self.path).st_mode)
+        except OSError:  # missing: its reading names it
+            return False
 
     def units(self) -> Iterator[str]:
         if self.path is None:
@@ -113,18 +134,19 @@ def stdin_units(paragraph_mode: bool, max_line_bytes: int = MAX_LINE_BYTES) -> I
     return paragraphs(lines, max_line_bytes) if paragraph_mode else lines
 
 
-def spool_stdin(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> None:
-    """Copy stdin into `path`, line by line (each line checked as `stream_lines` checks it): a resumable run reads its
-    input again, and stdin cannot be read twice. Everything is read before anything is written to --output."""
-    if sys.stdin is None:
+def spool(source: TextSource, path: Path) -> TextSource:
+    """Copy an input that can be read only once (`source.reads_once`) into `path`, line by line (each line checked as
+    `stream_lines` checks it), and return the source reading the copy: a resumable run reads its input more than once.
+    Everything is read before anything is written to --output."""
+    if source.path is None and sys.stdin is None:
         raise InputError(NO_STDIN)
-    stream = getattr(sys.stdin, "buffer", None)
     with open(path, "wb") as file:
-        if stream is None:
+        if source.path is None and getattr(sys.stdin, "buffer", None) is None:  # a text stdin (tests, embedding)
             file.write(sys.stdin.read().encode("utf-8"))
-            return
-        for line in stream_lines(stream, "(stdin)", max_line_bytes):
-            file.write(line.encode("utf-8") + b"\n")
+        else:
+            for line in TextSource(source.path, max_line_bytes=source.max_line_bytes).units():
+                file.write(line.encode("utf-8", "surrogatepass") + b"\n")
+    return TextSource(str(path), source.paragraphs, source.max_line_bytes, source.label)
 
 
 @dataclass(frozen=True)
@@ -138,6 +160,7 @@ class DatasetSource:
     split: str = "train"
     data_files: tuple[str, ...] = ()
     streaming: bool = False
+    max_line_bytes: int = MAX_LINE_BYTES
 
     def __post_init__(self):
         for path in self.data_files:
@@ -168,15 +191,39 @@ class DatasetSource:
                 )
             else:
                 data = datasets.load_dataset(self.name, self.config, split=self.split, streaming=self.streaming)
+            names = data.column_names if data.column_names is not None else list(next(iter(data), {}))
         except Exception as error:  # noqa: BLE001 - datasets raises many kinds; the user gets one line
-            raise InputError(f"cannot load the dataset {self.label}: {type(error).__name__}: {error}") from error
-        names = data.column_names if data.column_names is not None else list(next(iter(data), {}))
+            raise self.unreadable(error) from error
         if self.column not in names:
             raise InputError(f"--column {self.column}: the dataset {self.label} has the columns {', '.join(names)}")
+        if OUTPUT_COLUMN in names:
+            raise InputError(
+                f"the dataset {self.label} has a column named {OUTPUT_COLUMN!r}, which the output adds: rename that "
+                "column first (the output keeps every column and adds the translations as that one)"
+            )
         return data
 
+    def unreadable(self, error: Exception) -> InputError:
+        """The error of a dataset that cannot be read: a broken JSON Lines row named by its file and line."""
+        for path in self.data_files:
+            if Path(path).suffix == ".jsonl" and (broken := broken_json_line(path)):
+                return InputError(f"cannot read the dataset {broken}: fix or remove that line")
+        return InputError(f"cannot load the dataset {self.label}: {type(error).__name__}: {error}")
+
+    def rows(self) -> Iterator[dict]:
+        """The dataset's rows; an error while reading them (a streamed file) is InputError, as at loading."""
+        rows = iter(self.load())
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except Exception as error:  # noqa: BLE001 - as in `load`
+                raise self.unreadable(error) from error
+            yield row
+
     def units(self) -> Iterator[str]:
-        for number, row in enumerate(self.load()):
+        for number, row in enumerate(self.rows()):
             text = row[self.column]
             if text is None:
                 text = ""
@@ -184,16 +231,60 @@ class DatasetSource:
                 raise InputError(
                     f"row {number} of {self.label}: --column {self.column} holds {type(text).__name__}, not text"
                 )
+            if utf8_size(text, self.max_line_bytes) > self.max_line_bytes:
+                raise InputError(
+                    f"row {number} of {self.label}: --column {self.column} holds over {self.max_line_bytes:,} bytes: "
+                    "a unit is a sentence or a paragraph (split it, or raise --max_line_bytes)"
+                )
             yield text
 
 
-def fingerprint(units: Iterator[str]) -> tuple[str, int]:
-    """sha256 of the units (each UTF-8, then a NUL) and their number: what a resumed run must find again."""
-    digest, count = hashlib.sha256(), 0
+def utf8_size(text: str, limit: int) -> int:
+    """The UTF-8 size of `text`, counted only where it may be over `limit` (a character is at most 4 bytes)."""
+    return len(text.encode("utf-8", "surrogatepass")) if len(text) > limit // 4 else len(text)
+
+
+def broken_json_line(path: str) -> str | None:
+    """`path:line: why` for the first line of a JSON Lines file that is not a JSON object; None if every line is."""
+    with open(path, "rb") as file:
+        for number, raw in enumerate(file, 1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except ValueError as error:
+                return f"{path}:{number}: not JSON ({error})"
+            if not isinstance(row, dict):
+                return f"{path}:{number}: a {type(row).__name__}, not a JSON object"
+    return None
+
+
+def fingerprint(units: Iterator[str], chunk_size: int) -> tuple[str, int, list[str]]:
+    """sha256 of the units (each UTF-8, then a NUL), their number, and each chunk's `chunk_digest`: what a resumed
+    run must find again, and what each chunk must be when it is read to be translated."""
+    digest, count, chunks, chunk = hashlib.sha256(), 0, [], hashlib.sha256()
+    for unit in units:
+        encoded = unit.encode("utf-8", "surrogatepass") + b"\0"
+        digest.update(encoded)
+        chunk.update(encoded)
+        count += 1
+        if count % chunk_size == 0:
+            chunks.append(chunk.hexdigest()[:CHUNK_DIGEST])
+            chunk = hashlib.sha256()
+    if count % chunk_size:
+        chunks.append(chunk.hexdigest()[:CHUNK_DIGEST])
+    return digest.hexdigest(), count, chunks
+
+
+CHUNK_DIGEST = 16  # hex digits of a chunk's sha256 kept: enough to tell an edited chunk
+
+
+def chunk_digest(units: list[str]) -> str:
+    """A chunk's units' sha256, as `fingerprint` gives it."""
+    digest = hashlib.sha256()
     for unit in units:
         digest.update(unit.encode("utf-8", "surrogatepass") + b"\0")
-        count += 1
-    return digest.hexdigest(), count
+    return digest.hexdigest()[:CHUNK_DIGEST]
 
 
 def read_lines(path: str | None) -> list[str]:
