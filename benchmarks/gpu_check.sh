@@ -57,9 +57,10 @@ cat "$results/1_machine.txt"
 step 2_training_mfu 90 $python benchmarks/gpu_training.py --device $device --preset $preset "${training_batch[@]}" \
     --steps 8 --repetitions 3 \
     --variants sdpa sdpa_no_cudnn eager sdpa_host_sync --profile
-# the same step with the forward compiled (its compilation untimed, but inside this step's time box)
-step 2_training_mfu 120 $python benchmarks/gpu_training.py --device $device --preset $preset "${training_batch[@]}" \
-    --steps 8 --repetitions 3 --variants sdpa sdpa_compiled
+# the same step compiled, replayed as CUDA graphs, with bf16 weights (FSDP2's policy), each against sdpa's losses
+# (compilations untimed, but inside this step's time box)
+step 2_training_mfu 240 $python benchmarks/gpu_training.py --device $device --preset $preset "${training_batch[@]}" \
+    --steps 8 --repetitions 3 --variants sdpa sdpa_compiled sdpa_compiled_graphs bf16_weights bf16_weights_compiled
 
 # 3. the real script on Multi30k, stopped by SIGTERM as a preempted job is, then resumed
 train=(train_accelerate.py --prepared_data .gpu/multi30k-en-de --preset $preset --mixed_precision bf16

@@ -18,7 +18,17 @@ interleaved in alternating order, median of `--repetitions`:
 - sdpa_no_cudnn: sdpa without cuDNN's kernel, as the model backend decodes (`decoding.DECODING_ATTENTION`): whether
   cuDNN's kernel, which costs a plan per new shape, is worth it in training's steady state;
 - sdpa_compiled: sdpa with the model's forward under `torch.compile` (inductor fuses the casts, LayerNorm, dropout
-  and residuals); its compilation is in the untimed first call.
+  and residuals); its compilation is in the untimed first call;
+- sdpa_compiled_graphs: the same in `mode="reduce-overhead"`: the compiled forward and backward replayed as CUDA
+  graphs, so the host launches a graph, not its kernels. The batch here has one shape; the training script's token
+  batches have many, so this is the bound that batches bucketed to a few shapes could reach;
+- bf16_weights: no autocast; FSDP2's `MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)` over one
+  process: float32 master weights that Adam updates, cast to bf16 once a step (not at every use, as autocast does),
+  gradients reduced in float32. LayerNorm and the residuals then run in bf16 too;
+- bf16_weights_compiled: both.
+
+Every variant starts from the same seeded weights and trains on the same batch, so its losses are the plain step's
+within bf16's rounding: the table gives the largest relative difference from sdpa's losses, step by step.
 
 `--profile`: then 5 more sdpa steps under `torch.profiler`: the 15 kernels with the most GPU time, and the share of
 the steps' wall time the GPU spent in kernels (what is left is the GPU waiting for the host).
@@ -61,6 +71,9 @@ VARIANTS = (
     "sdpa_fused_adam",
     "sdpa_no_cudnn",
     "sdpa_compiled",
+    "sdpa_compiled_graphs",
+    "bf16_weights",
+    "bf16_weights_compiled",
 )
 PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}  # dense, SXM; PCIe parts are lower
 
@@ -141,14 +154,64 @@ def profile(steps, device: torch.device, count: int) -> None:
 
 
 def model_and_optimizer(config: VanillaTransformerConfig, variant: str, device: torch.device):
-    """The seeded model of `variant` (its attention, compiled or not) on `device`, in train mode, and its Adam."""
+    """The seeded model of `variant` (its attention, compiled or not, its weights' precision) on `device`, in train
+    mode, and its Adam."""
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(config).to(device).train()
-    model.set_attn_implementation("sdpa" if variant.startswith("sdpa") else variant)
-    if variant == "sdpa_compiled":
-        model.forward = torch.compile(model.forward)
+    model.set_attn_implementation(variant if variant in ATTENTIONS else "sdpa")
+    if variant.startswith("bf16_weights"):
+        shard_in_bf16(model, device)
+    if "compiled" in variant:
+        mode = {"mode": "reduce-overhead"} if variant.endswith("graphs") else {}
+        model.forward = torch.compile(model.forward, **mode)
     fused = {"fused": True} if variant == "sdpa_fused_adam" else {}
     return model, torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **fused)
+
+
+ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
+
+
+def shard_in_bf16(model: torch.nn.Module, device: torch.device) -> None:
+    """FSDP2 over this one process, each encoder and decoder layer a unit: bf16 compute weights gathered from float32
+    master weights, gradients reduced in float32. The process group is made here once, in memory."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in [*model.model.encoder.layers, *model.model.decoder.layers]:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+
+
+def training_step(model, optimizer, variant: str, batch: dict, target_tokens: int, device: torch.device):
+    """One step of the training script (its forward, its blockwise loss, backward, Adam), as `variant` runs it; the
+    step's summed loss, on the device (not read back, but by sdpa_host_sync)."""
+    precision = nullcontext() if variant.startswith("bf16_weights") else torch.autocast(device.type, torch.bfloat16)
+    with attention_context(variant), precision:
+        hidden = model(**forward_inputs(model, batch), output_hidden_states=True).decoder_hidden_states[-1]
+        loss = label_smoothed_cross_entropy(hidden, output_head(model), batch["labels"], 0.1)
+    (loss / target_tokens).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if variant == "sdpa_host_sync":
+        loss.item()
+    return loss.detach()
+
+
+def variant_losses(config: VanillaTransformerConfig, variant: str, device: torch.device, batch: dict, steps: int):
+    """The losses of `steps` training steps of `variant` from the seeded start, as floats: what the variants must
+    share (tests/test_benchmarks.py holds them to the plain step's)."""
+    model, optimizer = model_and_optimizer(config, variant, device)
+    target_tokens = int((batch["labels"] != -100).sum())
+    return [float(training_step(model, optimizer, variant, batch, target_tokens, device)) for _ in range(steps)]
+
+
+def largest_difference(losses: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """The largest relative difference between two variants' losses, step by step."""
+    return max(abs(float(a) - float(b)) / abs(float(b)) for a, b in zip(losses, reference, strict=True))
 
 
 def main() -> None:
@@ -177,17 +240,12 @@ def main() -> None:
     variants = [variant for variant in args.variants if available(variant)]
     trained = {variant: model_and_optimizer(config, variant, device) for variant in variants}
 
+    losses = {variant: [] for variant in variants}
+
     def train_steps(variant: str) -> None:
         model, optimizer = trained[variant]
         for _ in range(args.steps):
-            with attention_context(variant), torch.autocast(device.type, dtype=torch.bfloat16):
-                hidden = model(**forward_inputs(model, batch), output_hidden_states=True).decoder_hidden_states[-1]
-                loss = label_smoothed_cross_entropy(hidden, output_head(model), batch["labels"], 0.1)
-            (loss / target_tokens).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if variant == "sdpa_host_sync":
-                loss.item()
+            losses[variant].append(training_step(model, optimizer, variant, batch, target_tokens, device))
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the GPU's work, not just its queueing
 
@@ -199,13 +257,16 @@ def main() -> None:
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"# {date}; {name}; torch {torch.__version__}; {args.preset}, vocabulary {args.vocab_size}")
     print(f"# batch: {args.sentences} pairs, {target_tokens} target tokens; {flops / 1e12:.2f} TFLOP per step\n")
-    print("| attention | step ms | target tokens/s | TFLOP/s | MFU |")
-    print("|---|---:|---:|---:|---:|")
+    print("| variant | step ms | target tokens/s | TFLOP/s | MFU | first loss | losses against sdpa's |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for variant in variants:
         step = step_seconds[variant]
         achieved = flops / step / 1e12
         mfu = f"{achieved / peak:.1%}" if peak else "-"
-        print(f"| {variant} | {step * 1000:.1f} | {target_tokens / step:,.0f} | {achieved:.1f} | {mfu} |")
+        first = float(losses[variant][0]) / target_tokens
+        against = f"{largest_difference(losses[variant], losses['sdpa']):.2%}" if "sdpa" in losses else "-"
+        row = f"| {variant} | {step * 1000:.1f} | {target_tokens / step:,.0f} | {achieved:.1f} | {mfu} | {first:.4f} |"
+        print(f"{row} {against} |")
     if args.profile and "sdpa" in trained:
         profile(lambda: train_steps("sdpa"), device, args.steps)
     if device.type == "cuda":

@@ -44,3 +44,37 @@ def test_median_seconds_warms_up_each_callable_then_alternates_their_order():
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # one untimed call each, then A B, B A, A B
     assert set(medians) == {"a", "b"} and all(seconds >= 0 for seconds in medians.values())
     assert timed(lambda: 42)[0] == 42
+
+
+SAME_STEP = """
+import sys, torch
+sys.path.insert(0, "benchmarks")
+from gpu_training import largest_difference, variant_losses
+from configuration_vanilla_transformer import VanillaTransformerConfig
+config = VanillaTransformerConfig(**{tiny}, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+generator = torch.Generator().manual_seed(0)
+ids = torch.randint(4, config.vocab_size, (4, 9), generator=generator)
+labels = torch.randint(4, config.vocab_size, (4, 7), generator=generator)
+batch = {{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}}
+reference = variant_losses(config, "sdpa", torch.device("cpu"), batch, 3)
+losses = variant_losses(config, "{variant}", torch.device("cpu"), batch, 3)
+print(largest_difference(losses, reference), reference[0] != reference[-1])
+"""
+
+
+@pytest.mark.slow
+def test_the_bf16_weights_variant_trains_as_the_autocast_step_does():
+    """benchmarks/gpu_training.py's FSDP2 bf16-weights step (in a process of its own: it makes a process group) is
+    the autocast step within bf16's rounding, step by step, while the loss moves."""
+    import subprocess
+
+    from .helpers import OFFLINE, ROOT
+
+    script = SAME_STEP.format(tiny=TINY, variant="bf16_weights")
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**__import__("os").environ, **OFFLINE},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    difference, moved = result.stdout.split()
+    assert float(difference) < 0.01 and moved == "True"
