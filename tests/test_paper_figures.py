@@ -1,6 +1,7 @@
 """The paper's figures: each one's numbers are its equation's, computed by the project's own code; the command writes
 every figure and index.md offline, and with --model the attention maps and beam search of that model."""
 
+import errno
 import json
 import math
 import time
@@ -11,6 +12,8 @@ import torch
 from vanilla_transformer.commands import paper_figures as paper_figures_command
 from vanilla_transformer.paper import figures, measurements
 from vanilla_transformer.paper.output import RECORD
+
+from .helpers import run_in_this_process, snapshot
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MODEL_FIGURES = ["attention_encoder_self.png", "attention_decoder_self.png", "attention_cross.png", "alignment.png"]
@@ -208,3 +211,50 @@ def test_a_resolution_past_print_quality_is_refused_by_the_parser(tmp_path, caps
         paper_figures_command.main([str(tmp_path / "figures"), "--dpi", "100000"])
     assert "--dpi: must be an integer from 1 to 600" in capsys.readouterr().err
     assert not (tmp_path / "figures").exists()
+
+
+def _blank_figures(monkeypatch):
+    for name in ("positions", "scaling", "complexity", "label_smoothing", "learning_rate", "masks"):
+        monkeypatch.setattr(figures, name, lambda *a, name=name: (_blank(), figures.Item(f"{name}.png", name, "")))
+    monkeypatch.setattr(figures, "attention_maps", lambda *a: [])
+    monkeypatch.setattr(figures, "beam_search", lambda *a: (_blank(), figures.Item("beam_search.png", "b", "")))
+
+
+def test_a_full_disk_is_one_error_naming_the_folder_and_leaves_the_previous_output_for_overwrite(
+    tmp_path, monkeypatch
+):
+    _blank_figures(monkeypatch)
+    output = tmp_path / "figures"
+    assert paper_figures_command.main([str(output)]) == 0
+    previous = snapshot(output)
+    original = figures.write_figures
+
+    def disk_fills(folder, *args):
+        (folder / "positions.png").write_bytes(b"half a picture")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(figures, "write_figures", disk_fills)
+    result = run_in_this_process(paper_figures_command.main, [str(output), "--overwrite"])
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        result.returncode == 1
+        and "Traceback" not in result.stderr
+        and len(errors) == 1
+        and f"no space left on device while writing {output}" in errors[0]
+    )
+    assert "free space" in errors[0] and snapshot(output) == previous
+    monkeypatch.setattr(figures, "write_figures", original)
+    assert paper_figures_command.main([str(output), "--overwrite"]) == 0
+
+
+def test_a_folder_that_may_not_be_written_is_one_error_naming_it_and_the_fix(tmp_path, monkeypatch):
+    def read_only(folder, *args):  # as chmod 0o555 on the parent does, but also where the tests run as root
+        raise PermissionError(errno.EACCES, "Permission denied", str(folder / "positions.png"))
+
+    monkeypatch.setattr(figures, "write_figures", read_only)
+    output = tmp_path / "figures"
+    result = run_in_this_process(paper_figures_command.main, [str(output)])
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert len(errors) == 1 and errors[0].startswith(f"error: {output} cannot be written (Permission denied")
+    assert "give a folder you may write to" in errors[0] and not output.exists()

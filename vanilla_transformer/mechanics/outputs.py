@@ -8,15 +8,19 @@
    (the command's own `why_not_previous` says what else is there). A command that always replaces its folder in place (`refresh-code`) has no flag: the folder must be
    one it may replace.
 
-Every refusal comes before anything is written and names the folder, what is wrong and what to do.
+Every refusal comes before anything is written and names the folder, what is wrong and what to do. A command that
+knows its previous output by a record of the files it wrote (`paper-figures`, `attention-maps`) writes it with
+`write_record`, last, and asks `why_not_recorded`.
 """
 
+import json
 import os
 from collections.abc import Callable, Collection, Sequence
 from fnmatch import fnmatch
 from pathlib import Path
 
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
+from vanilla_transformer.mechanics.integrity import files_problem, record_files
 
 OVERWRITE = "--overwrite"  # the one flag of every command that may replace its previous output
 
@@ -76,3 +80,28 @@ def check_output_folder(
     if not overwrite:
         raise error(f"{folder} holds {previous}: add {flag} to replace it, or choose another output folder")
     return True
+
+
+def write_record(folder: Path, record: str, written_by: str) -> None:
+    """`folder / record`: the command `written_by` and every other file under `folder` with its size and sha256.
+    Written last, so that a folder holds a record only once every file it lists is complete."""
+    files = record_files(folder, excluded=(record,))
+    (folder / record).write_text(json.dumps({"written_by": written_by, "files": files}, indent=1) + "\n", "utf-8")
+
+
+def why_not_recorded(folder: Path, record: str, written_by: str) -> str | None:
+    """None if `folder` holds a previous output of the command `written_by`: its `record` (`write_record`), every
+    file it lists unchanged since, and nothing else; else why not (for `check_output_folder`'s `why_not_previous`)."""
+    try:
+        recorded = json.loads((folder / record).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"it has no readable record ({record}) of a `{written_by}` output"
+    files = recorded.get("files") if isinstance(recorded, dict) else None
+    if not isinstance(recorded, dict) or recorded.get("written_by") != written_by:
+        return f"its {record} is not a record of `{written_by}`"
+    if problem := files_problem(folder, files):
+        return problem
+    present = {path.relative_to(folder).as_posix() for path in folder.rglob("*") if not path.is_dir()} - {record}
+    if unlisted := sorted(present - set(files)):
+        return f"it holds {', '.join(unlisted[:5])}, which `{written_by}` did not write"
+    return None

@@ -1,16 +1,19 @@
 """Where `vanilla-transformer paper-figures` writes: a new or empty folder, or with --overwrite a previous output of
 the command and nothing else (the one rule, `mechanics/outputs.py`). `RECORD` lists every file it wrote with its size
-and sha256, so that only those, unchanged since, are ever replaced."""
+and sha256, so that only those, unchanged since, are ever replaced. The figures are drawn into a new folder beside it
+and moved into place when complete: a full disk, or a folder that may not be written, is one error that names the
+folder and what to do, and leaves it as it was (a previous output whole, for the same command to replace)."""
 
-import json
+import errno
 from pathlib import Path
 
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
-from vanilla_transformer.mechanics.integrity import files_problem, record_files
-from vanilla_transformer.mechanics.outputs import check_output_folder
+from vanilla_transformer.mechanics.files import TargetChanged, on_full_disk, staged_folder
+from vanilla_transformer.mechanics.outputs import check_output_folder, why_not_recorded, write_record
 
 WRITTEN_BY = "vanilla-transformer paper-figures"
 RECORD = ".vanilla_transformer_paper_figures.json"
+NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # a read-only folder or disk, another user's folder
 
 
 class PaperFiguresError(VanillaTransformerError, ValueError):
@@ -20,24 +23,12 @@ class PaperFiguresError(VanillaTransformerError, ValueError):
 def why_not_paper_figures(folder: Path) -> str | None:
     """None if `folder` holds a previous paper-figures output (its record, every listed file unchanged, nothing
     else); else why not."""
-    try:
-        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return f"it has no readable record ({RECORD}) of a `{WRITTEN_BY}` output"
-    files = record.get("files") if isinstance(record, dict) else None
-    if not isinstance(record, dict) or record.get("written_by") != WRITTEN_BY:
-        return f"its {RECORD} is not a record of `{WRITTEN_BY}`"
-    if problem := files_problem(folder, files):
-        return problem
-    present = {path.relative_to(folder).as_posix() for path in folder.rglob("*") if not path.is_dir()} - {RECORD}
-    if unlisted := sorted(present - set(files)):
-        return f"it holds {', '.join(unlisted[:5])}, which `{WRITTEN_BY}` did not write"
-    return None
+    return why_not_recorded(folder, RECORD, WRITTEN_BY)
 
 
-def prepare_folder(folder: Path, overwrite: bool, inputs=()) -> None:
-    """Check `folder` by the rule; with a previous output there and `overwrite`, remove the files it lists."""
-    replacing = check_output_folder(
+def check_folder(folder: Path, overwrite: bool, inputs=()) -> bool:
+    """Check `folder` by the rule; True if it holds a previous output that `overwrite` replaces."""
+    return check_output_folder(
         folder,
         overwrite=overwrite,
         why_not_previous=why_not_paper_figures,
@@ -45,16 +36,37 @@ def prepare_folder(folder: Path, overwrite: bool, inputs=()) -> None:
         inputs=inputs,
         error=PaperFiguresError,
     )
-    if replacing:
-        for name in json.loads((folder / RECORD).read_text(encoding="utf-8"))["files"]:
-            (folder / name).unlink()
-        (folder / RECORD).unlink()
-    folder.mkdir(parents=True, exist_ok=True)
 
 
-def record_output(folder: Path) -> None:
-    record = {"written_by": WRITTEN_BY, "files": record_files(folder, excluded=(RECORD,))}
-    (folder / RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+def write_folder(folder: Path, replacing: bool, write) -> list[str]:
+    """`write(staging)` (the names it wrote) into a new folder beside `folder`, then the record, then moved into
+    place: `folder` is replaced only if it is still what the check found. A full disk, a folder or disk that may not
+    be written, or a folder changed meanwhile is a PaperFiguresError that names `folder`; `folder` is left as it was."""
+
+    def full_disk(cause: BaseException) -> PaperFiguresError:
+        return PaperFiguresError(
+            f"no space left on device while writing {folder}: it was left as it was, nothing of this run in it; free "
+            "space, or give a folder on another disk, and run the command again"
+        )
+
+    changed = why_not_paper_figures if replacing else None
+    try:
+        with on_full_disk(full_disk):
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            with staged_folder(folder.resolve(), changed) as staging:
+                staging.mkdir()
+                names = write(staging)
+                write_record(staging, RECORD, WRITTEN_BY)
+    except TargetChanged as error:
+        raise PaperFiguresError(f"{error.strerror}; the figures were not written: run the command again") from error
+    except OSError as error:
+        if error.errno not in NOT_WRITABLE:
+            raise
+        raise PaperFiguresError(
+            f"{folder} cannot be written ({error.strerror}: {error.filename}): give a folder you may write to, or "
+            "make it writable, and run the command again"
+        ) from error
+    return names
 
 
 def check_sentences(model, tokenizer, source: str | None, target: str | None, dpi: int) -> None:
@@ -105,7 +117,9 @@ def write_paper_figures(
     from vanilla_transformer.paper.figures import write_figures
 
     check_sentences(model, tokenizer, source, target, dpi)
-    prepare_folder(folder, overwrite, inputs)
-    names = write_figures(folder, model, tokenizer, source, target, layer - 1 if layer > 0 else layer, dpi)
-    record_output(folder)
+    replacing = check_folder(folder, overwrite, inputs)
+    layer = layer - 1 if layer > 0 else layer
+    names = write_folder(
+        folder, replacing, lambda staging: write_figures(staging, model, tokenizer, source, target, layer, dpi)
+    )
     return [folder / name for name in names]
