@@ -85,10 +85,9 @@ def test_a_picture_over_the_pixel_limit_is_refused_before_any_attention_is_compu
 
 
 def test_command_rejects_a_folder_that_is_not_a_model(tmp_path, capsys):
-    assert (
-        attention_maps_command.main([str(tmp_path), "--source", "a sentence", "--output_dir", str(tmp_path / "maps")])
-        == 1
-    )
+    (tmp_path / "not_a_model").mkdir()
+    argv = [str(tmp_path / "not_a_model"), "--source", "a sentence", "--output_dir", str(tmp_path / "maps")]
+    assert attention_maps_command.main(argv) == 1
     assert "is not a model folder" in capsys.readouterr().err
     assert not (tmp_path / "maps").exists()
 
@@ -148,3 +147,14 @@ def test_a_folder_whose_code_differs_from_the_installed_code_gets_a_note(folder,
         f"note: {edited} holds model code that differs from the installed vanilla-transformer's "
         "(pipeline_vanilla_transformer.py)" in capsys.readouterr().err
     )
+
+
+def test_a_previous_output_is_replaced_only_with_overwrite(folder, tmp_path, capsys):
+    output_dir = tmp_path / "maps"
+    argv = [str(folder), "--source", ENGLISH[0], "--target", GERMAN[0], "--output_dir", str(output_dir), "--dpi", "20"]
+    assert attention_maps_command.main(argv) == 0
+    assert attention_maps_command.main(argv) == 1
+    assert f"error: {output_dir} holds a previous `vanilla-transformer attention-maps` output: add --overwrite" in (
+        capsys.readouterr().err
+    )
+    assert attention_maps_command.main([*argv, "--overwrite"]) == 0

@@ -4,7 +4,9 @@ appendix shows them.
     vanilla-transformer attention-maps MODEL_DIR --source "The house is small." --output_dir maps/
     vanilla-transformer attention-maps MODEL_DIR --source "..." --target "Das Haus ist klein." --output_dir maps/
 
-Writes three PNG files, one per kind of attention (vanilla_transformer/serving/attention_maps.py says what they show).
+Writes three PNG files, one per kind of attention (vanilla_transformer/serving/attention_maps.py says what they show),
+and a record of them. An --output_dir that holds anything is refused; --overwrite replaces a previous attention-maps
+output there, nothing else (the one rule: vanilla_transformer/mechanics/outputs.py).
 """
 
 import sys
@@ -13,7 +15,16 @@ from pathlib import Path
 
 from vanilla_transformer.commands.flags import beam_size, command_parser, field_default, output_tokens, positive_int
 from vanilla_transformer.commands.runner import command
+from vanilla_transformer.mechanics.outputs import (
+    OutputFolderError,
+    check_output_folder,
+    why_not_recorded,
+    write_recorded_folder,
+)
 from vanilla_transformer.training.settings import EvaluationSettings
+
+WRITTEN_BY = "vanilla-transformer attention-maps"
+RECORD = ".vanilla_transformer_attention_maps.json"  # the PNG files written, with their sizes and sha256
 
 
 @command
@@ -34,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--dpi", type=positive_int, default=100, help="resolution of the PNG files")
     parser.add_argument(
+        "--overwrite", action="store_true", help="replace a previous attention-maps output in --output_dir (only that)"
+    )
+    parser.add_argument(
         "--trust_remote_code",
         action="store_true",
         help="run the folder's own model code (Hub models); by default the installed vanilla-transformer code runs",
@@ -43,9 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--source is empty: give a sentence")
     if args.target is not None and not args.target.strip():
         parser.error("--target is empty: give a translation, or leave --target out to use the model's own")
-    output_dir = Path(args.output_dir).absolute()
-    if blocking := next((path for path in (output_dir, *output_dir.parents) if path.is_file()), None):
-        parser.error(f"--output_dir {args.output_dir}: {blocking} is a file, not a folder")
+    replacing = check_output_dir(parser, args)
     from vanilla_transformer.serving.attention_maps import draw_attention_maps
     from vanilla_transformer.serving.translate import code_note, load_model_and_tokenizer
 
@@ -54,12 +66,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not args.trust_remote_code and (note := code_note(Path(args.model_dir))):
         print(note, file=sys.stderr)
-    paths = draw_attention_maps(
-        model, tokenizer, args.source, args.output_dir, args.target, args.num_beams, args.max_new_tokens, args.dpi
+
+    def draw(folder: Path) -> list[str]:
+        paths = draw_attention_maps(
+            model, tokenizer, args.source, folder, args.target, args.num_beams, args.max_new_tokens, args.dpi
+        )
+        return [path.name for path in paths.values()]
+
+    names = write_recorded_folder(
+        Path(args.output_dir),
+        draw,
+        replacing=replacing,
+        record=RECORD,
+        written_by=WRITTEN_BY,
+        error=OutputFolderError,
+        what="the attention maps",
     )
-    for path in paths.values():
-        print(path)
+    for name in names:
+        print(Path(args.output_dir) / name)
     return 0
+
+
+def check_output_dir(parser, args) -> bool:
+    """--output_dir by the one rule, before the model is loaded; True if it holds a previous output to replace."""
+    output_dir = Path(args.output_dir).absolute()
+    if blocking := next((path for path in (output_dir, *output_dir.parents) if path.is_file()), None):
+        parser.error(f"--output_dir {args.output_dir}: {blocking} is a file, not a folder")
+    return check_output_folder(
+        args.output_dir,
+        overwrite=args.overwrite,
+        why_not_previous=lambda folder: why_not_recorded(folder, RECORD, WRITTEN_BY),
+        previous=f"a previous `{WRITTEN_BY}` output",
+        inputs=[("the model's folder", args.model_dir)],
+    )
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@
    one it may replace.
 
 Every refusal comes before anything is written and names the folder, what is wrong and what to do. A command that
-knows its previous output by a record of the files it wrote (`paper-figures`, `attention-maps`) writes it with
-`write_record`, last, and asks `why_not_recorded`.
+knows its previous output by a record of the files it wrote (`paper-figures`, `attention-maps`) writes through
+`write_recorded_folder`: beside the folder, the record last, then moved into place, so that a full disk or a folder
+that may not be written is one error naming it and what to do, and leaves it as it was.
 """
 
+import errno
 import json
 import os
 from collections.abc import Callable, Collection, Sequence
@@ -20,9 +22,11 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
+from vanilla_transformer.mechanics.files import TargetChanged, on_full_disk, staged_folder
 from vanilla_transformer.mechanics.integrity import files_problem, record_files
 
 OVERWRITE = "--overwrite"  # the one flag of every command that may replace its previous output
+NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # a read-only folder or disk, another user's folder
 
 
 class OutputFolderError(VanillaTransformerError, ValueError):
@@ -105,3 +109,47 @@ def why_not_recorded(folder: Path, record: str, written_by: str) -> str | None:
     if unlisted := sorted(present - set(files)):
         return f"it holds {', '.join(unlisted[:5])}, which `{written_by}` did not write"
     return None
+
+
+def write_recorded_folder(
+    folder: Path,
+    write: Callable[[Path], list[str]],
+    *,
+    replacing: bool,
+    record: str,
+    written_by: str,
+    error: type[Exception],
+    what: str,
+) -> list[str]:
+    """`write(staging)` (it returns the names it wrote) into a new folder beside `folder`, then its `record`
+    (`write_record`), then moved into place: `folder` is replaced only if it is still what `check_output_folder` found
+    (new or empty; with `replacing`, the previous output). A full disk, a folder or disk that may not be written, or a
+    folder changed meanwhile is one `error` that names `folder` and what to do; `folder` is left as it was. `what`
+    names the output in words ("the figures")."""
+
+    def full_disk(cause: BaseException) -> Exception:
+        return error(
+            f"no space left on device while writing {folder}: it was left as it was, nothing of this run in it; free "
+            "space, or give a folder on another disk, and run the command again"
+        )
+
+    changed = (lambda path: why_not_recorded(path, record, written_by)) if replacing else None
+    try:
+        with on_full_disk(full_disk):
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            with staged_folder(folder.resolve(), changed) as staging:
+                staging.mkdir()
+                names = write(staging)
+                write_record(staging, record, written_by)
+    except TargetChanged as changed_meanwhile:
+        raise error(
+            f"{changed_meanwhile.strerror}; {what} were not written: run the command again"
+        ) from changed_meanwhile
+    except OSError as refused:
+        if refused.errno not in NOT_WRITABLE:
+            raise
+        raise error(
+            f"{folder} cannot be written ({refused.strerror}: {refused.filename}): give a folder you may write to, or "
+            "make it writable, and run the command again"
+        ) from refused
+    return names

@@ -4,16 +4,13 @@ and sha256, so that only those, unchanged since, are ever replaced. The figures 
 and moved into place when complete: a full disk, or a folder that may not be written, is one error that names the
 folder and what to do, and leaves it as it was (a previous output whole, for the same command to replace)."""
 
-import errno
 from pathlib import Path
 
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
-from vanilla_transformer.mechanics.files import TargetChanged, on_full_disk, staged_folder
-from vanilla_transformer.mechanics.outputs import check_output_folder, why_not_recorded, write_record
+from vanilla_transformer.mechanics.outputs import check_output_folder, why_not_recorded, write_recorded_folder
 
 WRITTEN_BY = "vanilla-transformer paper-figures"
 RECORD = ".vanilla_transformer_paper_figures.json"
-NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # a read-only folder or disk, another user's folder
 
 
 class PaperFiguresError(VanillaTransformerError, ValueError):
@@ -36,37 +33,6 @@ def check_folder(folder: Path, overwrite: bool, inputs=()) -> bool:
         inputs=inputs,
         error=PaperFiguresError,
     )
-
-
-def write_folder(folder: Path, replacing: bool, write) -> list[str]:
-    """`write(staging)` (the names it wrote) into a new folder beside `folder`, then the record, then moved into
-    place: `folder` is replaced only if it is still what the check found. A full disk, a folder or disk that may not
-    be written, or a folder changed meanwhile is a PaperFiguresError that names `folder`; `folder` is left as it was."""
-
-    def full_disk(cause: BaseException) -> PaperFiguresError:
-        return PaperFiguresError(
-            f"no space left on device while writing {folder}: it was left as it was, nothing of this run in it; free "
-            "space, or give a folder on another disk, and run the command again"
-        )
-
-    changed = why_not_paper_figures if replacing else None
-    try:
-        with on_full_disk(full_disk):
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            with staged_folder(folder.resolve(), changed) as staging:
-                staging.mkdir()
-                names = write(staging)
-                write_record(staging, RECORD, WRITTEN_BY)
-    except TargetChanged as error:
-        raise PaperFiguresError(f"{error.strerror}; the figures were not written: run the command again") from error
-    except OSError as error:
-        if error.errno not in NOT_WRITABLE:
-            raise
-        raise PaperFiguresError(
-            f"{folder} cannot be written ({error.strerror}: {error.filename}): give a folder you may write to, or "
-            "make it writable, and run the command again"
-        ) from error
-    return names
 
 
 def check_sentences(model, tokenizer, source: str | None, target: str | None, dpi: int) -> None:
@@ -119,7 +85,13 @@ def write_paper_figures(
     check_sentences(model, tokenizer, source, target, dpi)
     replacing = check_folder(folder, overwrite, inputs)
     layer = layer - 1 if layer > 0 else layer
-    names = write_folder(
-        folder, replacing, lambda staging: write_figures(staging, model, tokenizer, source, target, layer, dpi)
+    names = write_recorded_folder(
+        folder,
+        lambda staging: write_figures(staging, model, tokenizer, source, target, layer, dpi),
+        replacing=replacing,
+        record=RECORD,
+        written_by=WRITTEN_BY,
+        error=PaperFiguresError,
+        what="the figures",
     )
     return [folder / name for name in names]
