@@ -137,10 +137,8 @@ def test_prepare_command_writes_a_folder_once_and_never_over_an_existing_one(cor
     prepare_command.main(argv)
     corpus = prepare.load_prepared(output)
     assert set(corpus.splits) == {"train", "validation"} and len(corpus.splits["train"]) == 61
-    with pytest.raises(SystemExit) as refused:
-        prepare_command.main(argv)
-    assert refused.value.code == 2
-    assert f"--output_dir {output} exists; choose a new folder" in capsys.readouterr().err
+    assert prepare_command.main(argv) == 1
+    assert f"error: {output} is not new or empty: it holds manifest.json" in capsys.readouterr().err
     (tmp_path / "file.txt").write_text("x")
     with pytest.raises(SystemExit) as refused:
         prepare_command.main([*argv, "--output_dir", str(tmp_path / "file.txt" / "sub")])
@@ -337,3 +335,11 @@ def test_a_length_filter_that_drops_every_training_pair_is_refused_when_preparin
     with pytest.raises(DataError, match=expected):
         prepare.load_or_prepare(settings)
     assert list((tmp_path / "cache").iterdir()) == []  # nothing prepared, nothing half-prepared
+
+
+def test_an_output_dir_inside_the_data_dir_is_refused_and_nothing_is_written(corpus_dir, capsys):
+    before = sorted(path.name for path in corpus_dir.iterdir())
+    argv = ["--data_dir", str(corpus_dir), "--validation_split", "val", "--output_dir", str(corpus_dir / "prepared")]
+    assert prepare_command.main(argv) == 1
+    assert f"is inside --data_dir {corpus_dir}: write to a folder of its own" in capsys.readouterr().err
+    assert sorted(path.name for path in corpus_dir.iterdir()) == before
