@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from vanilla_transformer.training.sweep import table3_variants
+from vanilla_transformer.mechanics.outputs import OutputFolderError
+from vanilla_transformer.training.sweep import SWEEP_RECORD, Sweep, claim_output_dir, table3_variants
 
 from .helpers import OFFLINE, ROOT
 
@@ -34,6 +35,26 @@ def test_the_base_scale_gives_the_papers_rows():
     assert rows["P_drop=0.0"].dropout == 0.0 and rows["eps_ls=0.2"].label_smoothing == 0.2  # (D)
     assert rows["learned positions"].positions == "learned"  # (E)
     assert table3_variants("big")[0].dropout == 0.3  # big's base row keeps its P_drop
+
+
+def test_a_folder_is_a_sweeps_once_claimed_and_one_holding_anything_else_is_refused(tmp_path):
+    sweep = Sweep(output_dir=str(tmp_path / "table3"), steps=3)
+    claim_output_dir(sweep)
+    (tmp_path / "table3" / "runs").mkdir()
+    assert claim_output_dir(sweep) == tmp_path / "table3"  # a previous sweep: continued
+    (tmp_path / "table3" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputFolderError, match="it holds notes.txt, which `vanilla-transformer sweep` does not"):
+        claim_output_dir(sweep)
+
+
+def test_the_rows_data_folder_is_never_the_output_nor_holds_it(tmp_path):
+    sweep = Sweep(
+        output_dir=str(tmp_path / "data" / "table3"), steps=3, training_flags=(f"--data_dir={tmp_path}/data",)
+    )
+    (tmp_path / "data").mkdir()
+    with pytest.raises(OutputFolderError, match=f"is inside --data_dir {tmp_path}/data"):
+        claim_output_dir(sweep)
+    assert not (tmp_path / "data" / "table3").exists()
 
 
 @pytest.mark.slow
@@ -74,6 +95,7 @@ def test_a_row_trained_under_other_settings_is_refused_until_restarted_and_a_row
     one_row = ["--rows", "base", *SWEEP[2:]]
     dead_row = tmp_path / "runs" / "base"
     dead_row.mkdir(parents=True)
+    (tmp_path / SWEEP_RECORD).write_text('{"written_by": "vanilla-transformer sweep"}')  # the sweep's, claimed first
     (dead_row / "train_log.jsonl").write_text('{"step": 1, "loss": 9.0}\n')  # killed before its first checkpoint
     first = variants(tmp_path, *one_row)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]

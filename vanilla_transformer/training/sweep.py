@@ -13,7 +13,10 @@ the final model's on the validation split (beam 4, length penalty 0.6). Resumabl
 re-run; an interrupted one continues from its last checkpoint (its budget counts the time already spent), and one
 that stopped before its first checkpoint starts again. Each row records its settings (model, scale, budget, training
 flags) in `runs/<row>/variant.json`: a row trained under other settings is refused, naming what differs, until
-`--restart_rows ROW` deletes it or another --output_dir is given.
+`--restart_rows ROW` deletes it or another --output_dir is given. The --output_dir is decided by the one rule
+(vanilla_transformer/mechanics/outputs.py): a new or empty folder, or a previous sweep to continue, known by its
+record (`SWEEP_RECORD`, written first) and holding nothing a sweep does not write; never a data folder or file given to
+the rows, nor inside or holding one.
 
 Rows, relative to the base row of --scale (the paper's, with --scale base):
 - base: the preset as it is (P_drop 0.1; 0.3 for big), epsilon_ls 0.1, sinusoidal positions.
@@ -35,6 +38,7 @@ from pathlib import Path
 
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.names import CHECKPOINTS_DIR, RESULTS
+from vanilla_transformer.mechanics.outputs import check_output_folder
 
 GROUPS = ("base", "A", "B", "C", "D", "E")
 
@@ -44,6 +48,10 @@ class SweepError(VanillaTransformerError, RuntimeError):
 
 
 SETTINGS_FILE = "variant.json"  # in each row's run folder: what it was trained with (`row_settings`)
+WRITTEN_BY = "vanilla-transformer sweep"
+SWEEP_RECORD = ".vanilla_transformer_sweep.json"  # {"written_by": WRITTEN_BY}, written when a sweep claims its folder
+SWEEP_NAMES = ("runs", "logs", "table.json", "table.csv", "table.md", "table3_*.png", SWEEP_RECORD)  # what it writes
+INPUT_FLAGS = ("--data_dir", "--train_file", "--validation_file", "--test_file", "--prepared_data")  # the rows' data
 
 
 @dataclass(frozen=True)
@@ -316,10 +324,50 @@ def plot_groups(lines: list[dict], output_dir: Path) -> list[Path]:
     return written
 
 
+def why_not_a_sweep(folder: Path) -> str | None:
+    """None if `folder` is a previous sweep's: its record, and nothing a sweep does not write; else why not."""
+    try:
+        written_by = json.loads((folder / SWEEP_RECORD).read_text(encoding="utf-8")).get("written_by")
+    except (OSError, ValueError, AttributeError):
+        written_by = None
+    if written_by != WRITTEN_BY:
+        return f"it has no record ({SWEEP_RECORD}) of a `{WRITTEN_BY}`"
+    if others := sorted(path.name for path in folder.iterdir() if not any(path.match(n) for n in SWEEP_NAMES)):
+        return f"it holds {', '.join(others[:5])}, which `{WRITTEN_BY}` does not write"
+    return None
+
+
+def data_paths(training_flags: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The (flag, path) pairs of INPUT_FLAGS among the flags passed on to the rows (`--flag PATH`, `--flag=PATH`)."""
+    pairs = []
+    for index, flag in enumerate(training_flags):
+        name, equals, value = flag.partition("=")
+        if name in INPUT_FLAGS and (equals or index + 1 < len(training_flags)):
+            pairs.append((name, value if equals else training_flags[index + 1]))
+    return pairs
+
+
+def claim_output_dir(sweep: Sweep) -> Path:
+    """`sweep.output_dir` by the one rule (the module docstring), then its record: a new or empty folder becomes a
+    sweep's, a previous sweep's is continued; anything else is an OutputFolderError naming it."""
+    output_dir = Path(sweep.output_dir)
+    check_output_folder(
+        output_dir,
+        overwrite=True,  # a previous sweep is continued in place, never replaced: no flag
+        why_not_previous=why_not_a_sweep,
+        previous=f"a previous `{WRITTEN_BY}` output to continue (or new or empty)",
+        inputs=data_paths(sweep.training_flags),
+        flag=None,
+    )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if not (output_dir / SWEEP_RECORD).is_file():
+        (output_dir / SWEEP_RECORD).write_text(json.dumps({"written_by": WRITTEN_BY}) + "\n", encoding="utf-8")
+    return output_dir
+
+
 def run_sweep(sweep: Sweep) -> None:
     """Train (or read) each row asked for, then write the table and the plots into `sweep.output_dir`."""
-    output_dir = Path(sweep.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = claim_output_dir(sweep)
     variants = [row for row in table3_variants(sweep.scale) if row.group in sweep.rows or row.name in sweep.rows]
     lines = [run_variant(variant, sweep) for variant in variants]
     print((write_table(lines, output_dir)).read_text())
