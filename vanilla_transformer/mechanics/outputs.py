@@ -1,5 +1,6 @@
 """The one rule for the folder a command writes its result into (`convert`, `export-ctranslate2`, `space`,
-`refresh-code`, and `train`'s --output_dir), so that no command loses a user's work:
+`refresh-code`, `paper-figures`, `attention-maps`, `prepare`, `sweep`, and `train`'s --output_dir), so that no command
+loses a user's work (tests/test_output_rule.py finds the commands that write from their parsers):
 
 1. the folder is none of the command's inputs, is inside none and holds none: replacing it can never take an input;
 2. it is written directly: a symbolic link or a file where the folder goes is refused;
