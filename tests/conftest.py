@@ -216,3 +216,13 @@ def marian_vocabulary(tmp_path_factory):
     from .sources import make_marian_vocabulary
 
     return make_marian_vocabulary(tmp_path_factory.mktemp("marian_vocabulary"))
+
+
+@pytest.fixture(scope="module")
+def served(folder):
+    """A server of `folder` (greedy, 4 tokens out: decoding that takes no time) with a 50 ms wait for a batch."""
+    from .helpers import Served
+
+    server = Served(folder, "--num_beams", 1, "--max_new_tokens", 4, "--max_wait_ms", 50)
+    yield server
+    server.stop()

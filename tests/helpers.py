@@ -349,3 +349,57 @@ def stopped_run(folder, source_file, output, monkeypatch, *flags) -> None:
     result = translate(folder, "--input", source_file, "--output", output, "--buffer_size", 10, *FAST, *flags)
     assert result.returncode == 130, result.stderr
     monkeypatch.setattr(corpus, "pieces_of", real)
+
+
+# --- serve ----------------------------------------------------------------------------------------
+
+
+class Served:
+    """A `vanilla-transformer serve` process on 127.0.0.1: its URL, and its stderr lines as they come."""
+
+    def __init__(self, folder, *flags):
+        import threading
+
+        argv = [sys.executable, "-m", "vanilla_transformer", "serve", str(folder), "--port", "0"]
+        argv += ["--languages", "en-de", *map(str, flags)]
+        self.process = subprocess.Popen(
+            argv, stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **OFFLINE}
+        )
+        self.log, self.url = [], None
+        for line in self.process.stderr:
+            self.log.append(line)
+            if line.startswith("serving "):
+                self.url = line.split(" on ")[1].split()[0]
+                break
+        if self.url is None:
+            raise RuntimeError("the server did not start:\n" + "".join(self.log))
+        threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True).start()
+
+    def request(self, path: str, body=None, headers: dict | None = None, method: str | None = None, timeout=60):
+        """(status, headers, the JSON answer or the text) of one request; a dict body is sent as JSON."""
+        import urllib.error
+        import urllib.request
+
+        headers = dict(headers or {})
+        if isinstance(body, dict | list):
+            body, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+        request = urllib.request.Request(self.url + path, data=body, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                status, answer, got = response.status, response.read(), dict(response.headers)
+        except urllib.error.HTTPError as error:
+            status, answer, got = error.code, error.read(), dict(error.headers)
+        try:
+            return status, got, json.loads(answer)
+        except ValueError:
+            return status, got, answer.decode("utf-8", "replace")
+
+    def metric(self, name: str) -> float:
+        """The sum of a Prometheus series' values (all its labels)."""
+        _, _, text = self.request("/metrics")
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+        return self.process.wait(timeout=60)

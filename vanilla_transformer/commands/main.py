@@ -3,6 +3,7 @@
     vanilla-transformer train [FLAGS]            train (and score) a model: train_accelerate.py
     vanilla-transformer prepare ...              prepare a corpus once, for many runs
     vanilla-transformer translate MODEL_DIR      translate a corpus (a file, stdin, documents, a dataset)
+    vanilla-transformer serve MODEL_DIR ...      translate over HTTP, concurrent requests batched together
     vanilla-transformer attention-maps ...       draw a model's attention weights
     vanilla-transformer paper-figures OUTPUT     the paper's equations and figures, drawn by the code that runs
     vanilla-transformer sweep ...                the paper's Table 3
@@ -27,6 +28,7 @@ SUBCOMMANDS = (
     "train",
     "prepare",
     "translate",
+    "serve",
     "attention-maps",
     "paper-figures",
     "sweep",
@@ -48,6 +50,8 @@ def subcommand_main(name: str) -> Callable[[Sequence[str]], int]:
             from vanilla_transformer.commands.prepare import main
         case "translate":
             from vanilla_transformer.commands.translate import main
+        case "serve":
+            from vanilla_transformer.commands.serve import main
         case "attention-maps":
             from vanilla_transformer.commands.attention_maps import main
         case "paper-figures":

@@ -76,6 +76,12 @@ class ModelBackend:
         self.threads = threads
         self.workers = min(CPU_WORKERS, threads) if threads and model.device.type == "cpu" else 1
 
+    def with_decoding(self, num_beams: int | None = None, max_new_tokens: int | None = None) -> "ModelBackend":
+        """A backend on the same model that decodes with this beam or output length (None: this one's)."""
+        kwargs = dict(self.generate_kwargs) | ({"num_beams": num_beams} if num_beams is not None else {})
+        length = max_new_tokens if max_new_tokens is not None else self.max_new_tokens
+        return ModelBackend(self.model, self.tokenizer, max_new_tokens=length, threads=self.threads, **kwargs)
+
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         return self.tokenizer(list(texts), verbose=False)["input_ids"]
 

@@ -1,15 +1,40 @@
-"""`translate_texts`: the one translation function under the command, the demo and the benchmarks. It batches texts
-by tokens (`token_batches`), cuts a text longer than the model's positions into pieces that fit, and gives the
-translations back in input order. A backend (`translate.ModelBackend`, `ctranslate2_backend.CTranslate2Backend`) does
-the encoding and the decoding; this module imports neither torch nor transformers.
+"""`translate_texts`: the one translation function under the command, the demo, the server and the benchmarks. It
+batches texts by tokens (`token_batches`), cuts a text longer than the model's positions into pieces that fit
+(`Pieces`), and gives the translations back in input order. A backend (`TranslationBackend`: the model's
+`decoding.ModelBackend`, `ctranslate2_backend.CTranslate2Backend`) does the encoding and the decoding; this module
+imports neither torch nor transformers.
 """
 
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from vanilla_transformer.serving.sentences import cut_to_fit
 from vanilla_transformer.serving.settings import BATCH_SIZE
+
+
+class TranslationBackend(Protocol):
+    """What decodes: the model (`decoding.ModelBackend`) or its CTranslate2 export (`CTranslate2Backend`). Decoding
+    settings (beam, output length: the folder's generation_config.json unless given) are the backend's own."""
+
+    beams: int  # the beam width (a batch's cost is its tokens times this)
+    max_source_tokens: int  # the longest source it takes (the model's positions); longer texts are cut
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's source token ids."""
+
+    def count(self, text: str) -> int:
+        """The source tokens of `text`."""
+
+    def translate(self, batch: list[list[int]]) -> tuple[list[str], int]:
+        """One batch's translations, in order, and the target tokens generated (special tokens excluded)."""
+
+    def translate_batches(self, batches: Iterable[list[list[int]]]) -> Iterator[tuple[list[str], int]]:
+        """`translate` of each batch, in order (a backend may decode several at once)."""
+
+    def with_decoding(self, num_beams: int | None = None, max_new_tokens: int | None = None) -> "TranslationBackend":
+        """The same model decoding with this beam or output length (None: this backend's): a request's options."""
 
 
 @dataclass
@@ -82,7 +107,7 @@ def translate_groups(
             group = _Group(backend, texts, max_source_tokens or backend.max_source_tokens, max_tokens, batch_size)
             waiting.append(group)
             for batch in group.batches:
-                yield [group.encoded[index] for index in batch]
+                yield [group.pieces.encoded[index] for index in batch]
 
     def finished() -> Iterator[Translated]:  # the first groups, once all their batches are back (or they had none)
         while waiting and waiting[0].finished == len(waiting[0].batches):
@@ -100,7 +125,28 @@ class _Group:
     into pieces), their batches, and the translations as the batches come back."""
 
     def __init__(self, backend, texts: Sequence[str], limit: int, max_tokens: int | None, batch_size: int | None):
-        self.translated = Translated([""] * len(texts))
+        self.pieces = Pieces(backend, texts, limit)
+        self.batches = token_batches([len(ids) for ids in self.pieces.encoded], max_tokens, batch_size, backend.beams)
+        self.translations, self.target_tokens, self.finished = [""] * len(self.pieces.encoded), 0, 0
+
+    def add(self, texts: list[str], target_tokens: int) -> None:
+        """The translations of the next of its batches."""
+        for index, text in zip(self.batches[self.finished], texts, strict=True):
+            self.translations[index] = text
+        self.target_tokens += target_tokens
+        self.finished += 1
+
+    def finish(self) -> Translated:
+        return Translated(self.pieces.join(self.translations), self.target_tokens, self.pieces.cut)
+
+
+class Pieces:
+    """Texts as the token ids a backend translates: a blank text none (its translation is ""), a text within `limit`
+    tokens its own ids, a longer one cut at punctuation or spaces into pieces that fit (`sentences.cut_to_fit`), whose
+    translations `join` puts back together."""
+
+    def __init__(self, backend, texts: Sequence[str], limit: int):
+        self.count, self.cut = len(texts), 0
         kept = [index for index, text in enumerate(texts) if text.strip()]
         self.encoded, self.owners, self.spaces = [], [], []  # the ids translated, their text, the space after them
         for index, ids in zip(kept, backend.encode([texts[index] for index in kept]) if kept else [], strict=True):
@@ -110,22 +156,14 @@ class _Group:
                 self.spaces.append("")
                 continue
             cut = cut_to_fit(texts[index], backend.count, limit)
-            self.translated.cut += len(cut) > 1
+            self.cut += len(cut) > 1
             self.encoded += backend.encode([piece for piece, _ in cut])
             self.owners += [index] * len(cut)
             self.spaces += [space for _, space in cut]
-        self.batches = token_batches([len(ids) for ids in self.encoded], max_tokens, batch_size, backend.beams)
-        self.translations, self.finished = [""] * len(self.encoded), 0
 
-    def add(self, texts: list[str], target_tokens: int) -> None:
-        """The translations of the next of its batches."""
-        for index, text in zip(self.batches[self.finished], texts, strict=True):
-            self.translations[index] = text
-        self.translated.target_tokens += target_tokens
-        self.finished += 1
-
-    def finish(self) -> Translated:
-        """Each text's translation, its pieces' joined."""
-        for owner, translation, space in zip(self.owners, self.translations, self.spaces, strict=True):
-            self.translated.texts[owner] += translation + space
-        return self.translated
+    def join(self, translations: Sequence[str]) -> list[str]:
+        """Each text's translation from its pieces' (one for each of `encoded`, in order)."""
+        texts = [""] * self.count
+        for owner, translation, space in zip(self.owners, translations, self.spaces, strict=True):
+            texts[owner] += translation + space
+        return texts

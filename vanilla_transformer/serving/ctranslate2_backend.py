@@ -11,6 +11,7 @@ another by less than that cannot be told from it).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import struct
@@ -227,6 +228,15 @@ class CTranslate2Backend:
             self.options["suppress_sequences"] = [
                 tokenizer.convert_ids_to_tokens(ids) for ids in generation["bad_words_ids"]
             ]
+
+    def with_decoding(self, num_beams: int | None = None, max_new_tokens: int | None = None) -> CTranslate2Backend:
+        """A backend on the same translator that decodes with this beam or output length (None: this one's)."""
+        other = copy.copy(self)
+        if num_beams is not None:
+            other.beams, other.options = num_beams, {**self.options, "beam_size": num_beams}
+        if max_new_tokens is not None:
+            other.max_new_tokens = max_new_tokens
+        return other
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         return self.tokenizer(list(texts), verbose=False)["input_ids"]

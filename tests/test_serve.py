@@ -1,0 +1,322 @@
+"""`vanilla-transformer serve`: the queue that batches the sentences of concurrent requests (in this process, on a
+backend that spells words backwards), then a real server process on 127.0.0.1: the answers `translate` gives,
+LibreTranslate's API through a client written by others, HTML, the limits, keys, a client gone, and the drain on
+SIGTERM."""
+
+import json
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from vanilla_transformer.serving.batcher import Batcher, Options, QueueFull, Stopped
+
+from .helpers import FAST, Served, corpus_lines, translate, write_lines
+
+
+class ReversingBackend:
+    """Translates a sentence of ids into its ids reversed, as text; records each batch."""
+
+    beams, max_source_tokens = 1, 64
+
+    def __init__(self, fail_on: int | None = None):
+        self.batches, self.fail_on = [], fail_on
+
+    def translate(self, batch):
+        self.batches.append(batch)
+        if self.fail_on is not None and any(self.fail_on in ids for ids in batch):
+            raise RuntimeError("the model failed")
+        return [" ".join(map(str, reversed(ids))) for ids in batch], sum(map(len, batch))
+
+
+def batcher_of(backend, **kwargs) -> Batcher:
+    settings = {"max_tokens": 1000, "max_wait": 0.05, "max_queue_tokens": 10_000} | kwargs
+    return Batcher(lambda options: backend, **settings)
+
+
+def run_jobs(batcher, requests):
+    """Submit each request (a list of id lists) at once; wait for all; their jobs."""
+    done = threading.Semaphore(0)
+    jobs = [batcher.submit(encoded, Options(), lambda job: done.release()) for encoded in requests]
+    for _ in jobs:
+        assert done.acquire(timeout=30)
+    return jobs
+
+
+def test_the_sentences_of_concurrent_requests_share_batches_and_each_request_gets_its_own_in_order():
+    backend = ReversingBackend()
+    batcher = batcher_of(backend)
+    requests = [[[n, n + 1], [n, n + 2, n + 3]] for n in range(0, 200, 10)]
+    jobs = run_jobs(batcher, requests)
+    assert len(backend.batches) < len(requests)
+    for job, encoded in zip(jobs, requests, strict=True):
+        assert job.error is None
+        assert job.translations == [" ".join(map(str, reversed(ids))) for ids in encoded]
+
+
+def test_without_batching_across_requests_a_batch_holds_one_requests_sentences():
+    backend = ReversingBackend()
+    batcher = batcher_of(backend, across_requests=False)
+    requests = [[[n, n + 1], [n, n + 2]] for n in range(0, 50, 10)]
+    run_jobs(batcher, requests)
+    assert sorted(map(sorted, backend.batches)) == sorted(map(sorted, requests))
+
+
+def test_a_batch_holds_at_most_the_token_budget_padding_counted():
+    backend = ReversingBackend()
+    run_jobs(batcher_of(backend, max_tokens=12), [[[1] * length] for length in (2, 5, 3, 1, 4, 6, 2)])
+    assert all(len(batch) * max(map(len, batch)) <= 12 for batch in backend.batches if len(batch) > 1)
+
+
+def test_a_full_batch_is_decoded_at_once_without_waiting_for_more():
+    backend = ReversingBackend()
+    started = time.monotonic()
+    run_jobs(batcher_of(backend, max_tokens=4, max_wait=600), [[[1, 2], [3, 4], [5, 6], [7, 8]]])
+    assert time.monotonic() - started < 60  # never the 600 s a sentence may wait for a batch to fill
+    assert [len(batch) for batch in backend.batches] == [2, 2]
+
+
+def test_requests_with_other_decoding_options_never_share_a_batch():
+    backend = ReversingBackend()
+    batcher = batcher_of(backend)
+    done = threading.Semaphore(0)
+    batcher.submit([[1, 2]], Options(num_beams=2), lambda job: done.release())
+    batcher.submit([[3, 4]], Options(), lambda job: done.release())
+    assert done.acquire(timeout=30) and done.acquire(timeout=30)
+    assert sorted(backend.batches) == [[[1, 2]], [[3, 4]]]
+
+
+def test_the_queue_refuses_past_its_token_bound_and_a_cancelled_request_leaves_it():
+    batcher = batcher_of(ReversingBackend(), max_wait=600, max_tokens=10**6, max_queue_tokens=5)
+    first = batcher.submit([[1, 2, 3]], Options(), lambda job: None)
+    with pytest.raises(QueueFull):
+        batcher.submit([[4, 5, 6]], Options(), lambda job: None)
+    batcher.cancel(first)
+    assert batcher.depth == 0 and batcher.queued_tokens == 0
+    batcher.submit([[4, 5, 6]], Options(), lambda job: None)
+
+
+def test_closing_refuses_new_requests_and_finishes_those_accepted():
+    backend = ReversingBackend()
+    batcher = batcher_of(backend, max_wait=600)
+    finished = []
+    batcher.submit([[1, 2]], Options(), finished.append)
+    batcher.close()
+    with pytest.raises(Stopped):
+        batcher.submit([[3]], Options(), finished.append)
+    assert batcher.join(timeout=30)
+    assert [job.translations for job in finished] == [["2 1"]]
+
+
+def test_a_failed_batch_fails_its_requests_and_the_next_batches_are_decoded():
+    batcher = batcher_of(ReversingBackend(fail_on=99), max_tokens=2)
+    failed, fine = run_jobs(batcher, [[[99, 1]], [[2, 3]]])
+    assert isinstance(failed.error, RuntimeError) and fine.error is None and fine.translations == ["3 2"]
+
+
+# --- a server process -----------------------------------------------------------------------------------------
+
+
+def translated_by_the_command(folder, tmp_path, lines) -> list[str]:
+    source = write_lines(tmp_path / "lines.en", lines)
+    result = translate(folder, "--input", source, *FAST)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_64_concurrent_requests_share_batches_and_each_answer_is_what_translate_gives(served, folder, tmp_path):
+    lines = corpus_lines(64)
+    answers = [None] * 64
+    batches = served.metric("vt_batch_sentences_count")
+
+    def ask(index):
+        answers[index] = served.request("/translate", {"q": lines[index], "source": "en", "target": "de"})
+
+    threads = [threading.Thread(target=ask, args=(index,)) for index in range(64)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert all(status == 200 for status, _, _ in answers), answers
+    assert [answer["translatedText"] for _, _, answer in answers] == translated_by_the_command(folder, tmp_path, lines)
+    assert served.metric("vt_batch_sentences_count") - batches < 64
+
+
+@pytest.mark.slow
+def test_the_native_endpoint_gives_each_translation_with_its_source_tokens(served, folder, tmp_path):
+    lines = corpus_lines(3)
+    status, _, answer = served.request("/v1/translate", {"texts": lines, "source": "en", "target": "de"})
+    assert status == 200, answer
+    assert [item["text"] for item in answer["translations"]] == translated_by_the_command(folder, tmp_path, lines)
+    assert all(item["source_tokens"] > 0 for item in answer["translations"])
+
+
+@pytest.mark.slow
+def test_a_libretranslate_client_written_by_others_translates_and_lists_languages(served, folder, tmp_path):
+    from libretranslatepy import LibreTranslateAPI
+
+    client = LibreTranslateAPI(served.url)
+    [expected] = translated_by_the_command(folder, tmp_path, ["the red dog sees a cat"])
+    assert client.translate("the red dog sees a cat", "en", "de") == expected
+    assert client.languages() == [{"code": "en", "name": "English", "targets": ["de"]}]
+
+
+@pytest.mark.slow
+def test_html_keeps_its_tags_and_attributes_and_translates_the_text_between(served, folder, tmp_path):
+    html = '<p class="note" data-id="7">the red dog <a href="/x?a=1&amp;b=2">sees a cat</a></p>'
+    status, _, answer = served.request("/translate", {"q": html, "format": "html", "target": "de"})
+    assert status == 200, answer
+    first, second = translated_by_the_command(folder, tmp_path, ["the red dog", "sees a cat"])
+    assert answer["translatedText"] == (
+        f'<p class="note" data-id="7">{first} <a href="/x?a=1&amp;b=2">{second}</a></p>'
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "says"),
+    [
+        (b'{"q": "a dog", ', {"Content-Type": "application/json"}, 400, "the body is not JSON"),
+        (b'{"q": "a \xff dog"}', {"Content-Type": "application/json"}, 400, "the body is not UTF-8"),
+        ({"q": 7}, {}, 400, "q: a string or a list of strings"),
+        ({"texts": ["a dog"], "num_beams": 0}, {}, 400, "num_beams: an integer from 1 to"),
+        ({"q": "a dog", "source": "fr", "target": "de"}, {}, 400, "this server serves en-de"),
+        ({"q": "a dog", "format": "pdf"}, {}, 400, "format: text or html"),
+        ({"q": ["a dog"] * 100_000}, {}, 413, "over the 128 a request may send"),
+        ({"q": "a dog " * 20_000}, {}, 413, "characters, over the 100,000"),
+        (b"x" * (2 << 20), {"Content-Type": "application/json"}, 413, "the body is over 1,048,576 bytes"),
+        (b"q=a+dog", {"Content-Type": "text/csv"}, 415, "send application/json"),
+    ],
+    ids=["bad-json", "bad-utf8", "q-type", "num-beams", "pair", "format", "texts", "characters", "body", "type"],
+)
+def test_a_bad_request_gets_its_status_and_names_the_problem_and_the_server_keeps_serving(
+    served, body, headers, status, says
+):
+    path = "/v1/translate" if isinstance(body, dict) and "texts" in body else "/translate"
+    got, _, answer = served.request(path, body, headers, method="POST")
+    assert got == status and says in answer["error"], answer
+    assert served.request("/translate", {"q": "a dog\0 with a NUL"})[0] == 200
+
+
+@pytest.mark.slow
+def test_a_slow_client_sending_its_headers_does_not_hold_up_the_others(served):
+    host, port = served.url.removeprefix("http://").split(":")
+    slow = socket.create_connection((host, int(port)))
+    try:
+        slow.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-")
+        assert served.request("/translate", {"q": "a dog"}, timeout=20)[0] == 200
+    finally:
+        slow.close()
+
+
+@pytest.fixture(scope="module")
+def timing_out(folder, tmp_path_factory):
+    """A server with keys, a 40-token queue, a 2 s wait for a batch to fill and a 0.5 s timeout: a lone request
+    waits in the queue until its time is up."""
+    keys = tmp_path_factory.mktemp("keys") / "keys.txt"
+    keys.write_text("secret-key-two\n")
+    server = Served(
+        folder, *FAST[:4], "--api_keys", keys, "--max_queue_tokens", 40, "--max_wait_ms", 2000, "--timeout", 0.5
+    )
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("given", ["none", "wrong", "wrong-bearer"])
+def test_without_a_valid_key_a_translation_is_refused(timing_out, given):
+    body = {"q": "a confidential sentence"}
+    headers = {}
+    if given == "wrong":
+        body["api_key"] = "guess"
+    elif given == "wrong-bearer":
+        headers["Authorization"] = "Bearer guess"
+    status, _, answer = timing_out.request("/translate", body, headers)
+    assert status == 403 and "API key" in answer["error"]
+
+
+@pytest.mark.slow
+def test_a_request_that_waits_past_the_timeout_gets_504_and_the_logs_hold_neither_key_nor_text(timing_out):
+    body = {"q": "a confidential sentence", "api_key": "secret-key-two"}
+    status, _, answer = timing_out.request("/translate", body)
+    assert status == 504 and "within 0.5 seconds" in answer["error"]
+    status, _, _ = timing_out.request("/translate", {"q": "a dog"}, {"Authorization": "Bearer secret-key-two"})
+    assert status == 504  # the key was taken: the request reached the queue
+    time.sleep(0.2)
+    log = "".join(timing_out.log)
+    assert '"status": 504' in log and "secret-key-two" not in log and "confidential" not in log
+
+
+@pytest.mark.slow
+def test_past_the_queues_bound_a_request_gets_503_with_retry_after(timing_out):
+    long = " ".join(["the red dog sees a cat"] * 5)  # about 30 tokens: a second one is over the 40
+    first = threading.Thread(target=timing_out.request, args=("/translate", {"q": long, "api_key": "secret-key-two"}))
+    first.start()
+    time.sleep(0.2)
+    status, headers, answer = timing_out.request("/translate", {"q": long, "api_key": "secret-key-two"})
+    first.join()
+    assert status == 503 and headers.get("retry-after") == "1" and "busy" in answer["error"]
+
+
+@pytest.mark.slow
+def test_a_client_that_goes_takes_its_sentences_out_of_the_queue(timing_out):
+    host, port = timing_out.url.removeprefix("http://").split(":")
+    body = json.dumps({"q": "a dog", "api_key": "secret-key-two"}).encode()
+    gone = timing_out.metric('vt_rejections_total{reason="client_gone"}')
+    client = socket.create_connection((host, int(port)))
+    client.sendall(
+        b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    time.sleep(0.1)
+    client.close()
+    time.sleep(0.2)  # before its 0.5 s timeout
+    assert timing_out.metric("vt_queue_sentences") == 0
+    assert timing_out.metric('vt_rejections_total{reason="client_gone"}') == gone + 1
+
+
+@pytest.mark.slow
+def test_sigterm_answers_every_accepted_request_refuses_new_ones_and_exits_0(folder):
+    server = Served(folder, *FAST[:4], "--max_wait_ms", 300)
+    try:
+        answers = []
+        threads = [
+            threading.Thread(target=lambda n=n: answers.append(server.request("/translate", {"q": f"a dog {n}"})))
+            for n in range(50)
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.15)
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.02)
+        ready = server.request("/ready")
+        late = server.request("/translate", {"q": "a late dog"})
+        for thread in threads:
+            thread.join(timeout=60)
+        assert server.process.wait(timeout=60) == 0
+    finally:
+        server.stop()
+    assert sorted(status for status, _, _ in answers) == [200] * 50
+    assert ready[0] == 503 and late[0] == 503 and late[1].get("retry-after") == "1"
+
+
+def test_keys_in_a_file_are_read_one_a_line_and_a_file_without_one_is_refused(tmp_path):
+    from vanilla_transformer.commands.runner import UsageError
+    from vanilla_transformer.commands.serve import read_keys
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# comment\n\n  alpha \nbeta\n")
+    assert read_keys(str(keys)) == ["alpha", "beta"]
+    keys.write_text("# only a comment\n")
+    with pytest.raises(UsageError, match="holds no key"):
+        read_keys(str(keys))
+
+
+def test_the_server_listens_on_this_machine_only_unless_told(folder):
+    from vanilla_transformer.commands.serve import parse_args
+
+    assert parse_args([str(folder)]).host == "127.0.0.1"

@@ -1,0 +1,215 @@
+"""vanilla-transformer serve MODEL_DIR [MODEL_DIR ...]: translate over HTTP, the sentences of concurrent requests
+batched together (one queue a model, `translate`'s token budget), with LibreTranslate's API and a native one.
+
+  vanilla-transformer serve runs/base/model --port 5000
+  curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
+      -d '{"q": "A dog runs.", "source": "en", "target": "de"}'
+
+Each folder serves its language pair: its tokenizer_config.json's source_lang and target_lang, else its model card's
+`language:` list; `--languages en-de fr-en` names them, one a folder, where a folder does not. A request's sentences
+wait at most --max_wait_ms for a batch to fill. The server listens on 127.0.0.1 unless --host says otherwise; with
+--api_keys FILE (one key a line) every translation needs a key. SIGTERM drains: /ready and new requests answer 503 at
+once, the requests accepted are answered (within --drain_seconds), then the process exits 0. The endpoints, limits
+and metrics: docs/SERVING.md.
+"""
+
+import argparse
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from vanilla_transformer.commands.flags import at_least, beam_size, command_parser, output_tokens, positive_float
+from vanilla_transformer.commands.runner import UsageError, command, need
+from vanilla_transformer.commands.translate import add_backend_flags, make_backend, resolve_device, the_export
+from vanilla_transformer.serving.settings import CorpusSettings
+
+MAX_WAIT_MS = 5.0  # a lone request's longest wait for others to share its batch
+MAX_QUEUE_TOKENS = 200_000  # source tokens waiting, a model: about 10,000 Multi30k sentences, a few MB
+DRAIN_SECONDS = 30.0  # Kubernetes' default grace period
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    from vanilla_transformer.serving.server import Limits
+
+    limits = Limits()
+    parser = command_parser("vanilla-transformer serve", __doc__)
+    parser.add_argument("model_dirs", nargs="+", metavar="MODEL_DIR", help="saved model folders, one a language pair")
+    parser.add_argument("--languages", nargs="+", metavar="SRC-TGT", help="each folder's pair, in their order")
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
+    parser.add_argument("--port", type=at_least(0, 65535), default=5000, help="0: a free port, printed")
+    parser.add_argument("--api_keys", help="a file of keys, one a line: every translation then needs one")
+    group = parser.add_argument_group("batching and limits")
+    group.add_argument(
+        "--max_tokens", type=at_least(1), default=CorpusSettings.max_tokens, help="source tokens x beams a batch"
+    )
+    group.add_argument("--max_wait_ms", type=positive_float, default=MAX_WAIT_MS, help="a batch's longest wait")
+    group.add_argument(
+        "--max_queue_tokens", type=at_least(1), default=MAX_QUEUE_TOKENS, help="source tokens waiting (then 503)"
+    )
+    group.add_argument("--max_body_bytes", type=at_least(1), default=limits.max_body_bytes, help="then 413")
+    group.add_argument("--max_texts", type=at_least(1), default=limits.max_texts, help="strings a request (413)")
+    group.add_argument(
+        "--max_characters", type=at_least(1), default=limits.max_characters, help="characters a request (413)"
+    )
+    group.add_argument("--timeout", type=positive_float, default=limits.timeout, help="seconds a request (then 504)")
+    group.add_argument(
+        "--drain_seconds", type=positive_float, default=DRAIN_SECONDS, help="on SIGTERM, to answer those accepted"
+    )
+    group.add_argument(
+        "--batch_across_requests",
+        choices=["on", "off"],
+        default="on",
+        help="off: each request's sentences batched alone, one request at a time a worker (a baseline to measure)",
+    )
+    group.add_argument("--split_sentences", action="store_true", help="translate each text sentence by sentence")
+    group.add_argument("--num_beams", type=beam_size, help="beam size (default: generation_config.json)")
+    group.add_argument("--max_new_tokens", type=output_tokens, help="output length (default: input length + 50)")
+    add_backend_flags(parser)
+    args = parser.parse_args(argv)
+    if args.languages and len(args.languages) != len(args.model_dirs):
+        parser.error(f"--languages names {len(args.languages)} pairs for {len(args.model_dirs)} folders: one each")
+    if args.ctranslate2_dir and len(args.model_dirs) > 1:
+        parser.error("--ctranslate2_dir is one folder's export: serve one MODEL_DIR with it")
+    if args.backend != "ctranslate2" and (args.ctranslate2_dir or args.compute_type):
+        parser.error("--ctranslate2_dir and --compute_type are for --backend ctranslate2")
+    for pair in args.languages or ():
+        if pair.count("-") != 1 or not all(pair.split("-")):
+            parser.error(f"--languages {pair}: a pair is SRC-TGT, as en-de")
+    return args
+
+
+def read_keys(path: str) -> list[str]:
+    """The keys of --api_keys FILE, one a line (blank lines and # comments skipped); an error naming the file."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"--api_keys {path}: cannot be read ({error})") from None
+    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise UsageError(f"--api_keys {path} holds no key: one a line")
+    return keys
+
+
+def folder_languages(folder: str) -> tuple[str, str] | None:
+    """A folder's pair: tokenizer_config.json's source_lang and target_lang, else its model card's two languages."""
+    from vanilla_transformer.model.loading import read_json_file
+    from vanilla_transformer.serving.demo import card_languages
+
+    config = read_json_file(Path(folder) / "tokenizer_config.json") or {}
+    if isinstance(config.get("source_lang"), str) and isinstance(config.get("target_lang"), str):
+        return config["source_lang"], config["target_lang"]
+    pair = card_languages(Path(folder))
+    return None if pair == ("source", "target") else pair
+
+
+def serve_models(args: argparse.Namespace, device: str, on_batch) -> list:
+    """Each folder loaded, with its batcher."""
+    import torch
+
+    from vanilla_transformer.serving.batcher import Batcher, Options
+    from vanilla_transformer.serving.server import ServedModel
+
+    models = []
+    for number, folder in enumerate(args.model_dirs):
+        pair = args.languages[number].split("-") if args.languages else folder_languages(folder)
+        if pair is None:
+            raise UsageError(f"{folder} does not say its languages: name them with --languages SRC-TGT")
+        one = argparse.Namespace(**{**vars(args), "model_dir": folder})
+        backend = make_backend(one, device, the_export(one), True)
+        variants = {Options(): backend}
+
+        def backend_for(options, variants=variants, backend=backend):
+            if options not in variants:
+                variants[options] = backend.with_decoding(options.num_beams, options.max_new_tokens)
+            return variants[options]
+
+        workers = backend.workers if args.backend == "model" else 1  # CTranslate2 splits a batch among its own
+        share = max(1, torch.get_num_threads() // workers)  # torch's threads, shared among the workers
+        batcher = Batcher(
+            backend_for,
+            args.max_tokens,
+            args.max_wait_ms / 1000,
+            args.max_queue_tokens,
+            workers,
+            on_worker_start=lambda share=share: torch.set_num_threads(share),
+            on_batch=on_batch(f"{pair[0]}-{pair[1]}"),
+            across_requests=args.batch_across_requests == "on",
+        )
+        models.append(ServedModel(pair[0], pair[1], backend, batcher, args.split_sentences))
+    return models
+
+
+def run(args: argparse.Namespace) -> None:
+    need("uvicorn", "serve", "vanilla-transformer serve")
+    import uvicorn
+
+    from vanilla_transformer.serving.server import Limits, ServerState, create_app
+
+    keys = read_keys(args.api_keys) if args.api_keys else []
+    device = resolve_device(args.device or "cpu")
+    listening = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((args.host, args.port))
+        listening.listen(2048)  # connections wait in the backlog until the models are loaded and uvicorn accepts
+    except OSError as error:
+        raise UsageError(f"--host {args.host} --port {args.port}: cannot listen there ({error.strerror})") from None
+    limits = Limits(args.max_body_bytes, args.max_texts, args.max_characters, args.timeout)
+    state = ServerState([], limits, keys)
+    for model in serve_models(args, device, state.on_batch):
+        state.add(model)
+    config = uvicorn.Config(
+        create_app(state), log_level="warning", access_log=False, timeout_graceful_shutdown=int(args.drain_seconds)
+    )
+    pairs, port = ", ".join(model.pair for model in state.models), listening.getsockname()[1]
+    ready = f"serving {pairs} on http://{args.host}:{port} (SIGTERM drains, then exits)"
+    DrainingServer(config, state, args.drain_seconds, ready).run(sockets=[listening])
+
+
+class DrainingServer:
+    """uvicorn's server with the drain first: on SIGTERM (or Ctrl-C), /ready and new translations answer 503 at
+    once, the batchers finish what they accepted, and uvicorn stops when no request is in flight or after
+    `drain_seconds`; a second signal stops at once. `ready` is said once the server accepts (its signal handlers
+    set)."""
+
+    def __new__(cls, config, state, drain_seconds: float, ready: str):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            async def startup(self, sockets=None):
+                await super().startup(sockets=sockets)
+                print(ready, file=sys.stderr, flush=True)
+
+            def handle_exit(self, sig, frame):
+                if state.draining:
+                    return super().handle_exit(sig, frame)
+                state.draining = True
+                for model in state.models:
+                    model.batcher.close()
+                threading.Thread(target=self.drain, args=(sig, frame), daemon=True).start()
+
+            def drain(self, sig, frame):
+                deadline = time.monotonic() + drain_seconds
+                while time.monotonic() < deadline and (
+                    state.in_flight or not all(model.batcher.idle() for model in state.models)
+                ):
+                    time.sleep(0.05)
+                super().handle_exit(sig, frame)
+
+        return Server(config)
+
+
+@command
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    # uvicorn raises the SIGTERM it drained on again once it has stopped: by then the drain is done, exit 0
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0

@@ -1,0 +1,234 @@
+"""The server's queue: the sentences of every request in one queue a model, translated in token-budget batches (as
+`translate` batches a chunk) by worker threads, each request's translations given back in its order.
+
+A batch is the oldest sentence waiting and those after it with the same decoding options, in arrival order, while
+`n * longest * beams <= max_tokens` (`batches.token_batches`' budget, padding counted). A free worker forms one as soon
+as it is full or its oldest sentence has waited `max_wait` seconds: a lone request on an idle server waits no longer
+than that. Arrival order keeps every request's wait bounded; a request's sentences arrive together, so a batch holds
+few requests' worth of lengths. `across_requests=False` batches each request alone (what LibreTranslate and the
+FastAPI wrappers do; the benchmark's baseline).
+
+The queue is bounded in tokens: `submit` refuses (`QueueFull`) past `max_queue_tokens`, so memory stays bounded
+however many requests arrive. A job cancelled (its client gone, its time up) takes its sentences not yet in a batch
+out of the queue. `close` refuses new jobs (`Stopped`), lets the workers finish what was accepted, and `join` waits.
+This module imports neither torch nor transformers: a backend (`batches.TranslationBackend`) decodes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
+
+
+class QueueFull(VanillaTransformerError):
+    """The queue holds `max_queue_tokens` already: try again later."""
+
+
+class Stopped(VanillaTransformerError):
+    """The batcher is closing (the server drains): no new job is taken."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """A request's decoding options (None: the backend's own, the folder's generation_config.json)."""
+
+    num_beams: int | None = None
+    max_new_tokens: int | None = None
+
+
+class Job:
+    """One request's sentences (token ids) and, as batches finish, their translations. `on_done(job)` is called once,
+    from a worker thread, when every translation is in, or at the first error (`error`)."""
+
+    def __init__(self, count: int, on_done: Callable[[Job], None]):
+        self.translations: list[str | None] = [None] * count
+        self.remaining, self.target_tokens, self.error, self.cancelled = count, 0, None, False
+        self.on_done, self.lock = on_done, threading.Lock()
+
+    def add(self, index: int, translation: str) -> None:
+        with self.lock:
+            if self.translations[index] is None:
+                self.translations[index], self.remaining = translation, self.remaining - 1
+            done = self.remaining == 0 and self.error is None
+        if done:
+            self.on_done(self)
+
+    def fail(self, error: BaseException) -> None:
+        with self.lock:
+            first, self.error = self.error is None, self.error or error
+        if first:
+            self.on_done(self)
+
+
+@dataclass
+class _Item:
+    job: Job
+    index: int
+    ids: list[int]
+    options: Options
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class Batcher:
+    """One model's queue and its `workers` threads (see the module docstring). `backend_for(options)` gives the
+    backend that decodes a batch with `options` (the model's own for `Options()`); `beams(options)` its beam width.
+    `on_worker_start` runs first in each worker thread (torch's thread count is a thread's own); `on_batch(sentences,
+    tokens, target_tokens, seconds)` after each batch, for the metrics."""
+
+    def __init__(
+        self,
+        backend_for: Callable[[Options], object],
+        max_tokens: int,
+        max_wait: float,
+        max_queue_tokens: int,
+        workers: int = 1,
+        on_worker_start: Callable[[], None] | None = None,
+        on_batch: Callable[[int, int, int, float], None] | None = None,
+        across_requests: bool = True,
+    ):
+        self.backend_for, self.max_tokens, self.max_wait = backend_for, max_tokens, max_wait
+        self.across_requests = across_requests
+        self.max_queue_tokens, self.on_batch = max_queue_tokens, on_batch
+        self.queue: deque[_Item] = deque()
+        self.queued_tokens, self.busy, self.closing = 0, 0, False
+        self.condition = threading.Condition()
+
+        def work() -> None:
+            if on_worker_start is not None:
+                on_worker_start()
+            self.work()
+
+        self.threads = [threading.Thread(target=work, name=f"batcher-{n}", daemon=True) for n in range(workers)]
+        for thread in self.threads:
+            thread.start()
+
+    def submit(self, encoded: Sequence[list[int]], options: Options, on_done: Callable[[Job], None]) -> Job:
+        """Queue one request's sentences; QueueFull past `max_queue_tokens`, Stopped once closing. A job with no
+        sentences is done at once."""
+        job = Job(len(encoded), on_done)
+        tokens = sum(map(len, encoded))
+        with self.condition:
+            if self.closing:
+                raise Stopped("the server is stopping: no new request is taken")
+            if self.queue and self.queued_tokens + tokens > self.max_queue_tokens:
+                raise QueueFull(f"the queue holds {self.queued_tokens:,} tokens, its bound {self.max_queue_tokens:,}")
+            now = time.monotonic()
+            self.queue.extend(_Item(job, index, list(ids), options, now) for index, ids in enumerate(encoded))
+            self.queued_tokens += tokens
+            self.condition.notify_all()
+        if not encoded:
+            on_done(job)
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Take the job's sentences not yet in a batch out of the queue."""
+        with self.condition:
+            job.cancelled = True
+            kept = deque(item for item in self.queue if item.job is not job)
+            self.queued_tokens -= sum(len(item.ids) for item in self.queue if item.job is job)
+            self.queue = kept
+
+    @property
+    def depth(self) -> int:
+        """The sentences waiting."""
+        return len(self.queue)
+
+    def close(self) -> None:
+        """Take no new job; the workers finish the queue, then stop."""
+        with self.condition:
+            self.closing = True
+            self.condition.notify_all()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the workers to stop (after `close`); whether they did within `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self.threads)
+
+    def idle(self) -> bool:
+        """Nothing queued and nothing being decoded."""
+        with self.condition:
+            return not self.queue and not self.busy
+
+    def work(self) -> None:
+        while (items := self.next_batch()) is not None:
+            options = items[0].options
+            started = time.monotonic()
+            try:
+                backend = self.backend_for(options)
+                texts, target_tokens = backend.translate([item.ids for item in items])
+            except Exception as error:  # noqa: BLE001 - the requests get the error; the server keeps serving
+                for item in items:
+                    item.job.fail(error)
+            else:
+                for item, text in zip(items, texts, strict=True):
+                    item.job.add(item.index, text)
+                if self.on_batch is not None:
+                    tokens = len(items) * max(len(item.ids) for item in items)
+                    self.on_batch(len(items), tokens, target_tokens, time.monotonic() - started)
+            finally:
+                with self.condition:
+                    self.busy -= 1
+                    self.condition.notify_all()
+
+    def next_batch(self) -> list[_Item] | None:
+        """Wait for a batch to form (full, or its oldest sentence `max_wait` old) and take it; None once closing and
+        the queue is empty."""
+        with self.condition:
+            while True:
+                if self.queue:
+                    oldest = self.queue[0]
+                    wait = oldest.arrived + self.max_wait - time.monotonic()
+                    if wait <= 0 or self.closing or self.fills(oldest):
+                        break
+                    self.condition.wait(wait)
+                elif self.closing:
+                    return None
+                else:
+                    self.condition.wait()
+            items = self.take(oldest)
+            self.busy += 1
+            return items
+
+    def fits(self, count: int, longest: int, options: Options) -> bool:
+        return count * longest * self.beams(options) <= self.max_tokens
+
+    def beams(self, options: Options) -> int:
+        return options.num_beams or self.backend_for(Options()).beams
+
+    def shares(self, item: _Item, oldest: _Item) -> bool:
+        """Whether `item` may share the batch of `oldest`: the same options (and the same request, without
+        `across_requests`: one request at a time, as LibreTranslate serves)."""
+        return item.options == oldest.options and (self.across_requests or item.job is oldest.job)
+
+    def fills(self, oldest: _Item) -> bool:
+        """Whether the sentences waiting that may share `oldest`'s batch fill it: one more waiting, or one as long
+        as the longest, would not fit."""
+        count, longest, options = 0, 0, oldest.options
+        for item in self.queue:
+            if not self.shares(item, oldest):
+                continue
+            if count and not self.fits(count + 1, max(longest, len(item.ids)), options):
+                return True
+            count, longest = count + 1, max(longest, len(item.ids))
+        return count > 0 and not self.fits(count + 1, longest, options)  # not even one as long again
+
+    def take(self, oldest: _Item) -> list[_Item]:
+        """The batch: `oldest` and the sentences after it that may share its batch and fit, out of the queue."""
+        taken, kept, longest, options = [], deque(), 0, oldest.options
+        for item in self.queue:
+            fits = not taken or self.fits(len(taken) + 1, max(longest, len(item.ids)), options)
+            if self.shares(item, oldest) and fits:
+                taken.append(item)
+                longest = max(longest, len(item.ids))
+            else:
+                kept.append(item)
+        self.queue = kept
+        self.queued_tokens -= sum(len(item.ids) for item in taken)
+        return taken
