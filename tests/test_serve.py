@@ -116,6 +116,15 @@ def test_a_failed_batch_fails_its_requests_and_the_next_batches_are_decoded():
     assert isinstance(failed.error, RuntimeError) and fine.error is None and fine.translations == ["3 2"]
 
 
+def test_a_request_goes_to_the_least_loaded_device():
+    from vanilla_transformer.serving.server import ServedModel
+
+    busy, free = (batcher_of(ReversingBackend(), max_wait=600) for _ in range(2))
+    busy.submit([[1, 2, 3]], Options(), lambda job: None)
+    model = ServedModel("en", "de", ReversingBackend(), [busy, free])
+    assert model.least_loaded() is free and model.queued_tokens() == 3
+
+
 # --- a server process -----------------------------------------------------------------------------------------
 
 
@@ -281,7 +290,7 @@ def test_a_client_that_goes_takes_its_sentences_out_of_the_queue(timing_out):
 
 @pytest.mark.slow
 def test_sigterm_answers_every_accepted_request_refuses_new_ones_and_exits_0(folder):
-    server = Served(folder, *FAST[:4], "--max_wait_ms", 300)
+    server = Served(folder, *FAST[:4], "--max_wait_ms", 300, "--devices", "cpu", "cpu")  # two queues to drain
     try:
         answers = []
         threads = [

@@ -9,8 +9,9 @@ Each folder serves its language pair: its tokenizer_config.json's source_lang an
 `language:` list; `--languages en-de fr-en` names them, one a folder, where a folder does not. A request's sentences
 wait at most --max_wait_ms for a batch to fill. The server listens on 127.0.0.1 unless --host says otherwise; with
 --api_keys FILE (one key a line) every translation needs a key. SIGTERM drains: /ready and new requests answer 503 at
-once, the requests accepted are answered (within --drain_seconds), then the process exits 0. The endpoints, limits
-and metrics: docs/SERVING.md.
+once, the requests accepted are answered (within --drain_seconds), then the process exits 0. With --devices, each
+model runs on each device, a queue each, and a request goes to the least loaded. The endpoints, limits and metrics:
+docs/SERVING.md.
 """
 
 import argparse
@@ -69,7 +70,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     group.add_argument("--num_beams", type=beam_size, help="beam size (default: generation_config.json)")
     group.add_argument("--max_new_tokens", type=output_tokens, help="output length (default: input length + 50)")
     add_backend_flags(parser)
+    parser.add_argument(
+        "--devices", nargs="+", help="several devices (cuda:0 cuda:1 ...): each model on each, a queue each"
+    )
     args = parser.parse_args(argv)
+    if args.devices and args.device:
+        parser.error("give --device or --devices, not both")
     if args.languages and len(args.languages) != len(args.model_dirs):
         parser.error(f"--languages names {len(args.languages)} pairs for {len(args.model_dirs)} folders: one each")
     if args.ctranslate2_dir and len(args.model_dirs) > 1:
@@ -106,11 +112,8 @@ def folder_languages(folder: str) -> tuple[str, str] | None:
     return None if pair == ("source", "target") else pair
 
 
-def serve_models(args: argparse.Namespace, device: str, on_batch) -> list:
-    """Each folder loaded, with its batcher."""
-    import torch
-
-    from vanilla_transformer.serving.batcher import Batcher, Options
+def serve_models(args: argparse.Namespace, devices: list[str], on_batch) -> list:
+    """Each folder loaded on each device, with a batcher each."""
     from vanilla_transformer.serving.server import ServedModel
 
     models = []
@@ -119,28 +122,39 @@ def serve_models(args: argparse.Namespace, device: str, on_batch) -> list:
         if pair is None:
             raise UsageError(f"{folder} does not say its languages: name them with --languages SRC-TGT")
         one = argparse.Namespace(**{**vars(args), "model_dir": folder})
-        backend = make_backend(one, device, the_export(one), True)
-        variants = {Options(): backend}
-
-        def backend_for(options, variants=variants, backend=backend):
-            if options not in variants:
-                variants[options] = backend.with_decoding(options.num_beams, options.max_new_tokens)
-            return variants[options]
-
-        workers = backend.workers if args.backend == "model" else 1  # CTranslate2 splits a batch among its own
-        share = max(1, torch.get_num_threads() // workers)  # torch's threads, shared among the workers
-        batcher = Batcher(
-            backend_for,
-            args.max_tokens,
-            args.max_wait_ms / 1000,
-            args.max_queue_tokens,
-            workers,
-            on_worker_start=lambda share=share: torch.set_num_threads(share),
-            on_batch=on_batch(f"{pair[0]}-{pair[1]}"),
-            across_requests=args.batch_across_requests == "on",
-        )
-        models.append(ServedModel(pair[0], pair[1], backend, batcher, args.split_sentences))
+        export, backends, batchers = the_export(one), [], []
+        for device in devices:
+            backends.append(make_backend(one, device, export, not backends))
+            batchers.append(batcher_of(backends[-1], args, on_batch(f"{pair[0]}-{pair[1]}")))
+        models.append(ServedModel(pair[0], pair[1], backends[0], batchers, args.split_sentences))
     return models
+
+
+def batcher_of(backend, args: argparse.Namespace, on_batch):
+    """A batcher decoding with `backend` (and, for a request's own beam or length, its `with_decoding` copies)."""
+    import torch
+
+    from vanilla_transformer.serving.batcher import Batcher, Options
+
+    variants = {Options(): backend}
+
+    def backend_for(options):
+        if options not in variants:
+            variants[options] = backend.with_decoding(options.num_beams, options.max_new_tokens)
+        return variants[options]
+
+    workers = backend.workers if args.backend == "model" else 1  # CTranslate2 splits a batch among its own
+    share = max(1, torch.get_num_threads() // workers)  # torch's threads, shared among the workers
+    return Batcher(
+        backend_for,
+        args.max_tokens,
+        args.max_wait_ms / 1000,
+        args.max_queue_tokens,
+        workers,
+        on_worker_start=lambda: torch.set_num_threads(share),
+        on_batch=on_batch,
+        across_requests=args.batch_across_requests == "on",
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -150,7 +164,7 @@ def run(args: argparse.Namespace) -> None:
     from vanilla_transformer.serving.server import Limits, ServerState, create_app
 
     keys = read_keys(args.api_keys) if args.api_keys else []
-    device = resolve_device(args.device or "cpu")
+    devices = [resolve_device(device) for device in args.devices or [args.device or "cpu"]]
     listening = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -160,7 +174,7 @@ def run(args: argparse.Namespace) -> None:
         raise UsageError(f"--host {args.host} --port {args.port}: cannot listen there ({error.strerror})") from None
     limits = Limits(args.max_body_bytes, args.max_texts, args.max_characters, args.timeout)
     state = ServerState([], limits, keys)
-    for model in serve_models(args, device, state.on_batch):
+    for model in serve_models(args, devices, state.on_batch):
         state.add(model)
     config = uvicorn.Config(
         create_app(state), log_level="warning", access_log=False, timeout_graceful_shutdown=int(args.drain_seconds)
@@ -189,13 +203,14 @@ class DrainingServer:
                     return super().handle_exit(sig, frame)
                 state.draining = True
                 for model in state.models:
-                    model.batcher.close()
+                    for batcher in model.batchers:
+                        batcher.close()
                 threading.Thread(target=self.drain, args=(sig, frame), daemon=True).start()
 
             def drain(self, sig, frame):
                 deadline = time.monotonic() + drain_seconds
                 while time.monotonic() < deadline and (
-                    state.in_flight or not all(model.batcher.idle() for model in state.models)
+                    state.in_flight or not all(batcher.idle() for model in state.models for batcher in model.batchers)
                 ):
                     time.sleep(0.05)
                 super().handle_exit(sig, frame)

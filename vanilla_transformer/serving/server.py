@@ -1,5 +1,6 @@
 """The translation server's HTTP side (`vanilla-transformer serve`): a Starlette app over one `batcher.Batcher` a
-model, so that the sentences of concurrent requests share batches.
+model and device, so that the sentences of concurrent requests share batches; a request goes to the model's least
+loaded device.
 
 - LibreTranslate's API: `POST /translate` (JSON or a form: `q` a string or a list, `source`, `target`, `format`
   `text` or `html`, `api_key`) answers `{"translatedText": ...}`; `GET|POST /languages`. Errors are
@@ -56,17 +57,30 @@ class Limits:
 
 @dataclass
 class ServedModel:
-    """One model folder as the server serves it: its language pair, its backend (which encodes), its batcher."""
+    """One model folder as the server serves it: its language pair, its backend (which encodes), a batcher for each
+    device it runs on."""
 
     source: str
     target: str
     backend: object  # batches.TranslationBackend
-    batcher: Batcher
+    batchers: list[Batcher]
     split_sentences: bool = False
 
     @property
     def pair(self) -> str:
         return f"{self.source}-{self.target}"
+
+    def least_loaded(self) -> Batcher:
+        return min(self.batchers, key=lambda batcher: batcher.queued_tokens)
+
+    def depth(self) -> int:
+        return sum(batcher.depth for batcher in self.batchers)
+
+    def queued_tokens(self) -> int:
+        return sum(batcher.queued_tokens for batcher in self.batchers)
+
+    def below_bound(self) -> bool:
+        return any(batcher.queued_tokens < batcher.max_queue_tokens for batcher in self.batchers)
 
 
 class RequestError(Exception):
@@ -112,8 +126,8 @@ class ServerState:
     def add(self, model: ServedModel) -> None:
         """Serve `model` (its queue's gauges included)."""
         self.models.append(model)
-        self.queue_sentences.labels(model.pair).set_function(lambda: model.batcher.depth)
-        self.queue_tokens.labels(model.pair).set_function(lambda: model.batcher.queued_tokens)
+        self.queue_sentences.labels(model.pair).set_function(model.depth)
+        self.queue_tokens.labels(model.pair).set_function(model.queued_tokens)
 
     def on_batch(self, pair: str):
         """The metrics' hook for a model's batcher (`Batcher.on_batch`)."""
@@ -126,9 +140,7 @@ class ServerState:
         return record
 
     def ready(self) -> bool:
-        return not self.draining and all(
-            model.batcher.queued_tokens < model.batcher.max_queue_tokens for model in self.models
-        )
+        return not self.draining and all(model.below_bound() for model in self.models)
 
 
 # --- reading a request ----------------------------------------------------------------------------------------
@@ -277,7 +289,8 @@ async def translate(
         loop.call_soon_threadsafe(lambda: done.done() or done.set_result(job))
 
     try:
-        job = model.batcher.submit(pieces.encoded, options, finished)
+        batcher = model.least_loaded()
+        job = batcher.submit(pieces.encoded, options, finished)
     except QueueFull as error:
         state.rejections.labels("queue_full").inc()
         raise RequestError(503, f"the server is busy ({error}): try again", {"Retry-After": "1"}) from None
@@ -290,7 +303,7 @@ async def translate(
     finally:
         gone.cancel()
     if not done.done():
-        model.batcher.cancel(job)
+        batcher.cancel(job)
         reason = "client_gone" if gone.done() and not gone.cancelled() else "timeout"
         state.rejections.labels(reason).inc()
         raise RequestError(504, f"no translation within {state.limits.timeout:g} seconds: try again, or send less")
