@@ -147,6 +147,49 @@ def cached_export(model_dir: str | Path, digest: str | None = None) -> Path:
     return export
 
 
+def load_translator(export_dir, device: str, compute_type: str, threads: int, workers: int):
+    """The export's ctranslate2.Translator: `workers` workers (inter_threads) of `threads` threads, or of one each;
+    ExportError naming the export and the fix when CTranslate2 cannot load it."""
+    import ctranslate2
+    import torch
+
+    # CTranslate2 sets its thread count in the OpenMP runtime torch loaded for the whole process: torch's
+    # computations after it (a caller's, a training run's in the same process) would run on other threads and
+    # give other floats. Its own workers keep theirs.
+    torch_threads = torch.get_num_threads()
+    try:
+        return ctranslate2.Translator(
+            str(export_dir),
+            device=device,
+            compute_type=compute_type,
+            intra_threads=threads if workers == 1 else 1,
+            inter_threads=workers,
+        )
+    except (RuntimeError, ValueError) as error:
+        raise ExportError(
+            f"CTranslate2 cannot load the export {export_dir} on {device} as {compute_type} ({error}): export it "
+            "again (`vanilla-transformer export-ctranslate2 MODEL_DIR OUTPUT_DIR`), or choose another "
+            "--compute_type or --device"
+        ) from error
+    finally:
+        torch.set_num_threads(torch_threads)
+
+
+def decoding_options(generation: dict, beams: int, tokenizer) -> dict:
+    """translate_batch's options for a folder's generation_config.json (as generate() reads it) and `beams`."""
+    options = {"beam_size": beams, "max_input_length": 0}
+    for name in ("length_penalty", "no_repeat_ngram_size", "repetition_penalty"):
+        if generation.get(name) is not None:
+            options[name] = generation[name]
+    if "eos_token_id" in generation and generation["eos_token_id"] is None:  # generate() then never ends early
+        options["end_token"] = []
+    if generation.get("min_new_tokens"):
+        options["min_decoding_length"] = generation["min_new_tokens"]
+    if generation.get("bad_words_ids"):
+        options["suppress_sequences"] = [tokenizer.convert_ids_to_tokens(ids) for ids in generation["bad_words_ids"]]
+    return options
+
+
 class CTranslate2Backend:
     """`translate_texts`' backend on a CTranslate2 Translator: source tokens are the model tokenizer's, decoding
     follows the folder's generation_config.json (beam, length penalty, repetition settings, bad words, its length:
@@ -172,35 +215,13 @@ class CTranslate2Backend:
         num_beams=None,
         max_new_tokens=None,
     ):
-        import ctranslate2
-        import torch
-
         config = read_json_file(Path(model_dir) / "config.json")
         generation = read_json_file(Path(model_dir) / "generation_config.json") or {}
         self.tokenizer = tokenizer
         configured = folder_max_new_tokens(generation)
         self.max_new_tokens = max_new_tokens if max_new_tokens is not None else configured
-        # CTranslate2 sets its thread count in the OpenMP runtime torch loaded for the whole process: torch's
-        # computations after it (a caller's, a training run's in the same process) would run on other threads and
-        # give other floats. Its own workers keep theirs.
-        torch_threads = torch.get_num_threads()
         self.workers = threads if device == "cpu" and threads > 1 and compute_type.startswith("int8") else 1
-        try:
-            self.translator = ctranslate2.Translator(
-                str(export_dir),
-                device=device,
-                compute_type=compute_type,
-                intra_threads=threads if self.workers == 1 else 1,
-                inter_threads=self.workers,
-            )
-        except (RuntimeError, ValueError) as error:
-            raise ExportError(
-                f"CTranslate2 cannot load the export {export_dir} on {device} as {compute_type} ({error}): export it "
-                "again (`vanilla-transformer export-ctranslate2 MODEL_DIR OUTPUT_DIR`), or choose another "
-                "--compute_type or --device"
-            ) from error
-        finally:
-            torch.set_num_threads(torch_threads)
+        self.translator = load_translator(export_dir, device, compute_type, threads, self.workers)
         self.source_tokens = self.target_ids = None  # one vocabulary: the tokenizer's own conversions
         if config.get("share_encoder_decoder_embeddings") is False:  # the two vocabularies, as the export wrote them
             self.source_tokens = vocabulary(model_dir, config["vocab_size"], "source")
@@ -210,24 +231,9 @@ class CTranslate2Backend:
             }
         self.beams = num_beams or generation.get("num_beams") or 1
         self.max_source_tokens = config["max_position_embeddings"]
-        self.options = {"beam_size": self.beams, "max_input_length": 0}
-        for ours, theirs in (
-            ("length_penalty", "length_penalty"),
-            ("no_repeat_ngram_size", "no_repeat_ngram_size"),
-            ("repetition_penalty", "repetition_penalty"),
-        ):
-            if generation.get(ours) is not None:
-                self.options[theirs] = generation[ours]
-        if "eos_token_id" in generation and generation["eos_token_id"] is None:  # generate() then never ends early
-            self.options["end_token"] = []
-        if generation.get("min_new_tokens"):
-            self.options["min_decoding_length"] = generation["min_new_tokens"]
+        self.options = decoding_options(generation, self.beams, tokenizer)
         # generate() ends a translation that reaches the length limit with this token, which takes the last place
         self.forced_end = generation.get("forced_eos_token_id") is not None
-        if generation.get("bad_words_ids"):
-            self.options["suppress_sequences"] = [
-                tokenizer.convert_ids_to_tokens(ids) for ids in generation["bad_words_ids"]
-            ]
 
     def with_decoding(self, num_beams: int | None = None, max_new_tokens: int | None = None) -> CTranslate2Backend:
         """A backend on the same translator that decodes with this beam or output length (None: this one's)."""

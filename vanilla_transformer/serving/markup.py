@@ -3,6 +3,15 @@ fragment and keep the markup. `html_texts` parses the fragment, returns the text
 their translations back and serializes the fragment again, with the translations escaped as text, never as markup.
 lxml parses it: maintained, at C speed (libxml2), and it recovers broken markup as HTML5 parsers do (unclosed and
 misnested tags, stray end tags) instead of failing on it. This module imports only lxml and the standard library.
+
+What lxml (libxml2 2.14) normalises, so the output is equivalent HTML but not always the same bytes: attributes are
+double-quoted (single-quoted when the value holds `"`), unquoted values are quoted, character references are decoded
+(`&eacute;` comes back as `é`, `&nbsp;` as U+00A0) and only `&`, `<`, `>` (and `"` in attributes) re-escaped, boolean
+attributes are minimised (`checked="checked"` gives `checked`), URL attributes (href, src, action, and name on <a>) are
+percent-escaped (`a b/é` gives `a%20b/%C3%A9`), tag and attribute names are lowercased, missing end tags are added,
+misnested tags repaired, stray end tags dropped, the tags <html>, <head>, <body> and <!DOCTYPE> in the fragment dropped
+(with their attributes; a whole document comes back as its content), `<?...>` and `<![CDATA[...]]>` kept as comments
+(`<!--?...?-->`, as HTML5 parses them), NUL as U+FFFD.
 """
 
 import html
@@ -53,21 +62,68 @@ def html_texts(fragment: str) -> tuple[list[str], Callable[[list[str]], str]]:
     call replaces the translations of the previous one. A fragment with no tags is one text; an empty one gives no
     text and a rebuild that returns it unchanged.
 
-    What lxml (libxml2 2.14) normalises, so the output is equivalent HTML but not always the same bytes: attributes are
-    double-quoted (single-quoted when the value holds `"`), unquoted values are quoted, character references are
-    decoded (`&eacute;` comes back as `é`, `&nbsp;` as U+00A0) and only `&`, `<`, `>` (and `"` in attributes)
-    re-escaped, boolean
-    attributes are minimised (`checked="checked"` gives `checked`), URL attributes (href, src, action, and name on <a>)
-    are percent-escaped (`a b/é` gives `a%20b/%C3%A9`), tag and attribute names are lowercased, missing end tags are
-    added, misnested tags repaired, stray end tags dropped, the tags <html>, <head>, <body> and <!DOCTYPE> in the
-    fragment dropped (with their attributes; a whole document comes back as its content), `<?...>` and `<![CDATA[...]]>` kept as comments (`<!--?...?-->`, as HTML5 parses them), NUL as
-    U+FFFD.
+    What lxml normalises: the module's docstring.
 
     Raises ValueError, with a message naming the problem, for a fragment nested deeper than MAX_DEPTH elements, with
     more than MAX_TEXTS texts to translate, holding a character outside XML's (a control character other than tab,
     newline and carriage return, a lone surrogate, U+FFFE, U+FFFF), or with content after a </html> (libxml2 would drop
     it; an `</html>` inside a script or comment counts too): the server answers HTTP 400.
     """
+    body = _parsed(fragment)
+
+    found = _Texts()
+    after_body = list(body.itersiblings())  # after a </body> in the fragment, libxml2 puts the rest beside <body>
+    found.collect(body, "text")
+    for child in body:
+        found.walk(child, 1, True)
+    found.collect(body, "tail")
+    for sibling in after_body:
+        found.walk(sibling, 1, True)
+    texts, slots = found.texts, found.slots
+
+    def rebuild(translations: list[str]) -> str:
+        if len(translations) != len(slots):
+            raise ValueError(f"{len(slots)} translations expected, {len(translations)} given")
+        for (node, field, leading, trailing), translation in zip(slots, translations, strict=True):
+            setattr(node, field, f"{leading}{translation}{trailing}")
+        return _serialized(body, after_body)
+
+    return texts, rebuild
+
+
+class _Texts:
+    """The texts to translate as a walk finds them, and where each goes back: (node, "text" or "tail", leading and
+    trailing whitespace)."""
+
+    def __init__(self):
+        self.slots: list[tuple[etree._Element, str, str, str]] = []
+        self.texts: list[str] = []
+
+    def collect(self, node: etree._Element, field: str) -> None:
+        value = getattr(node, field)
+        if value is None or value.isspace():
+            return
+        if len(self.texts) == MAX_TEXTS:
+            raise ValueError(f"the HTML has more than {MAX_TEXTS} texts to translate")
+        start, end = len(value) - len(value.lstrip()), len(value.rstrip())
+        self.slots.append((node, field, value[:start], value[end:]))
+        self.texts.append(value[start:end])
+
+    def walk(self, element: etree._Element, depth: int, translated: bool) -> None:
+        if depth > MAX_DEPTH:
+            raise ValueError(f"the HTML nests elements deeper than {MAX_DEPTH}")
+        is_element = isinstance(element.tag, str)  # not a comment nor a processing instruction
+        inner = translated and is_element and not _is_untranslated(element)
+        if inner:
+            self.collect(element, "text")
+        for child in element:
+            self.walk(child, depth + 1, inner)
+        if translated:  # the tail belongs to the parent's content
+            self.collect(element, "tail")
+
+
+def _parsed(fragment: str) -> etree._Element:
+    """The fragment parsed as a <body>'s content; ValueError for what lxml would refuse or drop."""
     bad = _NOT_XML_CHARACTER.search(fragment)
     if bad is not None:
         character = f"U+{ord(bad.group()):04X}"
@@ -80,55 +136,16 @@ def html_texts(fragment: str) -> tuple[list[str], Callable[[list[str]], str]]:
         document = lxml.html.document_fromstring(f"<html><body>{fragment}</body></html>")
     except etree.LxmlError as error:
         raise ValueError(f"the HTML cannot be parsed: {error}") from error
-    body = document.find("body")
+    return document.find("body")
 
-    slots: list[tuple[etree._Element, str, str, str]] = []  # (node, "text" or "tail", leading, trailing whitespace)
-    texts: list[str] = []
 
-    def collect(node: etree._Element, field: str) -> None:
-        value = getattr(node, field)
-        if value is None or value.isspace():
-            return
-        if len(texts) == MAX_TEXTS:
-            raise ValueError(f"the HTML has more than {MAX_TEXTS} texts to translate")
-        start = len(value) - len(value.lstrip())
-        end = len(value.rstrip())
-        slots.append((node, field, value[:start], value[end:]))
-        texts.append(value[start:end])
-
-    def walk(element: etree._Element, depth: int, translated: bool) -> None:
-        if depth > MAX_DEPTH:
-            raise ValueError(f"the HTML nests elements deeper than {MAX_DEPTH}")
-        is_element = isinstance(element.tag, str)  # not a comment nor a processing instruction
-        inner = translated and is_element and not _is_untranslated(element)
-        if inner:
-            collect(element, "text")
-        for child in element:
-            walk(child, depth + 1, inner)
-        if translated:  # the tail belongs to the parent's content
-            collect(element, "tail")
-
-    # after a </body> in the fragment, libxml2 puts the rest beside <body>, in the <html> around it: kept too, in order
-    after_body = list(body.itersiblings())
-    collect(body, "text")
-    for child in body:
-        walk(child, 1, True)
-    collect(body, "tail")
-    for sibling in after_body:
-        walk(sibling, 1, True)
-
-    def rebuild(translations: list[str]) -> str:
-        if len(translations) != len(slots):
-            raise ValueError(f"{len(slots)} translations expected, {len(translations)} given")
-        for (node, field, leading, trailing), translation in zip(slots, translations, strict=True):
-            setattr(node, field, f"{leading}{translation}{trailing}")
-        return "".join(
-            [
-                html.escape(body.text or "", quote=False),
-                *(lxml.html.tostring(child, encoding="unicode", method="html") for child in body),
-                html.escape(body.tail or "", quote=False),
-                *(lxml.html.tostring(sibling, encoding="unicode", method="html") for sibling in after_body),
-            ]
-        )
-
-    return texts, rebuild
+def _serialized(body: etree._Element, after_body: list[etree._Element]) -> str:
+    """The fragment again: the body's text and children, and what libxml2 put after it, without a wrapper."""
+    return "".join(
+        [
+            html.escape(body.text or "", quote=False),
+            *(lxml.html.tostring(child, encoding="unicode", method="html") for child in body),
+            html.escape(body.tail or "", quote=False),
+            *(lxml.html.tostring(sibling, encoding="unicode", method="html") for sibling in after_body),
+        ]
+    )

@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.serving.batcher import Batcher, Options, QueueFull, Stopped
 from vanilla_transformer.serving.batches import Pieces
 from vanilla_transformer.serving.markup import html_texts
@@ -83,7 +84,7 @@ class ServedModel:
         return any(batcher.queued_tokens < batcher.max_queue_tokens for batcher in self.batchers)
 
 
-class RequestError(Exception):
+class RequestError(VanillaTransformerError):
     """A request the server refuses: its HTTP status and the message the client gets."""
 
     def __init__(self, status: int, message: str, headers: dict | None = None):
