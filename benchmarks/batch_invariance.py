@@ -2,8 +2,8 @@
 translated by one backend in three batchings, and the sentences whose text differs counted.
 
 - `sorted`: `translate`'s batches (`batches.token_batches`: longest first, little padding);
-- `arrival`: the server's batches for requests arriving in a random order (the token budget filled in arrival order,
-  as `serving/batcher.py` forms them: mixed lengths, so more padding, other batch sizes);
+- `arrival`: the server's batches for requests that arrived in a random order and wait together (`Batcher.take`: the
+  oldest and every later one that fits the token budget: mixed lengths, so more padding, other batch sizes);
 - `alone`: each sentence a batch of its own (the first --alone sentences; 0 skips it).
 
 A difference can come from padding (a sentence padded to a longer one's length: attention over more masked keys) or
@@ -36,18 +36,23 @@ SOURCES = ("test_2016_flickr.en.gz", "val.en.gz")  # 1,000 + 1,014 sentences the
 
 
 def arrival_batches(lengths: list[int], max_tokens: int, beams: int, seed: int) -> list[list[int]]:
-    """The batcher's batches for sentences arriving in a random order: each batch the oldest waiting and the next
-    ones while n * longest * beams <= max_tokens."""
-    order = list(range(len(lengths)))
-    random.Random(seed).shuffle(order)
-    batches, batch, longest = [], [], 0
-    for index in order:
-        if batch and (len(batch) + 1) * max(longest, lengths[index]) * beams > max_tokens:
-            batches.append(batch)
-            batch, longest = [], 0
-        batch.append(index)
-        longest = max(longest, lengths[index])
-    return batches + ([batch] if batch else [])
+    """The batcher's batches for sentences that arrived in a random order and wait together (a server under load):
+    each batch the oldest waiting and every later one that still fits n * longest * beams <= max_tokens, as
+    `Batcher.take` forms it."""
+    queue = list(range(len(lengths)))
+    random.Random(seed).shuffle(queue)
+    batches = []
+    while queue:
+        batch, kept, longest = [], [], 0
+        for index in queue:
+            if not batch or (len(batch) + 1) * max(longest, lengths[index]) * beams <= max_tokens:
+                batch.append(index)
+                longest = max(longest, lengths[index])
+            else:
+                kept.append(index)
+        batches.append(batch)
+        queue = kept
+    return batches
 
 
 def translate_in(backend, ids: list[list[int]], batches: list[list[int]]) -> tuple[list[str], float]:

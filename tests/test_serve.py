@@ -329,3 +329,64 @@ def test_the_server_listens_on_this_machine_only_unless_told(folder):
     from vanilla_transformer.commands.serve import parse_args
 
     assert parse_args([str(folder)]).host == "127.0.0.1"
+
+
+def raw_post(url: str, body: bytes) -> socket.socket:
+    """A connection that has sent one POST /translate of `body` (JSON), its answer not read."""
+    host, port = url.removeprefix("http://").split(":")
+    client = socket.create_connection((host, int(port)))
+    head = (
+        f"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    client.sendall(head.encode() + body)
+    return client
+
+
+@pytest.mark.slow
+def test_10000_queued_requests_keep_the_servers_memory_bounded_and_leave_with_their_clients(folder):
+    psutil = pytest.importorskip("psutil")
+    # batches form only when full (a budget no queue reaches) or after a minute: every request waits in the queue
+    server = Served(folder, *FAST[:4], "--max_tokens", 10**7, "--max_wait_ms", 60_000, "--max_queue_tokens", 10**7)
+    clients = []
+    try:
+        process = psutil.Process(server.process.pid)
+        idle = process.memory_info().rss
+        clients = [raw_post(server.url, json.dumps({"q": f"the red dog {n}"}).encode()) for n in range(10_000)]
+        deadline = time.monotonic() + 120
+        while server.metric("vt_queue_sentences") < 10_000 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert server.metric("vt_queue_sentences") == 10_000
+        assert process.memory_info().rss - idle < 300 * 2**20  # 216 MB here: about 22 KB a request waiting
+        for client in clients:
+            client.close()
+        deadline = time.monotonic() + 60
+        while server.metric("vt_queue_sentences") > 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert server.metric("vt_queue_sentences") == 0
+        assert server.request("/health")[0] == 200
+    finally:
+        for client in clients:
+            client.close()
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_100_mb_body_is_refused_and_the_connection_closed_before_the_body_is_read(served):
+    host, port = served.url.removeprefix("http://").split(":")
+    client = socket.create_connection((host, int(port)))
+    size = 100 * 2**20
+    head = f"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+    client.sendall(head.encode())
+    answer = client.recv(4096).decode("latin-1")
+    chunk, sent = b"x" * 2**20, 0
+    try:
+        while sent < size:
+            client.sendall(chunk)
+            sent += len(chunk)
+    except OSError:  # the server closed the connection: it reads nothing past the head
+        pass
+    finally:
+        client.close()
+    assert answer.startswith("HTTP/1.1 413") and "connection: close" in answer.lower()
+    assert sent < size
+    assert served.request("/translate", {"q": "a dog"})[0] == 200

@@ -148,15 +148,17 @@ class ServerState:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) past `limit` bytes before more is read."""
+    """The body, refused (413) past `limit` bytes before more is read. The refusal closes the connection, so that
+    the rest of the body is never read either (uvicorn would read it to keep the connection open)."""
+    too_large = RequestError(413, f"the body is over {limit:,} bytes", {"Connection": "close"})
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"the body is over {limit:,} bytes")
+        raise too_large
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            raise RequestError(413, f"the body is over {limit:,} bytes")
+            raise too_large
     return bytes(body)
 
 
