@@ -24,6 +24,7 @@ WRITERS = {
     "paper-figures": "output_dir",
     "sweep": "--output_dir",
     "export-ctranslate2": "output_dir",
+    "export-onnx": "output_dir",
     "convert": "output_dir",
     "space": "--output_dir",
 }
@@ -146,6 +147,7 @@ def arguments(name: str, output: str, model: str) -> list[str]:
         "paper-figures": [output, "--overwrite"],
         "sweep": ["--rows", "base", "--steps", "1", "--output_dir", output],
         "export-ctranslate2": [model, output, "--overwrite"],
+        "export-onnx": [model, output, "--overwrite"],
         "convert": [model, output, "--overwrite"],
         "space": ["your-name/vanilla-en-de", "--output_dir", output, "--overwrite"],
         "refresh-code": [output],

@@ -8,6 +8,7 @@
     vanilla-transformer paper-figures OUTPUT     the paper's equations and figures, drawn by the code that runs
     vanilla-transformer sweep ...                the paper's Table 3
     vanilla-transformer export-ctranslate2 ...   export to CTranslate2
+    vanilla-transformer export-onnx ...          export to ONNX for transformers.js and ONNX Runtime
     vanilla-transformer convert SOURCE OUTPUT    an OPUS-MT, FSMT or fairseq model as a model folder
     vanilla-transformer push MODEL_DIR ...       upload a model folder to the Hub
     vanilla-transformer refresh-code MODEL_DIR   give an older model folder the installed code
@@ -33,6 +34,7 @@ SUBCOMMANDS = (
     "paper-figures",
     "sweep",
     "export-ctranslate2",
+    "export-onnx",
     "convert",
     "push",
     "refresh-code",
@@ -60,6 +62,8 @@ def subcommand_main(name: str) -> Callable[[Sequence[str]], int]:
             from vanilla_transformer.commands.sweep import main
         case "export-ctranslate2":
             from vanilla_transformer.commands.export_ctranslate2 import main
+        case "export-onnx":
+            from vanilla_transformer.commands.export_onnx import main
         case "convert":
             from vanilla_transformer.commands.convert import main
         case "push":

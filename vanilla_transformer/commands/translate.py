@@ -131,7 +131,10 @@ def add_batching_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("backend")
-    group.add_argument("--backend", choices=["model", "ctranslate2"], default="model", help="what translates")
+    group.add_argument("--backend", choices=["model", "ctranslate2", "onnx"], default="model", help="what translates")
+    group.add_argument(
+        "--onnx_dir", help="with --backend onnx: MODEL_DIR's export (`vanilla-transformer export-onnx`)"
+    )
     group.add_argument("--ctranslate2_dir", help="a CTranslate2 export (default: made beside MODEL_DIR on first use)")
     group.add_argument("--compute_type", choices=COMPUTE_TYPES, help="CTranslate2's (default: its default)")
     group.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: the process's, from accelerate)")
@@ -162,6 +165,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--column and --streaming are for a dataset (--dataset_name or --data_files)")
     if args.backend != "ctranslate2" and (args.ctranslate2_dir or args.compute_type):
         parser.error("--ctranslate2_dir and --compute_type are for --backend ctranslate2")
+    if (args.backend == "onnx") != bool(args.onnx_dir):
+        parser.error("--backend onnx decodes with --onnx_dir, MODEL_DIR's export: give both or neither")
     if args.output and same_file(args.input, args.output):
         parser.error(f"--output {args.output} is the input file: the translations would replace the sources")
     if args.max_tokens is None and args.batch_size is None:
@@ -250,6 +255,12 @@ def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | N
             threads=torch.get_num_threads(),
             num_beams=args.num_beams,
             max_new_tokens=args.max_new_tokens,
+        )
+    if args.backend == "onnx":
+        from vanilla_transformer.serving.onnx_backend import OnnxBackend
+
+        return OnnxBackend(
+            args.model_dir, args.onnx_dir, args.num_beams, args.max_new_tokens, threads=torch.get_num_threads()
         )
     keep_freed_memory()  # generate()'s large tensors reuse freed memory instead of faulting in new pages (memory.py)
     model_kwargs = {"dtype": DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}

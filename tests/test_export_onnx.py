@@ -1,0 +1,170 @@
+"""`export-onnx`: the transformers.js layout checked against the model through ONNX Runtime (logits, greedy and
+beam-4 tokens, with and without the cache branch), the quantized variant, a tampered graph refused, the output rule,
+and the ONNX backend's translations."""
+
+import dataclasses
+import shutil
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime", reason="the ONNX export needs the onnx extra: pip install -e '.[onnx]'")
+pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript: pip install -e '.[onnx]'")
+
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
+from vanilla_transformer.commands.main import subcommand_main  # noqa: E402
+from vanilla_transformer.converters.export_onnx import check_sentences, export_onnx  # noqa: E402
+from vanilla_transformer.converters.onnx_check import OnnxCheckError, check_export  # noqa: E402
+from vanilla_transformer.converters.onnx_decoding import Decoding  # noqa: E402
+from vanilla_transformer.data.tokenization import load_tokenizer  # noqa: E402
+from vanilla_transformer.model.loading import read_json_file  # noqa: E402
+
+from .helpers import run_in_this_process, save_tiny_model_folder  # noqa: E402
+
+SENTENCES = 50
+
+
+def loaded(folder):
+    model = VanillaTransformerForConditionalGeneration.from_pretrained(folder).eval()
+    generation = read_json_file(folder / "generation_config.json") or {}
+    return model, Decoding.from_generation(generation, model.config.to_dict())
+
+
+@pytest.fixture(scope="module")
+def trained_export(tmp_path_factory):
+    base = tmp_path_factory.mktemp("onnx_trained")
+    folder = save_tiny_model_folder(base / "model", init_std=1.0)
+    export_onnx(folder, base / "export")
+    return folder, base / "export"
+
+
+@pytest.fixture(scope="module")
+def opus_export(marian_vocabulary, tmp_path_factory):
+    from vanilla_transformer.converters.convert import convert
+
+    from .sources import write_marian
+
+    base = tmp_path_factory.mktemp("onnx_opus")
+    folder = convert(write_marian(base / "source", marian_vocabulary), base / "model")
+    export_onnx(folder, base / "export")
+    return base / "model", base / "export"
+
+
+def check_on_50_sentences(folder, export):
+    model, decoding = loaded(folder)
+    return check_export(model, export, check_sentences(load_tokenizer(folder), SENTENCES), decoding)
+
+
+@pytest.mark.slow
+def test_a_trained_models_export_gives_its_logits_and_greedy_and_beam_tokens_with_and_without_the_cache(
+    trained_export,
+):
+    found = check_on_50_sentences(*trained_export)
+    assert found["without the cache"] <= 1e-4 and found["with the cache"] <= 1e-4
+    assert [value for name, value in found.items() if name.startswith("beam")] == [1.0] * 4
+
+
+@pytest.mark.slow
+def test_a_converted_opus_mt_export_gives_its_logits_and_greedy_and_beam_tokens_with_and_without_the_cache(
+    opus_export,
+):
+    found = check_on_50_sentences(*opus_export)
+    assert found["without the cache"] <= 1e-4 and found["with the cache"] <= 1e-4
+    assert [value for name, value in found.items() if name.startswith("beam")] == [1.0] * 4
+
+
+@pytest.mark.slow
+def test_a_converted_opus_mt_export_has_the_layout_transformers_js_loads(opus_export):
+    import onnx
+
+    folder, export = opus_export
+    decoder = onnx.load(str(export / "onnx" / "decoder_model_merged.onnx"), load_external_data=False)
+    inputs = [value.name for value in decoder.graph.input]
+    assert inputs[:3] == ["input_ids", "encoder_attention_mask", "encoder_hidden_states"]
+    assert inputs[-1] == "use_cache_branch" and "past_key_values.1.encoder.value" in inputs
+    assert [value.name for value in decoder.graph.output][:2] == ["logits", "present.0.decoder.key"]
+    config = read_json_file(export / "config.json")
+    assert config["model_type"] == "marian" and config["decoder_start_token_id"] == loaded(folder)[1].decoder_start
+    assert sorted(path.name for path in export.iterdir() if not path.name.startswith(".")) == [
+        "config.json",
+        "generation_config.json",
+        "onnx",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+
+
+@pytest.mark.slow
+def test_a_flipped_weight_is_refused_by_the_check(trained_export, tmp_path):
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    folder, export = trained_export
+    tampered = tmp_path / "tampered"
+    shutil.copytree(export, tampered)
+    path = tampered / "onnx" / "decoder_model_merged.onnx"
+    graph = onnx.load(str(path))
+    weight = max(graph.graph.initializer, key=lambda tensor: int(np.prod(tensor.dims)) * (tensor.data_type == 1))
+    weight.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(weight), weight.name))
+    onnx.save(graph, str(path))
+    model, decoding = loaded(folder)
+    with pytest.raises(OnnxCheckError, match="relative"):
+        check_export(model, tampered, check_sentences(load_tokenizer(folder), 8), decoding)
+
+
+@pytest.mark.slow
+def test_q8_gives_float32s_tokens_on_90_percent_of_sentences_in_under_35_percent_of_its_size(tmp_path):
+    folder = save_tiny_model_folder(
+        tmp_path / "model",
+        init_std=1.0,
+        d_model=128,
+        encoder_ffn_dim=512,
+        decoder_ffn_dim=512,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+    )
+    found = export_onnx(folder, tmp_path / "export", quantize=("q8",), check_count=SENTENCES)
+    sizes = {
+        suffix: sum(
+            (tmp_path / "export" / "onnx" / f"{name}{suffix}.onnx").stat().st_size
+            for name in ("encoder_model", "decoder_model_merged")
+        )
+        for suffix in ("", "_quantized")
+    }
+    assert found["q8: same tokens as float32"] >= 0.9
+    assert sizes["_quantized"] < 0.35 * sizes[""], sizes
+
+
+@pytest.mark.slow
+def test_overwrite_replaces_a_previous_export_and_a_foreign_folder_is_refused(trained_export, tmp_path):
+    folder, export = trained_export
+    output = tmp_path / "export"
+    shutil.copytree(export, output)
+    result = run_in_this_process(subcommand_main("export-onnx"), [str(folder), str(output), "--overwrite"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    (output / "notes.txt").write_text("mine")
+    result = run_in_this_process(subcommand_main("export-onnx"), [str(folder), str(output), "--overwrite"])
+    assert result.returncode != 0 and "notes.txt" in result.stderr
+    assert (output / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_the_onnx_backend_translates_as_the_model_backend(opus_export, num_beams):
+    from vanilla_transformer.model.decoding import ModelBackend
+    from vanilla_transformer.serving.onnx_backend import OnnxBackend
+
+    folder, export = opus_export
+    model, _ = loaded(folder)
+    tokenizer = load_tokenizer(folder)
+    batch = check_sentences(tokenizer, 16)
+    with torch.no_grad():
+        expected = ModelBackend(model, tokenizer, num_beams=num_beams).translate(batch)
+    assert OnnxBackend(folder, export, num_beams=num_beams).translate(batch) == expected
+
+
+def test_a_generation_setting_the_search_does_not_reproduce_is_refused_by_name():
+    with pytest.raises(ValueError, match="do_sample"):
+        Decoding.from_generation({"do_sample": True}, {"decoder_start_token_id": 1})
+    assert dataclasses.replace(Decoding.from_generation({}, {"decoder_start_token_id": 1}), num_beams=4).num_beams == 4
