@@ -95,6 +95,27 @@ def test_a_converted_opus_mt_export_has_the_layout_transformers_js_loads(opus_ex
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("which", ["trained", "opus"])
+def test_the_exported_tokenizer_reads_and_writes_as_the_folders_and_states_what_transformers_js_would_guess(
+    which, trained_export, opus_export
+):
+    from transformers import PreTrainedTokenizerFast
+
+    folder, export = trained_export if which == "trained" else opus_export
+    settings = read_json_file(export / "tokenizer_config.json")
+    original = load_tokenizer(folder)
+    assert settings["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert settings["clean_up_tokenization_spaces"] is bool(getattr(original, "clean_up_tokenization_spaces", False))
+    assert settings["model_max_length"] <= read_json_file(folder / "config.json")["max_position_embeddings"]
+    exported = PreTrainedTokenizerFast.from_pretrained(export)
+    ids = check_sentences(original, 20)
+    assert [exported(text)["input_ids"] for text in original.batch_decode(ids, skip_special_tokens=True)] == [
+        original(text)["input_ids"] for text in original.batch_decode(ids, skip_special_tokens=True)
+    ]
+    assert exported.batch_decode(ids, skip_special_tokens=True) == original.batch_decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.slow
 def test_a_flipped_weight_is_refused_by_the_check(trained_export, tmp_path):
     import numpy as np
     import onnx
@@ -111,6 +132,31 @@ def test_a_flipped_weight_is_refused_by_the_check(trained_export, tmp_path):
     model, decoding = loaded(folder)
     with pytest.raises(OnnxCheckError, match="relative"):
         check_export(model, tampered, check_sentences(load_tokenizer(folder), 8), decoding)
+
+
+@pytest.mark.slow
+def test_the_export_commands_refusal_names_the_users_folder_and_leaves_it_unwritten(
+    trained_export, tmp_path, monkeypatch
+):
+    import numpy as np
+    from onnx import numpy_helper
+
+    from vanilla_transformer.converters import export_onnx as exporting
+
+    def flipped(*args):
+        graph = merge_decoders(*args)
+        weight = max(graph.graph.initializer, key=lambda tensor: int(np.prod(tensor.dims)) * (tensor.data_type == 1))
+        weight.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(weight), weight.name))
+        return graph
+
+    merge_decoders = exporting.merge_decoders
+    monkeypatch.setattr(exporting, "merge_decoders", flipped)
+    output = tmp_path / "export"
+    result = run_in_this_process(subcommand_main("export-onnx"), [str(trained_export[0]), str(output)])
+    assert result.returncode != 0
+    assert f"the ONNX export {output} does not compute" in result.stderr and "relative" in result.stderr
+    assert ".export" not in result.stderr.replace(f"{output}", "") and "incomplete" not in result.stderr
+    assert not output.exists() and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
@@ -168,3 +214,53 @@ def test_a_generation_setting_the_search_does_not_reproduce_is_refused_by_name()
     with pytest.raises(ValueError, match="do_sample"):
         Decoding.from_generation({"do_sample": True}, {"decoder_start_token_id": 1})
     assert dataclasses.replace(Decoding.from_generation({}, {"decoder_start_token_id": 1}), num_beams=4).num_beams == 4
+
+
+@pytest.mark.slow
+def test_serve_with_the_onnx_backend_answers_as_translate_does(trained_export, tmp_path):
+    from .helpers import Served, translate
+
+    folder, export = trained_export
+    lines = [f"the {adjective} dog number {n} sees a cat" for n, adjective in enumerate(["red", "small", "old"])]
+    source = tmp_path / "lines.en"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    flags = ["--backend", "onnx", "--onnx_dir", export, "--max_new_tokens", 8, "--device", "cpu"]
+    result = translate(folder, "--input", source, *flags)
+    assert result.returncode == 0, result.stderr
+    expected = result.stdout.splitlines()
+    assert len(expected) == len(lines) and any(expected)
+    server = Served(folder, *flags)
+    try:
+        answers = [server.request("/translate", {"q": line, "source": "en", "target": "de"}) for line in lines]
+        listed = server.request("/translate", {"q": lines, "source": "en", "target": "de"})
+    finally:
+        assert server.stop() == 0
+    assert [(status, answer["translatedText"]) for status, _, answer in answers] == [(200, text) for text in expected]
+    assert listed[0] == 200 and listed[2]["translatedText"] == expected
+
+
+@pytest.mark.slow
+def test_translate_onnx_variant_q8_decodes_with_the_quantized_files(trained_export, tmp_path):
+    from .helpers import translate
+
+    folder, export = trained_export
+    source = tmp_path / "lines.en"
+    source.write_text("the red dog sees a cat\nthe old dog number 2\n", encoding="utf-8")
+
+    def run(onnx_dir, *flags):
+        return translate(
+            folder, "--input", source, "--backend", "onnx", "--onnx_dir", onnx_dir, "--device", "cpu", *flags
+        )
+
+    missing = run(export, "--onnx_variant", "q8")
+    assert missing.returncode != 0 and "has no q8 variant" in missing.stderr and "--quantize q8" in missing.stderr
+    quantized = tmp_path / "quantized"
+    shutil.copytree(export, quantized)
+    for name in ("encoder_model", "decoder_model_merged"):  # the float32 graphs under the q8 names: the same text
+        shutil.copyfile(export / "onnx" / f"{name}.onnx", quantized / "onnx" / f"{name}_quantized.onnx")
+    float32, q8 = run(quantized), run(quantized, "--onnx_variant", "q8")
+    assert float32.returncode == 0 and q8.returncode == 0 and q8.stdout == float32.stdout != ""
+    (quantized / "onnx" / "decoder_model_merged_quantized.onnx").write_bytes(b"not a graph")
+    assert run(quantized, "--onnx_variant", "q8").returncode != 0 and run(quantized).returncode == 0
+    refused = translate(folder, "--input", source, "--onnx_variant", "q8")
+    assert refused.returncode == 2 and "--onnx_variant is for --backend onnx" in refused.stderr

@@ -37,21 +37,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.assets is not None and not args.web:
         parser.error("--assets is for the page: give --web with it")
-    if args.assets is not None and not args.assets.is_dir():
-        parser.error(f"--assets {args.assets}: not a folder")
     need("onnxruntime", "onnx", "export-onnx")
     from vanilla_transformer.converters.export_onnx import export_onnx
 
     extra = None
     if args.web:
-        from vanilla_transformer.serving.web_page import write_page
+        from vanilla_transformer.serving.web_page import check_assets, write_page
+
+        if args.assets is not None:
+            check_assets(args.assets)  # before the export's minutes, not after
 
         def extra(staging: Path) -> list[str]:
-            before = {path for path in staging.rglob("*") if path.is_file()}
-            write_page(staging, args.assets)
-            return sorted(
-                str(path.relative_to(staging)) for path in staging.rglob("*") if path.is_file() and path not in before
-            )
+            return write_page(staging, args.assets)
 
     summary = export_onnx(args.model_dir, args.output_dir, tuple(args.quantize), args.overwrite, extra)
     for name, value in summary.items():

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline_vanilla_transformer import MAX_OUTPUT_TOKENS
-from vanilla_transformer.converters.onnx_check import agreement, check_export
+from vanilla_transformer.converters.onnx_check import OnnxCheckError, agreement, check_export
 from vanilla_transformer.converters.onnx_decoding import Decoding
 from vanilla_transformer.converters.onnx_graphs import DECODER, ENCODER, export_graphs, merge_decoders
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
@@ -108,15 +108,18 @@ def check_sentences(tokenizer, count: int) -> list[list[int]]:
     return tokenizer(texts[:count], verbose=False)["input_ids"]  # cut to the positions by the caller
 
 
-def write_tokenizer(model_dir: Path, out: Path, tokenizer, sentences: list[str]) -> list[str]:
+def write_tokenizer(model_dir: Path, out: Path, tokenizer, sentences: list[str], positions: int) -> list[str]:
     """tokenizer.json and tokenizer_config.json: the folder's own, or a Marian folder's sentencepiece tokenizer
-    converted (tokenizer_json.py), checked to give its ids on `sentences`."""
+    converted (tokenizer_json.py), checked to give its ids on `sentences`. The settings are stated for transformers.js
+    rather than left to its defaults: the plain tokenizer class (its MarianTokenizer trims a text and looks for
+    language codes), the folder's `clean_up_tokenization_spaces` (transformers.js takes true when it is absent), and
+    at most the model's `positions` source tokens (transformers.js's pipeline cuts a longer text there; the graphs'
+    position table ends there)."""
     from vanilla_transformer.converters.tokenizer_json import marian_tokenizer_json, tokenizer_settings
 
     if (model_dir / "tokenizer.json").is_file():
         shutil.copyfile(model_dir / "tokenizer.json", out / "tokenizer.json")
         settings = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-        settings["tokenizer_class"] = "PreTrainedTokenizerFast"
     elif type(tokenizer).__name__ == "MarianTokenizer":
         marian_tokenizer_json(tokenizer, sentences, OnnxExportError).save(str(out / "tokenizer.json"))
         settings = tokenizer_settings(tokenizer)
@@ -124,6 +127,9 @@ def write_tokenizer(model_dir: Path, out: Path, tokenizer, sentences: list[str])
         raise OnnxExportError(
             f"{model_dir}: its tokenizer ({type(tokenizer).__name__}) has no tokenizer.json to export"
         )
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    settings["clean_up_tokenization_spaces"] = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+    settings["model_max_length"] = min(positions, settings.get("model_max_length") or positions)
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n", "utf-8")
     return ["tokenizer.json", "tokenizer_config.json"]
 
@@ -211,7 +217,10 @@ def export_onnx(
             graphs = export_graphs(model, Path(temporary))
             shutil.copyfile(graphs[0], onnx_dir / ENCODER)
             onnx.save(merge_decoders(graphs[1], graphs[2], model.config), str(onnx_dir / DECODER))
-            summary.update(check_export(model, staging, batch, decoding))
+            try:
+                summary.update(check_export(model, staging, batch, decoding, name=folder))
+            except OnnxCheckError as refused:
+                raise OnnxCheckError(f"{refused}; {folder} was left as it was") from None
             names = [f"onnx/{ENCODER}", f"onnx/{DECODER}"]
             for kind in dict.fromkeys(quantize):
                 names += quantize_variant(graphs, onnx_dir, kind, model.config)
@@ -222,9 +231,8 @@ def export_onnx(
         ):
             (staging / name).write_text(json.dumps(content, indent=2) + "\n", "utf-8")
             names.append(name)
-        names += write_tokenizer(
-            model_dir, staging, tokenizer, tokenizer.batch_decode(batch, skip_special_tokens=True)
-        )
+        sentences = tokenizer.batch_decode(batch, skip_special_tokens=True)
+        names += write_tokenizer(model_dir, staging, tokenizer, sentences, model.config.max_position_embeddings)
         return names + (extra(staging) if extra is not None else [])
 
     write_recorded_folder(

@@ -47,9 +47,8 @@ def marian_tokenizer_json(tokenizer, sentences: list[str], error: type[Exception
 
 
 def tokenizer_settings(tokenizer) -> dict:
-    """tokenizer_config.json for the converted tokenizer (transformers.js's MarianTokenizer class)."""
+    """tokenizer_config.json for the converted tokenizer: its special tokens, length and languages."""
     return {
-        "tokenizer_class": "MarianTokenizer",
         "eos_token": tokenizer.eos_token,
         "unk_token": tokenizer.unk_token,
         "pad_token": tokenizer.pad_token,
