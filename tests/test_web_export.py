@@ -56,7 +56,10 @@ def tail(text: str, characters: int = 3000) -> str:
 @pytest.fixture(scope="session")
 def transformers_js(tmp_path_factory) -> Path:
     """The npm folder holding transformers.js and ONNX Runtime's packages: $TRANSFORMERS_JS_FOLDER, or a temporary
-    folder tests/web/install.sh fills; skipped, naming why, where neither can be had."""
+    folder tests/web/install.sh fills; skipped, naming why, where neither can be had, or where no model can be exported
+    for it (the onnx extra)."""
+    pytest.importorskip("onnxruntime", reason="the page translates an ONNX export: pip install -e '.[onnx]'")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript: pip install -e '.[onnx]'")
     if given := os.environ.get(FOLDER_VARIABLE):
         folder = Path(given)
         if not (folder / DIST / web_page.LIBRARY_FILE).is_file():

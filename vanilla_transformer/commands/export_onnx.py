@@ -37,20 +37,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.assets is not None and not args.web:
         parser.error("--assets is for the page: give --web with it")
+    from vanilla_transformer.converters.export_onnx import check_folders, export_onnx
+    from vanilla_transformer.serving.web_page import check_assets, write_page
+
+    # what the user gave is checked first, in seconds and without the onnx extra: the assets, then the folders
+    if args.assets is not None:
+        check_assets(args.assets)
+    check_folders(args.model_dir, args.output_dir, args.overwrite)
     need("onnxruntime", "onnx", "export-onnx")
-    from vanilla_transformer.converters.export_onnx import export_onnx
 
-    extra = None
-    if args.web:
-        from vanilla_transformer.serving.web_page import check_assets, write_page
+    def extra(staging: Path) -> list[str]:
+        return write_page(staging, args.assets)
 
-        if args.assets is not None:
-            check_assets(args.assets)  # before the export's minutes, not after
-
-        def extra(staging: Path) -> list[str]:
-            return write_page(staging, args.assets)
-
-    summary = export_onnx(args.model_dir, args.output_dir, tuple(args.quantize), args.overwrite, extra)
+    summary = export_onnx(
+        args.model_dir, args.output_dir, tuple(args.quantize), args.overwrite, extra if args.web else None
+    )
     for name, value in summary.items():
         print(f"{name}: {value:.3g}", file=sys.stderr)
     print(args.output_dir)
