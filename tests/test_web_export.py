@@ -128,9 +128,11 @@ def exported(memorising_bpe_folder, transformers_js, tmp_path_factory) -> Path:
 
 
 def paper_new_tokens(source_tokens: int, generation: dict) -> int:
-    """decoding.mjs's output length: input + 50, never over what generation_config.json allows, at most 4096."""
-    configured = generation.get("max_new_tokens") or (generation.get("max_length") or 4097) - 1
-    return min(source_tokens + 50, configured, 4096)
+    """decoding.mjs's output length: the length generation_config.json sets, else (`extra_output_tokens`, the model
+    folder set none) input + 50, at most 4096."""
+    if "extra_output_tokens" in generation:
+        return min(source_tokens + generation["extra_output_tokens"], 4096)
+    return generation.get("max_new_tokens") or generation["max_length"] - 1
 
 
 @pytest.fixture(scope="module")

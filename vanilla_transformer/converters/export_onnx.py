@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline_vanilla_transformer import MAX_OUTPUT_TOKENS
+from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
 from vanilla_transformer.converters.onnx_check import OnnxCheckError, agreement, check_export
 from vanilla_transformer.converters.onnx_decoding import Decoding
 from vanilla_transformer.converters.onnx_graphs import DECODER, ENCODER, export_graphs, merge_decoders
@@ -87,14 +87,16 @@ def web_config(config) -> dict:
 
 
 def web_generation_config(generation: dict, config) -> dict:
-    """generation_config.json: the folder's; where it sets no length, the most the model decodes (transformers.js
-    would stop at 20 tokens)."""
+    """generation_config.json: the folder's. Where it sets no length, the model decodes section 6.1's input + 50
+    tokens: that is said as `extra_output_tokens` (the page's decoding.mjs reads it), and `max_length` is the most the
+    model decodes, for a caller of transformers.js that gives no length (its own default stops at 20 tokens)."""
     written = {key: value for key, value in generation.items() if key != "transformers_version"}
     if written.get("max_new_tokens") is None and written.get("max_length") is None:
         limit = MAX_OUTPUT_TOKENS + 1
         if config.position_embedding_type == "learned":
             limit = min(limit, config.max_position_embeddings)
         written["max_length"] = limit
+        written["extra_output_tokens"] = EXTRA_OUTPUT_TOKENS
     return written
 
 

@@ -5,8 +5,9 @@
 // so the page asks for one beam and says so. One sentence a call: in a batch, transformers.js 3 goes on generating
 // for a row past its end token and decodes those tokens too. The output length is the paper's (section 6.1; the
 // Python rule is `output_length` in pipeline_vanilla_transformer.py): the length generation_config.json gives, else
-// the source's tokens + 50, at most 4096, and with a learned position table at most its rows less the start token's.
-// transformers.js's own fallback, 20 tokens, would cut translations mid-sentence.
+// the source's tokens + 50 where the export says `extra_output_tokens` (the model folder set no length; its
+// max_length is then only the most the model decodes), at most 4096, and with a learned position table at most its
+// rows less the start token's. transformers.js's own fallback, 20 tokens, would cut translations mid-sentence.
 
 export const DECODING = "greedy search (one beam): transformers.js 3 has no beam search";
 export const EXTRA_OUTPUT_TOKENS = 50;
@@ -15,6 +16,7 @@ export const MAX_OUTPUT_TOKENS = 4096;
 /** The new tokens generation_config.json allows (its max_new_tokens, or its max_length less the start token); null
  * where it gives no length. */
 export function configuredNewTokens(generationConfig) {
+  if (generationConfig?.extra_output_tokens != null) return null;
   if (generationConfig?.max_new_tokens != null) return generationConfig.max_new_tokens;
   if (generationConfig?.max_length != null) return generationConfig.max_length - 1;
   return null;
@@ -24,7 +26,8 @@ export function configuredNewTokens(generationConfig) {
  * folder's config.json and generation_config.json as plain objects. */
 export function generationOptions(sourceTokens, config, generationConfig) {
   const configured = configuredNewTokens(generationConfig);
-  let newTokens = configured ?? Math.min(sourceTokens + EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS);
+  const extra = generationConfig?.extra_output_tokens ?? EXTRA_OUTPUT_TOKENS;
+  let newTokens = configured ?? Math.min(sourceTokens + extra, MAX_OUTPUT_TOKENS);
   const positions = config?.max_position_embeddings;
   if (config?.position_embedding_type === "learned" && positions != null && newTokens >= positions) {
     newTokens = positions - 1;
