@@ -12,7 +12,9 @@ wave, not of a steady state. The load generator shares the machine's cores with 
 
 Also measured, per model and backend:
 - `direct`: the backend called directly (`translate([ids])`, in a process of its own, loaded as the server loads it)
-  on the first --direct sentences, against the server's latency at concurrency 1 on the same sentences;
+  on the first --direct sentences, against the server's latency at concurrency 1 on the same sentences: on a server
+  worker's share of torch's threads (the model backend's two workers have one thread each on 2 cores: the difference
+  is the server's own overhead) and on all of them (what calling the backend alone gives);
 - `offline` (c): the translate command on --sentences sentences with the same backend flags; its lines/s and tokens/s
   are the engine's own clock (the command's summary line), loading left out as the server's window leaves it out;
 - `queued` (once, on the first model and backend): --queued requests sent at once to a server that may queue them
@@ -173,7 +175,11 @@ async def flood(server: Server, sentences: list[str], count: int, settle: float)
 
 def direct_worker(args: argparse.Namespace) -> None:
     """The backend as the server loads it, called directly on each of the first --direct sentences (one warm-up
-    call first): the seconds of each call, as JSON."""
+    call first), twice: on a server worker's share of torch's threads (what the server's worker runs with: the
+    server's own overhead is the difference) and on all of them (what a caller of the backend alone gets). The seconds
+    of each call, as JSON: {"share": [...], "all": [...]}."""
+    import torch
+
     from vanilla_transformer.commands.serve import parse_args as serve_args
     from vanilla_transformer.commands.translate import make_backend, the_export
 
@@ -181,16 +187,21 @@ def direct_worker(args: argparse.Namespace) -> None:
     served.model_dir = args.worker_folder  # as serve gives each folder its own settings
     backend = make_backend(served, "cpu", the_export(served), True)
     ids = backend.encode(read_lines(SENTENCES, args.direct))
-    backend.translate([ids[0]])
-    seconds = []
-    for sentence in ids:
-        started = time.monotonic()
-        backend.translate([sentence])
-        seconds.append(time.monotonic() - started)
-    print(json.dumps(seconds))
+    threads = torch.get_num_threads()
+    workers = getattr(backend, "workers", 1) if served.backend == "model" else 1  # as serve's batcher_of
+    timed = {}
+    for name, count in (("share", max(1, threads // workers)), ("all", threads)):
+        torch.set_num_threads(count)
+        backend.translate([ids[0]])
+        timed[name] = []
+        for sentence in ids:
+            started = time.monotonic()
+            backend.translate([sentence])
+            timed[name].append(time.monotonic() - started)
+    print(json.dumps(timed))
 
 
-def direct(args: argparse.Namespace, folder: Path, flags: list[str]) -> list[float]:
+def direct(args: argparse.Namespace, folder: Path, flags: list[str]) -> dict[str, list[float]]:
     command = [sys.executable, __file__, "--worker", "direct", "--worker_folder", str(folder), "--direct"]
     command += [str(args.direct), "--worker_flags", *flags]
     done = subprocess.run(command, cwd=ROOT, env=environment(args.threads), capture_output=True, text=True)
@@ -233,18 +244,14 @@ def measure(args: argparse.Namespace, name: str, folder: Path, flags: list[str],
         finally:
             server.stop()
     single = next(row for row in rows if row["mode"] == "on" and row["concurrency"] == 1)
-    direct_seconds = direct(args, folder, flags)
+    timed = direct(args, folder, flags)
     served = dict(single["by_sentence"])
-    ratios = [served[n] / s for n, s in enumerate(direct_seconds) if n in served]
-    rows.append(
-        {
-            "model": name,
-            "mode": "direct",
-            "direct_p50_ms": statistics.median(direct_seconds) * 1000,
-            "served_over_direct": statistics.median(ratios) if ratios else None,
-            "sentences": len(ratios),
-        }
-    )
+    row = {"model": name, "mode": "direct", "sentences": len(timed["share"])}
+    for threads, seconds in timed.items():  # the worker's share of the threads, and all of them
+        ratios = [served[n] / s for n, s in enumerate(seconds) if n in served]
+        row[f"direct_{threads}_p50_ms"] = statistics.median(seconds) * 1000
+        row[f"served_over_direct_{threads}"] = statistics.median(ratios) if ratios else None
+    rows.append(row)
     rows.append({"model": name, "mode": "offline", **offline(args, folder, flags, work)})
     if queued:
         limit = ["--max_queue_tokens", str(10**9), "--timeout", "600"]
@@ -291,8 +298,9 @@ def targets(rows: list[dict]) -> list[str]:
         for row in mine:
             if row["mode"] == "direct":
                 said.append(
-                    f"{model} {backend}: at C=1, served/direct latency {row['served_over_direct']:.2f}x "
-                    f"(direct p50 {row['direct_p50_ms']:.0f} ms)"
+                    f"{model} {backend}: at C=1, served/direct latency {row['served_over_direct_share']:.2f}x on a "
+                    f"worker's share of the threads (direct p50 {row['direct_share_p50_ms']:.0f} ms), "
+                    f"{row['served_over_direct_all']:.2f}x on all (direct p50 {row['direct_all_p50_ms']:.0f} ms)"
                 )
             if row["mode"] == "queued":
                 said.append(
