@@ -390,3 +390,17 @@ def test_a_100_mb_body_is_refused_and_the_connection_closed_before_the_body_is_r
     assert answer.startswith("HTTP/1.1 413") and "connection: close" in answer.lower()
     assert sent < size
     assert served.request("/translate", {"q": "a dog"})[0] == 200
+
+
+def test_the_servers_connections_send_each_response_at_once_without_waiting_for_an_acknowledgement():
+    from vanilla_transformer.commands.serve import listening_socket
+
+    listening = listening_socket("127.0.0.1", 0)
+    client = socket.create_connection(listening.getsockname())
+    accepted, _ = listening.accept()
+    try:
+        assert accepted.proto == socket.IPPROTO_TCP  # asyncio sets TCP_NODELAY on such sockets only
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        for each in (accepted, client, listening):
+            each.close()

@@ -25,7 +25,13 @@ from pathlib import Path
 
 from vanilla_transformer.commands.flags import at_least, beam_size, command_parser, output_tokens, positive_float
 from vanilla_transformer.commands.runner import UsageError, command, need
-from vanilla_transformer.commands.translate import add_backend_flags, make_backend, resolve_device, the_export
+from vanilla_transformer.commands.translate import (
+    add_backend_flags,
+    check_backend_flags,
+    make_backend,
+    resolve_device,
+    the_export,
+)
 from vanilla_transformer.serving.settings import CorpusSettings
 
 MAX_WAIT_MS = 5.0  # a lone request's longest wait for others to share its batch
@@ -78,10 +84,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("give --device or --devices, not both")
     if args.languages and len(args.languages) != len(args.model_dirs):
         parser.error(f"--languages names {len(args.languages)} pairs for {len(args.model_dirs)} folders: one each")
-    if args.ctranslate2_dir and len(args.model_dirs) > 1:
-        parser.error("--ctranslate2_dir is one folder's export: serve one MODEL_DIR with it")
-    if args.backend != "ctranslate2" and (args.ctranslate2_dir or args.compute_type):
-        parser.error("--ctranslate2_dir and --compute_type are for --backend ctranslate2")
+    for flag in ("ctranslate2_dir", "onnx_dir"):
+        if getattr(args, flag) and len(args.model_dirs) > 1:
+            parser.error(f"--{flag} is one folder's export: serve one MODEL_DIR with it")
+    check_backend_flags(parser, args)
     for pair in args.languages or ():
         if pair.count("-") != 1 or not all(pair.split("-")):
             parser.error(f"--languages {pair}: a pair is SRC-TGT, as en-de")
@@ -165,13 +171,7 @@ def run(args: argparse.Namespace) -> None:
 
     keys = read_keys(args.api_keys) if args.api_keys else []
     devices = [resolve_device(device) for device in args.devices or [args.device or "cpu"]]
-    listening = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listening.bind((args.host, args.port))
-        listening.listen(2048)  # connections wait in the backlog until the models are loaded and uvicorn accepts
-    except OSError as error:
-        raise UsageError(f"--host {args.host} --port {args.port}: cannot listen there ({error.strerror})") from None
+    listening = listening_socket(args.host, args.port)
     limits = Limits(args.max_body_bytes, args.max_texts, args.max_characters, args.timeout)
     state = ServerState([], limits, keys)
     for model in serve_models(args, devices, state.on_batch):
@@ -182,6 +182,24 @@ def run(args: argparse.Namespace) -> None:
     pairs, port = ", ".join(model.pair for model in state.models), listening.getsockname()[1]
     ready = f"serving {pairs} on http://{args.host}:{port} (SIGTERM drains, then exits)"
     DrainingServer(config, state, args.drain_seconds, ready).run(sockets=[listening])
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, listening before the models load (connections wait in the backlog until uvicorn
+    accepts). It is a TCP socket by its protocol number and has TCP_NODELAY, which its connections inherit: asyncio
+    sets TCP_NODELAY only on sockets that name IPPROTO_TCP, and without it Nagle's algorithm held each response's body
+    back until the client's delayed acknowledgement of its head, 40 ms a request on a kept-alive connection."""
+    listening = socket.socket(
+        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+    )
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listening.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        listening.bind((host, port))
+        listening.listen(2048)
+    except OSError as error:
+        raise UsageError(f"--host {host} --port {port}: cannot listen there ({error.strerror})") from None
+    return listening
 
 
 class DrainingServer:

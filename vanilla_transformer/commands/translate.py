@@ -6,6 +6,8 @@
     vanilla-transformer translate MODEL_DIR --input book.txt --output book.de.txt --split_sentences --paragraphs
     vanilla-transformer translate MODEL_DIR --data_files reviews.parquet --column text --output reviews.de.parquet
     vanilla-transformer translate MODEL_DIR --input source.txt --output hyp.txt --backend ctranslate2 --compute_type int8
+    vanilla-transformer translate MODEL_DIR --input source.txt --output hyp.txt --backend onnx --onnx_dir OUT \\
+        --onnx_variant q8
 
 Unit i of the output translates unit i of the input: a line (an empty line gives an empty line), a paragraph with
 --paragraphs (blank lines kept), or a dataset row (the output is the dataset with a `translation` column). The input
@@ -40,6 +42,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from vanilla_transformer.commands.export_onnx import QUANTIZATIONS as ONNX_VARIANTS
 from vanilla_transformer.commands.flags import (
     at_least,
     beam_size,
@@ -135,6 +138,11 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--onnx_dir", help="with --backend onnx: MODEL_DIR's export (`vanilla-transformer export-onnx`)"
     )
+    group.add_argument(
+        "--onnx_variant",
+        choices=ONNX_VARIANTS,
+        help="with --backend onnx: the export's quantized files (written by its --quantize) instead of float32",
+    )
     group.add_argument("--ctranslate2_dir", help="a CTranslate2 export (default: made beside MODEL_DIR on first use)")
     group.add_argument("--compute_type", choices=COMPUTE_TYPES, help="CTranslate2's (default: its default)")
     group.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: the process's, from accelerate)")
@@ -145,6 +153,16 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run the folder's own model code (Hub models); by default the installed vanilla-transformer code runs",
     )
+
+
+def check_backend_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Each backend's flags given with that backend only (translate's and serve's)."""
+    if args.backend != "ctranslate2" and (args.ctranslate2_dir or args.compute_type):
+        parser.error("--ctranslate2_dir and --compute_type are for --backend ctranslate2")
+    if (args.backend == "onnx") != bool(args.onnx_dir):
+        parser.error("--backend onnx decodes with --onnx_dir, MODEL_DIR's export: give both or neither")
+    if args.onnx_variant and args.backend != "onnx":
+        parser.error("--onnx_variant is for --backend onnx")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -163,10 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"a dataset is written to --output (a {', '.join(DATASET_SUFFIXES)} file, or a folder)")
     if (args.column or args.streaming) and not dataset:
         parser.error("--column and --streaming are for a dataset (--dataset_name or --data_files)")
-    if args.backend != "ctranslate2" and (args.ctranslate2_dir or args.compute_type):
-        parser.error("--ctranslate2_dir and --compute_type are for --backend ctranslate2")
-    if (args.backend == "onnx") != bool(args.onnx_dir):
-        parser.error("--backend onnx decodes with --onnx_dir, MODEL_DIR's export: give both or neither")
+    check_backend_flags(parser, args)
     if args.output and same_file(args.input, args.output):
         parser.error(f"--output {args.output} is the input file: the translations would replace the sources")
     if args.max_tokens is None and args.batch_size is None:
@@ -203,7 +218,15 @@ def corpus_source(args: argparse.Namespace):
 def output_settings(args: argparse.Namespace, device: str, model_digest: str, export_digest: str | None) -> dict:
     """What changes the output, as a run's manifest records it: a resumed run must give the same. The settings in
     effect: a flag left out and one given with the folder's own value are the same setting."""
-    names = ("backend", "dtype", "attn_implementation", "trust_remote_code", "max_tokens", "batch_size")
+    names = (
+        "backend",
+        "onnx_variant",
+        "dtype",
+        "attn_implementation",
+        "trust_remote_code",
+        "max_tokens",
+        "batch_size",
+    )
     names += ("buffer_size", "split_sentences", "paragraphs", "language", "column")
     record = {f"--{name}": getattr(args, name) for name in names}
     record.update({f"--{name}": value for name, value in effective_decoding(args).items()})
@@ -260,7 +283,12 @@ def make_backend(args: argparse.Namespace, device: str, ctranslate2_dir: str | N
         from vanilla_transformer.serving.onnx_backend import OnnxBackend
 
         return OnnxBackend(
-            args.model_dir, args.onnx_dir, args.num_beams, args.max_new_tokens, threads=torch.get_num_threads()
+            args.model_dir,
+            args.onnx_dir,
+            args.num_beams,
+            args.max_new_tokens,
+            threads=torch.get_num_threads(),
+            variant=args.onnx_variant,
         )
     keep_freed_memory()  # generate()'s large tensors reuse freed memory instead of faulting in new pages (memory.py)
     model_kwargs = {"dtype": DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}

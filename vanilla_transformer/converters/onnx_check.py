@@ -77,9 +77,12 @@ def reference_tokens(model, ids, mask, decoding: Decoding, max_new_tokens: int, 
     return rows(output, decoding.pad)
 
 
-def check_export(model, folder: str | Path, batch: list[list[int]], decoding: Decoding, max_new_tokens: int = 20):
+def check_export(
+    model, folder: str | Path, batch: list[list[int]], decoding: Decoding, max_new_tokens: int = 20, name=None
+):
     """Raise OnnxCheckError unless the export in `folder` gives `model`'s logits and tokens on `batch` (the module
-    docstring); returns the measured differences."""
+    docstring); returns the measured differences. `name`: the folder as the refusal names it (default `folder`; the
+    export command's OUT, not the staging folder it checks)."""
     import dataclasses
 
     onnx_model = OnnxModel(folder)
@@ -111,7 +114,7 @@ def check_export(model, folder: str | Path, batch: list[list[int]], decoding: De
                 )
     if problems:
         raise OnnxCheckError(
-            f"the ONNX export of {folder} does not compute the model's results: {'; '.join(problems)}"
+            f"the ONNX export {name or folder} does not compute the model's results: {'; '.join(problems)}"
         )
     return found
 

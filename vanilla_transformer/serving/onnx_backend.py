@@ -29,6 +29,12 @@ class OnnxBackend:
 
         if not (Path(onnx_dir) / "onnx").is_dir():
             raise OnnxExportError(f"--onnx_dir {onnx_dir} is not an export of `vanilla-transformer export-onnx`")
+        suffix = QUANTIZATIONS[variant] if variant else ""
+        if variant and not (Path(onnx_dir) / "onnx" / f"encoder_model{suffix}.onnx").is_file():
+            raise OnnxExportError(
+                f"--onnx_dir {onnx_dir} has no {variant} variant (onnx/encoder_model{suffix}.onnx): export it with "
+                f"`vanilla-transformer export-onnx MODEL_DIR {onnx_dir} --overwrite --quantize {variant}`"
+            )
         config = read_json_file(Path(model_dir) / "config.json")
         generation = read_json_file(Path(model_dir) / "generation_config.json") or {}
         self.decoding = Decoding.from_generation(generation, config)
@@ -39,7 +45,7 @@ class OnnxBackend:
         self.learned = config.get("position_embedding_type") == "learned"
         self.max_source_tokens = config["max_position_embeddings"]
         self.tokenizer = load_tokenizer(onnx_dir)
-        self.model = OnnxModel(onnx_dir, QUANTIZATIONS[variant] if variant else "", threads)
+        self.model = OnnxModel(onnx_dir, suffix, threads)
         self.special_ids = set(self.tokenizer.all_special_ids)
 
     def with_decoding(self, num_beams: int | None = None, max_new_tokens: int | None = None) -> OnnxBackend:
