@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from vanilla_transformer.converters.onnx_graphs import DECODER, ENCODER, past_names
+from vanilla_transformer.converters.onnx_graphs import DECODER, ENCODER, KINDS, past_names
 from vanilla_transformer.model.beam_search import _Beams
 
 # generate()'s settings that change which tokens come out, and the values with which they change nothing
@@ -130,7 +130,7 @@ class OnnxModel:
         feeds |= dict(zip(self.names, past or [empty] * len(self.names), strict=True))
         feeds["use_cache_branch"] = np.array([past is not None])
         logits, *present = self.decoder.run(None, feeds)
-        return logits.astype(np.float32), present
+        return logits.astype(np.float32, copy=False), present
 
 
 def stopping(decoding: Decoding, max_length: int):
@@ -195,8 +195,10 @@ def beam_search(model: OnnxModel, input_ids, attention_mask, decoding: Decoding,
         log_probs = process(tokens, torch.nn.functional.log_softmax(logits, dim=-1))
         candidates = state.candidates(log_probs)
         order = state.advance(*candidates).numpy()
-        if past is not None:
-            past = [value[order] for value in past]
+        if past is not None:  # the encoder's keys and values are the same in each beam of a sentence: kept as they are
+            past = [
+                value[order] if KINDS[index % 4].startswith("decoder") else value for index, value in enumerate(past)
+            ]
         if state.done(candidates[3]):
             return state.sequences()
         tokens = state.running[:, :, : state.length].flatten(0, 1)
