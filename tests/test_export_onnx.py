@@ -272,3 +272,19 @@ def test_translate_onnx_variant_q8_decodes_with_the_quantized_files(trained_expo
     assert run(quantized, "--onnx_variant", "q8").returncode != 0 and run(quantized).returncode == 0
     refused = translate(folder, "--input", source, "--onnx_variant", "q8")
     assert refused.returncode == 2 and "--onnx_variant is for --backend onnx" in refused.stderr
+
+
+@pytest.mark.slow
+def test_an_output_length_past_the_exports_positions_is_refused_by_name(opus_export):
+    from vanilla_transformer.converters.export_onnx import OnnxExportError
+    from vanilla_transformer.serving.onnx_backend import OnnxBackend
+
+    folder, export = opus_export
+    backend = OnnxBackend(folder, export, threads=1)
+    with pytest.raises(OnnxExportError, match=f"past the {backend.max_output} target positions"):
+        OnnxBackend(folder, export, max_new_tokens=backend.max_output + 1, threads=1)
+    with pytest.raises(OnnxExportError, match="target positions"):
+        backend.with_decoding(max_new_tokens=backend.max_output + 1)
+    [[ids]] = [backend.encode(["a dog"])]
+    texts, _ = backend.with_decoding(max_new_tokens=backend.max_output).translate([ids])  # the most it holds runs
+    assert len(texts) == 1

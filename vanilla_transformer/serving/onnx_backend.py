@@ -15,6 +15,7 @@ from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
 from vanilla_transformer.converters.export_onnx import QUANTIZATIONS, OnnxExportError
 from vanilla_transformer.converters.onnx_check import padded, rows
 from vanilla_transformer.converters.onnx_decoding import Decoding, OnnxModel, search
+from vanilla_transformer.converters.onnx_graphs import EXTRA_ROWS
 from vanilla_transformer.model.loading import read_json_file
 from vanilla_transformer.serving.settings import folder_max_new_tokens
 
@@ -44,6 +45,9 @@ class OnnxBackend:
         self.max_new_tokens = max_new_tokens if max_new_tokens is not None else folder_max_new_tokens(generation)
         self.learned = config.get("position_embedding_type") == "learned"
         self.max_source_tokens = config["max_position_embeddings"]
+        # the target positions the graphs' position table holds after the start token (onnx_graphs.EXTRA_ROWS)
+        self.max_output = self.max_source_tokens - 1 + (0 if self.learned else EXTRA_ROWS)
+        self.check_length(self.max_new_tokens)
         self.tokenizer = load_tokenizer(onnx_dir)
         self.model = OnnxModel(onnx_dir, suffix, threads)
         self.special_ids = set(self.tokenizer.all_special_ids)
@@ -54,8 +58,18 @@ class OnnxBackend:
         if num_beams is not None:
             other.decoding, other.beams = dataclasses.replace(self.decoding, num_beams=num_beams), num_beams
         if max_new_tokens is not None:
+            other.check_length(max_new_tokens)
             other.max_new_tokens = max_new_tokens
         return other
+
+    def check_length(self, max_new_tokens: int | None) -> None:
+        """Refuse an output length past the export's positions (the PyTorch model grows its sinusoids; a graph holds
+        its table as exported: enough for section 6.1's source + 50 at the model's longest source)."""
+        if max_new_tokens is not None and max_new_tokens > self.max_output:
+            raise OnnxExportError(
+                f"an output of {max_new_tokens} tokens is past the {self.max_output} target positions the export's "
+                f"graphs hold: ask for {self.max_output} new tokens or fewer, or use --backend model"
+            )
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         return self.tokenizer(list(texts), verbose=False)["input_ids"]
