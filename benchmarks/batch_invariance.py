@@ -2,8 +2,8 @@
 translated by one backend in three batchings, and the sentences whose text differs counted.
 
 - `sorted`: `translate`'s batches (`batches.token_batches`: longest first, little padding);
-- `arrival`: the server's batches for requests that arrived in a random order and wait together (`Batcher.take`: the
-  oldest and every later one that fits the token budget: mixed lengths, so more padding, other batch sizes);
+- `arrival`: batches of sentences that arrived in a random order and wait together, each the oldest and every later one
+  that fits the token budget (mixed lengths: more padding, other batch sizes than `sorted`);
 - `alone`: each sentence a batch of its own (the first --alone sentences; 0 skips it).
 
 A difference can come from padding (a sentence padded to a longer one's length: attention over more masked keys) or
@@ -36,9 +36,8 @@ SOURCES = ("test_2016_flickr.en.gz", "val.en.gz")  # 1,000 + 1,014 sentences the
 
 
 def arrival_batches(lengths: list[int], max_tokens: int, beams: int, seed: int) -> list[list[int]]:
-    """The batcher's batches for sentences that arrived in a random order and wait together (a server under load):
-    each batch the oldest waiting and every later one that still fits n * longest * beams <= max_tokens, as
-    `Batcher.take` forms it."""
+    """Batches of sentences that arrived in a random order and wait together: each batch the oldest waiting and every
+    later one that still fits n * longest * beams <= max_tokens."""
     queue = list(range(len(lengths)))
     random.Random(seed).shuffle(queue)
     batches = []

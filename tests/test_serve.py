@@ -70,6 +70,13 @@ def test_a_batch_holds_at_most_the_token_budget_padding_counted():
     assert all(len(batch) * max(map(len, batch)) <= 12 for batch in backend.batches if len(batch) > 1)
 
 
+def test_a_batch_takes_the_oldest_sentence_and_those_closest_to_its_length():
+    backend = ReversingBackend()
+    lengths = [10, 2, 10, 2, 10, 2]  # in arrival order, one request: all waiting together
+    run_jobs(batcher_of(backend, max_tokens=30, max_wait=0.5), [[[length] * length for length in lengths]])
+    assert [sorted(map(len, batch)) for batch in backend.batches] == [[10, 10, 10], [2, 2, 2]]
+
+
 def test_a_full_batch_is_decoded_at_once_without_waiting_for_more():
     backend = ReversingBackend()
     started = time.monotonic()

@@ -186,6 +186,41 @@ def _load(model_dir: Path):
     return model, load_tokenizer(model_dir), generation, decoding
 
 
+def write_graphs(model, staging: Path, batch: list[list[int]], decoding, quantize, folder: Path) -> tuple[list, dict]:
+    """The float32 graphs written into `staging/onnx/` and checked against `model` on `batch` (refused naming
+    `folder`, the user's), then each quantized variant with its agreement: the names written and the check's numbers."""
+    import onnx
+
+    onnx_dir, summary = staging / "onnx", {}
+    onnx_dir.mkdir()
+    with tempfile.TemporaryDirectory() as temporary:
+        graphs = export_graphs(model, Path(temporary))
+        shutil.copyfile(graphs[0], onnx_dir / ENCODER)
+        onnx.save(merge_decoders(graphs[1], graphs[2], model.config), str(onnx_dir / DECODER))
+        try:
+            summary.update(check_export(model, staging, batch, decoding, name=folder))
+        except OnnxCheckError as refused:
+            raise OnnxCheckError(f"{refused}; {folder} was left as it was") from None
+        names = [f"onnx/{ENCODER}", f"onnx/{DECODER}"]
+        for kind in dict.fromkeys(quantize):
+            names += quantize_variant(graphs, onnx_dir, kind, model.config)
+            summary[f"{kind}: same tokens as float32"] = agreement(staging, QUANTIZATIONS[kind], batch, decoding)
+    return names, summary
+
+
+def write_settings(staging: Path, model_dir: Path, model, generation: dict, tokenizer, batch) -> list[str]:
+    """config.json, generation_config.json and the tokenizer's files, for transformers.js: the names written."""
+    names = []
+    for name, content in (
+        ("config.json", web_config(model.config)),
+        ("generation_config.json", web_generation_config(generation, model.config)),
+    ):
+        (staging / name).write_text(json.dumps(content, indent=2) + "\n", "utf-8")
+        names.append(name)
+    sentences = tokenizer.batch_decode(batch, skip_special_tokens=True)
+    return names + write_tokenizer(model_dir, staging, tokenizer, sentences, model.config.max_position_embeddings)
+
+
 def export_onnx(
     model_dir: str | Path,
     output_dir: str | Path,
@@ -211,30 +246,9 @@ def export_onnx(
     summary = {}
 
     def write(staging: Path) -> list[str]:
-        onnx_dir = staging / "onnx"
-        onnx_dir.mkdir()
-        with tempfile.TemporaryDirectory() as temporary:
-            import onnx
-
-            graphs = export_graphs(model, Path(temporary))
-            shutil.copyfile(graphs[0], onnx_dir / ENCODER)
-            onnx.save(merge_decoders(graphs[1], graphs[2], model.config), str(onnx_dir / DECODER))
-            try:
-                summary.update(check_export(model, staging, batch, decoding, name=folder))
-            except OnnxCheckError as refused:
-                raise OnnxCheckError(f"{refused}; {folder} was left as it was") from None
-            names = [f"onnx/{ENCODER}", f"onnx/{DECODER}"]
-            for kind in dict.fromkeys(quantize):
-                names += quantize_variant(graphs, onnx_dir, kind, model.config)
-                summary[f"{kind}: same tokens as float32"] = agreement(staging, QUANTIZATIONS[kind], batch, decoding)
-        for name, content in (
-            ("config.json", web_config(model.config)),
-            ("generation_config.json", web_generation_config(generation, model.config)),
-        ):
-            (staging / name).write_text(json.dumps(content, indent=2) + "\n", "utf-8")
-            names.append(name)
-        sentences = tokenizer.batch_decode(batch, skip_special_tokens=True)
-        names += write_tokenizer(model_dir, staging, tokenizer, sentences, model.config.max_position_embeddings)
+        names, checked = write_graphs(model, staging, batch, decoding, quantize, folder)
+        summary.update(checked)
+        names += write_settings(staging, model_dir, model, generation, tokenizer, batch)
         return names + (extra(staging) if extra is not None else [])
 
     write_recorded_folder(
