@@ -18,7 +18,8 @@ Also measured, per model and backend:
 - `offline` (c): the translate command on --sentences sentences with the same backend flags; its lines/s and tokens/s
   are the engine's own clock (the command's summary line), loading left out as the server's window leaves it out;
 - `queued` (once, on the first model and backend): --queued requests sent at once to a server that may queue them
-  all, its peak RSS against its idle RSS after one request.
+  all, its peak RSS against its idle RSS after 10 s of full batches (C=256: the memory that decoding full batches
+  takes, and keeps for reuse, is the idle server's; what more the queue takes is the figure).
 
 The models: the OPUS-MT-sized converted model with random weights and a fixed output length (`--new_tokens`, as
 benchmarks/translate_corpus.py builds it), and a trained model folder (`--trained DIR`, for example the one
@@ -257,7 +258,7 @@ def measure(args: argparse.Namespace, name: str, folder: Path, flags: list[str],
         limit = ["--max_queue_tokens", str(10**9), "--timeout", "600"]
         server = Server(folder, [*flags, *limit], work / "queued.log", 2)
         try:
-            asyncio.run(warm_up(server.url, sentences, 1))
+            asyncio.run(closed_loop(server.url, sentences, 256, 10))  # full batches: their memory is the idle's
             rows.append({"model": name, "mode": "queued", **asyncio.run(flood(server, sentences, args.queued, 30))})
         finally:
             server.stop()
