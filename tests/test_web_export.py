@@ -21,8 +21,9 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
-from vanilla_transformer.serving import web_page
+from vanilla_transformer.serving import space, web_page
 from vanilla_transformer.serving.web_page import ASSET_FILES, WebPageError, write_page
 
 from .helpers import OFFLINE, free_port, run_in_this_process
@@ -376,3 +377,135 @@ def test_export_onnx_refuses_an_assets_folder_without_the_files_before_exporting
     )
     assert done.returncode != 0 and "transformers.min.js" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+# --- the folder as a static Space ------------------------------------------------------------------------------------
+
+
+def card_header(folder: Path) -> dict:
+    return yaml.safe_load((folder / "README.md").read_text().split("---\n")[1])
+
+
+def test_the_pages_card_is_a_static_spaces_with_the_headers_that_give_webassembly_threads(tmp_path):
+    folder = fake_export(tmp_path / "web", ("", "_quantized"))
+    names = write_page(folder, None, "vanilla-en-de")
+    header = card_header(folder)
+    assert (header["sdk"], header["app_file"], header["title"]) == (
+        "static",
+        "index.html",
+        "vanilla-en-de in the browser",
+    )
+    assert header["custom_headers"] == {
+        "cross-origin-embedder-policy": "require-corp",
+        "cross-origin-opener-policy": "same-origin",
+        "cross-origin-resource-policy": "cross-origin",
+    }
+    assert len(header["short_description"]) <= 60
+    body = (folder / "README.md").read_text().split("---\n", 2)[2]
+    assert "vanilla-en-de" in body and "float32, int8 (q8" in body and "browser" in body and "float16" not in body
+    assert "README.md" in names and space.space_upload_problems(folder, names) == []  # no app.py: a static Space
+
+
+def test_a_static_spaces_card_must_name_a_page_that_is_sent_and_any_other_sdk_is_refused(tmp_path):
+    folder = fake_export(tmp_path / "web")
+    names = write_page(folder, None)
+    assert card_header(folder)["title"] == "Translate in the browser"
+    without_page = [name for name in names if name != "index.html"]
+    assert space.space_upload_problems(folder, without_page) == [
+        "README.md's app_file index.html is not among the files sent"
+    ]
+    (folder / "README.md").write_text((folder / "README.md").read_text().replace("sdk: static", "sdk: docker"))
+    assert space.space_upload_problems(folder, names) == [
+        "README.md is not a Space's card (no `sdk: gradio` or `sdk: static` in its header)"
+    ]
+    assert space.space_upload_problems(folder, [name for name in names if name != "README.md"]) == [
+        "no README.md, the Space's card, among the files"
+    ]
+
+
+class RecordingHub:
+    """Stands in for huggingface_hub.HfApi in the Space's upload: records the calls, touches no network."""
+
+    calls: list = []
+
+    def __init__(self, token=None):
+        self.calls.append(("init", token))
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs["space_sdk"], kwargs["private"]))
+        return f"https://huggingface.co/spaces/{repo_id}"
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        self.calls.append(("create_commit", {op.path_in_repo: op.path_or_fileobj for op in operations}))
+
+
+def recorded_export(folder: Path) -> Path:
+    """A folder as `export-onnx --web` leaves it, without a model: empty graphs, the page and its card, the record."""
+    from vanilla_transformer.converters.export_onnx import RECORD, WRITTEN_BY
+    from vanilla_transformer.mechanics.outputs import write_record
+
+    fake_export(folder)
+    (folder / "config.json").write_text("{}")
+    write_page(folder, None, "vanilla-en-de")
+    write_record(folder, RECORD, WRITTEN_BY)
+    return folder
+
+
+def sent_names(calls: list) -> list[str]:
+    (_, sent), *_ = [call for call in calls if call[0] == "create_commit"]
+    return sorted(sent)
+
+
+def test_the_page_upload_sends_exactly_the_exports_recorded_files_and_never_a_link(tmp_path, monkeypatch):
+    from vanilla_transformer.converters.export_onnx import RECORD
+
+    monkeypatch.setattr(RecordingHub, "calls", [])
+    monkeypatch.setattr(space, "HfApi", RecordingHub)
+    folder = recorded_export(tmp_path / "web")
+    recorded = sorted(json.loads((folder / RECORD).read_text())["files"])
+    (folder / ".env").write_text("HF_TOKEN=hf_secret\n")  # not the export's: stays local
+    url = web_page.upload_page(folder, "someone/page", token="hf_token", private=True)
+    assert url == "https://huggingface.co/spaces/someone/page"
+    assert ("create_repo", "someone/page", "static", True) in RecordingHub.calls
+    assert sent_names(RecordingHub.calls) == recorded and "README.md" in recorded and "index.html" in recorded
+    assert RECORD not in recorded and ".env" not in recorded
+
+    RecordingHub.calls.clear()
+    page = (folder / "index.html").read_bytes()
+    (tmp_path / "outside.html").write_bytes(page)  # the same bytes, so only the link is wrong
+    (folder / "index.html").unlink()
+    (folder / "index.html").symlink_to(tmp_path / "outside.html")
+    with pytest.raises(space.SpaceError, match="index.html is a symbolic link"):
+        web_page.upload_page(folder, "someone/page")
+    (folder / "index.html").unlink()
+    (folder / "index.html").write_bytes(page.replace(b"<!doctype", b"<!DOCTYPE"))  # edited, the same size
+    with pytest.raises(space.SpaceError, match="index.html does not match the sha256 recorded"):
+        web_page.upload_page(folder, "someone/page")
+    assert RecordingHub.calls == []
+
+
+@pytest.mark.slow
+def test_export_onnx_space_id_offline_says_so_in_one_line_and_keeps_the_export(
+    memorising_bpe_folder, tmp_path, monkeypatch
+):
+    pytest.importorskip("onnxruntime", reason="the export needs the onnx extra: pip install -e '.[onnx]'")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript: pip install -e '.[onnx]'")
+    from huggingface_hub import constants
+
+    from vanilla_transformer.commands.export_onnx import main
+    from vanilla_transformer.converters.export_onnx import RECORD, WRITTEN_BY
+    from vanilla_transformer.mechanics.outputs import why_not_recorded
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    out = tmp_path / "web"
+    done = run_in_this_process(main, [str(memorising_bpe_folder[0]), str(out), "--web", "--space_id", "someone/page"])
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr[-3000:]
+    assert "could not upload" in errors[0] and "offline mode is on (HF_HUB_OFFLINE" in errors[0]
+    assert why_not_recorded(out, RECORD, WRITTEN_BY) is None  # the export in place, as written
+    assert card_header(out)["sdk"] == "static" and (out / "onnx" / "decoder_model_merged.onnx").is_file()
+
+    monkeypatch.setattr(RecordingHub, "calls", [])
+    monkeypatch.setattr(space, "HfApi", RecordingHub)
+    web_page.upload_page(out, "someone/page")
+    assert sent_names(RecordingHub.calls) == sorted(json.loads((out / RECORD).read_text())["files"])

@@ -14,14 +14,17 @@ The folder is the user's until we write it: a folder that holds anything is refu
 is written) are replaced, and only while unchanged since; other files stay. Files are written by replacing them,
 never through a symbolic link (a link where a Space file goes is refused). The upload sends `SPACE_FILES` only, as
 regular files inside the folder (never a link's target), each checked first: Python that parses, UTF-8 text, the
-card's `sdk: gradio` header.
+card's `sdk: gradio` header. The same upload sends a static Space (`sdk: static`: the page `export-onnx --web`
+writes, serving/web_page.py) given the names of its files, with no app.py.
 """
 
 import json
+from collections.abc import Sequence
 from importlib import resources
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import yaml
 from huggingface_hub import CommitOperationAdd, HfApi
 
 import modeling_vanilla_transformer
@@ -199,33 +202,70 @@ def gradio_version() -> str:
         return GRADIO_TESTED
 
 
-def space_upload_problems(folder: str | Path) -> list[str]:
-    """Why `folder`'s Space files cannot go up: each of SPACE_FILES must be a regular file inside the folder (a
-    symbolic link is never followed) and what its name says (Python that parses, UTF-8 text, a Space's card)."""
+def space_upload_problems(folder: str | Path, names: Sequence[str] = SPACE_FILES) -> list[str]:
+    """Why `folder`'s files `names` (default: the Gradio Space's SPACE_FILES) cannot go up as a Space: each must be a
+    regular file inside the folder (a symbolic link is never followed) and what its name says (Python that parses,
+    UTF-8 text), and README.md among them a Space's card: `sdk: gradio`, or `sdk: static` with its `app_file` sent."""
     folder = Path(folder)
-    problems = [problem for name in SPACE_FILES if (problem := file_problem(folder, name))]
-    present = [name for name in SPACE_FILES if not file_problem(folder, name)]
+    problems = [problem for name in names if (problem := file_problem(folder, name))]
+    present = [name for name in names if not file_problem(folder, name)]
     problems += [problem for name in present if (problem := content_problem(folder / name))]
-    readme = folder / "README.md"
-    if "README.md" in present and not content_problem(readme) and "\nsdk: gradio\n" not in readme.read_text("utf-8"):
-        problems.append("README.md is not a Space's card (no `sdk: gradio` in its header)")
+    if "README.md" not in names:
+        problems.append("no README.md, the Space's card, among the files")
+    elif "README.md" in present and not content_problem(folder / "README.md"):
+        problems += card_problems(card_header(folder / "README.md"), names)
     return problems
 
 
-def upload_space(folder: str | Path, space_id: str, token: str | None = None, private: bool = False) -> str:
-    """Create the Gradio Space `space_id` if needed and upload `folder`'s SPACE_FILES to it (never the folder's caches
-    or anything else it holds); return its URL. Files that cannot go up (`space_upload_problems`): SpaceError naming
-    them, before any Hub call. Offline, unreachable or refused: SpaceError saying which; nothing local is changed."""
-    folder = Path(folder)
-    if problems := space_upload_problems(folder):
+def check_space_upload(folder: Path, names: Sequence[str]) -> None:
+    """SpaceError naming every problem `space_upload_problems` finds."""
+    if problems := space_upload_problems(folder, names):
         raise SpaceError(f"{folder} is not ready to upload as a Space: {'; '.join(problems)}")
-    operations = [CommitOperationAdd(name, folder / name) for name in SPACE_FILES]
+
+
+def card_header(readme: Path) -> dict:
+    """The YAML header of a card (between its first two `---` lines); {} without one, or one that is not a mapping."""
+    lines = readme.read_text(encoding="utf-8").split("\n")
+    if lines[0] != "---" or "---" not in lines[1:]:
+        return {}
+    try:
+        header = yaml.safe_load("\n".join(lines[1 : lines.index("---", 1)]))
+    except yaml.YAMLError:
+        return {}
+    return header if isinstance(header, dict) else {}
+
+
+def card_problems(header: dict, names: Sequence[str]) -> list[str]:
+    """Why a card's header is not that of a Space whose files are `names`: `sdk: gradio`, or `sdk: static` whose page
+    (`app_file`, index.html by default) is among them."""
+    if header.get("sdk") == "gradio":
+        return []
+    if header.get("sdk") == "static":
+        page = header.get("app_file", "index.html")
+        return [] if page in names else [f"README.md's app_file {page} is not among the files sent"]
+    return ["README.md is not a Space's card (no `sdk: gradio` or `sdk: static` in its header)"]
+
+
+def upload_space(
+    folder: str | Path,
+    space_id: str,
+    token: str | None = None,
+    private: bool = False,
+    names: Sequence[str] = SPACE_FILES,
+) -> str:
+    """Create the Space `space_id` if needed (with the SDK its card names) and upload `folder`'s files `names` to it
+    (default: the Gradio Space's SPACE_FILES; never the folder's caches or anything else it holds); return its URL.
+    Files that cannot go up (`space_upload_problems`): SpaceError naming them, before any Hub call. Offline,
+    unreachable or refused: SpaceError saying which; nothing local is changed."""
+    folder = Path(folder)
+    check_space_upload(folder, names)
+    sdk = card_header(folder / "README.md")["sdk"]
+    operations = [CommitOperationAdd(name, folder / name) for name in names]
+    message = "vanilla-transformer demo" if sdk == "gradio" else "vanilla-transformer page"
     try:
         api = HfApi(token=token)
-        url = api.create_repo(space_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True)
-        api.create_commit(
-            repo_id=space_id, repo_type="space", operations=operations, commit_message="vanilla-transformer demo"
-        )
+        url = api.create_repo(space_id, repo_type="space", space_sdk=sdk, private=private, exist_ok=True)
+        api.create_commit(repo_id=space_id, repo_type="space", operations=operations, commit_message=message)
     except Exception as error:  # noqa: BLE001 - each failure of the Hub calls becomes one message
         raise SpaceError(hub_failure(error, f"upload {folder} to the Space {space_id}")) from error
     return str(url)
