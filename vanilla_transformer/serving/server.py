@@ -43,6 +43,9 @@ from vanilla_transformer.serving.batches import Pieces
 from vanilla_transformer.serving.markup import html_texts
 from vanilla_transformer.serving.sentences import split_sentences
 
+DRAINED_BODIES = 8  # a body refused for its size is read and dropped up to this many times the limit, then cut off
+CLOSE = {"Connection": "close"}
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -148,17 +151,19 @@ class ServerState:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) past `limit` bytes before more is read. The refusal closes the connection, so that
-    the rest of the body is never read either (uvicorn would read it to keep the connection open)."""
-    too_large = RequestError(413, f"the body is over {limit:,} bytes", {"Connection": "close"})
+    """The body, refused (413) past `limit` bytes before more is read. After the refusal uvicorn reads the rest of
+    the body to keep the connection, which a client that sends its whole body before reading the answer needs (closed
+    early, it gets a reset instead of the 413). That reading is bounded: a body declared over DRAINED_BODIES times the
+    limit, or one without a declared length, is refused with the connection closed, so it is never read."""
+    message = f"the body is over {limit:,} bytes"
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise RequestError(413, message, CLOSE if int(declared) > DRAINED_BODIES * limit else None)
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            raise too_large
+            raise RequestError(413, message, CLOSE)
     return bytes(body)
 
 
