@@ -403,3 +403,27 @@ class Served:
         if self.process.poll() is None:
             self.process.terminate()
         return self.process.wait(timeout=60)
+
+
+def headless_chromium(flags, reason_extra: str, browser_log: bool = False):
+    """Debian's Chromium through selenium with `flags`, or the test skipped naming what is missing (`reason_extra`:
+    the extra that brings selenium). `browser_log`: keep the page's console for the test to read."""
+    import shutil
+
+    import pytest
+
+    chromium, chromedriver = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
+    if not (chromium and chromedriver):
+        pytest.skip("no Chromium: apt-get install chromium chromium-driver (Debian's browser and its driver)")
+    webdriver = pytest.importorskip(
+        "selenium.webdriver", reason=f"the browser test needs selenium: pip install -e '.[{reason_extra}]'"
+    )
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in flags:
+        options.add_argument(flag)
+    if browser_log:
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(options=options, service=Service(chromedriver))

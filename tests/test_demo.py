@@ -24,11 +24,9 @@ from vanilla_transformer.serving import demo as app
 from vanilla_transformer.serving import space
 from vanilla_transformer.serving.sources import read_lines
 
-from .helpers import OFFLINE, free_port
+from .helpers import OFFLINE, free_port, headless_chromium
 
 PROJECT = Path(__file__).resolve().parent.parent
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 SERVER_ENV = {**OFFLINE, "GRADIO_ANALYTICS_ENABLED": "False"}
 
 
@@ -345,18 +343,9 @@ def test_a_short_request_is_answered_while_a_long_one_is_translating(gr, memoris
 
 @pytest.fixture(scope="module")
 def browser():
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.skip("no Chromium: apt-get install chromium chromium-driver (Debian's browser and its driver)")
-    webdriver = pytest.importorskip(
-        "selenium.webdriver", reason="the browser test needs selenium: pip install -e '.[demo]'"
+    driver = headless_chromium(
+        ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1400"), "demo"
     )
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1400"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     yield driver
     driver.quit()
 

@@ -26,14 +26,12 @@ import yaml
 from vanilla_transformer.serving import space, web_page
 from vanilla_transformer.serving.web_page import ASSET_FILES, WebPageError, write_page
 
-from .helpers import OFFLINE, free_port, run_in_this_process
+from .helpers import OFFLINE, free_port, headless_chromium, run_in_this_process
 
 PROJECT = Path(__file__).resolve().parent.parent
 INSTALL = PROJECT / "tests" / "web" / "install.sh"
 TRANSLATE = PROJECT / "tests" / "web" / "translate.mjs"
 NODE, NPM = shutil.which("node"), shutil.which("npm")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 FOLDER_VARIABLE = "TRANSFORMERS_JS_FOLDER"
 DIST = Path("node_modules", "@huggingface", "transformers", "dist")
 # what the browser may reach: the test's server only (a request to the CDN or anywhere else fails to resolve)
@@ -219,19 +217,7 @@ def served(exported):
 
 @pytest.fixture(scope="module")
 def browser():
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.skip("no Chromium: apt-get install chromium chromium-driver (Debian's browser and its driver)")
-    webdriver = pytest.importorskip(
-        "selenium.webdriver", reason="the browser test needs selenium: pip install -e '.[dev]'"
-    )
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in CHROMIUM_FLAGS:
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver = headless_chromium(CHROMIUM_FLAGS, "dev", browser_log=True)
     driver.set_script_timeout(600)
     yield driver
     driver.quit()
