@@ -225,6 +225,18 @@ def offline(args: argparse.Namespace, folder: Path, flags: list[str], work: Path
     return {"lines_per_second": int(count) / float(seconds), "target_tokens_per_second": int(tokens) / float(seconds)}
 
 
+def direct_row(args: argparse.Namespace, name: str, folder: Path, flags: list[str], single: dict) -> dict:
+    """The direct calls against the server's latency at C=1 (`single`) on the same sentences."""
+    timed = direct(args, folder, flags)
+    served = dict(single["by_sentence"])
+    row = {"model": name, "mode": "direct", "sentences": len(timed["share"])}
+    for threads, seconds in timed.items():  # the worker's share of the threads, and all of them
+        ratios = [served[n] / s for n, s in enumerate(seconds) if n in served]
+        row[f"direct_{threads}_p50_ms"] = statistics.median(seconds) * 1000
+        row[f"served_over_direct_{threads}"] = statistics.median(ratios) if ratios else None
+    return row
+
+
 def measure(args: argparse.Namespace, name: str, folder: Path, flags: list[str], work: Path, queued: bool) -> list:
     """The rows of one model and backend: (a) and (b) at each concurrency, direct, offline, and (once) queued."""
     sentences, rows = read_lines(SENTENCES, args.sentences), []
@@ -244,15 +256,9 @@ def measure(args: argparse.Namespace, name: str, folder: Path, flags: list[str],
                 rows.append(row)
         finally:
             server.stop()
-    single = next(row for row in rows if row["mode"] == "on" and row["concurrency"] == 1)
-    timed = direct(args, folder, flags)
-    served = dict(single["by_sentence"])
-    row = {"model": name, "mode": "direct", "sentences": len(timed["share"])}
-    for threads, seconds in timed.items():  # the worker's share of the threads, and all of them
-        ratios = [served[n] / s for n, s in enumerate(seconds) if n in served]
-        row[f"direct_{threads}_p50_ms"] = statistics.median(seconds) * 1000
-        row[f"served_over_direct_{threads}"] = statistics.median(ratios) if ratios else None
-    rows.append(row)
+    single = next((row for row in rows if row["mode"] == "on" and row["concurrency"] == 1), None)
+    if single is not None:  # the direct calls are compared with the server at C=1
+        rows.append(direct_row(args, name, folder, flags, single))
     rows.append({"model": name, "mode": "offline", **offline(args, folder, flags, work)})
     if queued:
         limit = ["--max_queue_tokens", str(10**9), "--timeout", "600"]
