@@ -1,7 +1,7 @@
 """Decoding over an ONNX export (`onnx_graphs.py`) with ONNX Runtime: greedy and beam search that give generate()'s
 tokens, for the export's check (`onnx_check.py`) and for `serving/onnx_backend.py`.
 
-The search is the project's: beam search is `model/beam_search.py`'s state and update (`_Beams`, generate()'s beam
+The search is the project's: beam search is `model/beam_search.py`'s state and update (`BeamState`, generate()'s beam
 search to the bit), fed the log-probabilities of the ONNX decoder; greedy search is generate()'s loop (the logits
 processors, then the best token; a finished sentence gets padding). The logits processors are transformers' own,
 built for the generation settings a model folder sets (`processors`); any other active setting is refused by name.
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from vanilla_transformer.converters.onnx_graphs import DECODER, ENCODER, KINDS, past_names
-from vanilla_transformer.model.beam_search import _Beams
+from vanilla_transformer.model.beam_search import BeamState
 
 # generate()'s settings that change which tokens come out, and the values with which they change nothing
 INACTIVE = {"do_sample": False, "num_return_sequences": 1, "encoder_no_repeat_ngram_size": 0, "diversity_penalty": 0.0}
@@ -171,7 +171,7 @@ def greedy(model: OnnxModel, input_ids, attention_mask, decoding: Decoding, max_
 
 
 def beam_search(model: OnnxModel, input_ids, attention_mask, decoding: Decoding, max_length: int, use_cache=True):
-    """generate()'s beam search (model/beam_search.py's `_Beams`): each sentence's best sequence."""
+    """generate()'s beam search (model/beam_search.py's `BeamState`): each sentence's best sequence."""
     beams = decoding.num_beams
     hidden = np.repeat(model.encode(input_ids, attention_mask), beams, axis=0)
     mask = np.repeat(attention_mask, beams, axis=0)
@@ -186,7 +186,7 @@ def beam_search(model: OnnxModel, input_ids, attention_mask, decoding: Decoding,
         _pad_token_tensor=None if decoding.pad is None else torch.tensor(decoding.pad),
     )
     state, process, past = (
-        _Beams(tokens, settings, stopping(decoding, max_length)),
+        BeamState(tokens, settings, stopping(decoding, max_length)),
         processors(decoding, max_length),
         None,
     )

@@ -68,7 +68,7 @@ def _gather(tensor: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     return tensor.take_along_dim(indices.view(*indices.shape, *[1] * (tensor.dim() - 2)), dim=1)
 
 
-class _Beams:
+class BeamState:
     """The search's state for sentences x beams (the running and the finished beams) and its update at a step."""
 
     def __init__(self, input_ids: torch.Tensor, config, stopping_criteria):
@@ -174,7 +174,7 @@ def beam_search(model, input_ids, logits_processor, stopping_criteria, generatio
     unsupported += ["decoder_attention_mask"] * (kwargs.get("decoder_attention_mask") is not None)
     if unsupported:
         raise ValueError(f"beam_search does not support {', '.join(unsupported)}: use generate() without it")
-    beams = _Beams(input_ids, generation_config, stopping_criteria)
+    beams = BeamState(input_ids, generation_config, stopping_criteria)
     tokens, outputs = input_ids, first_step_once_a_sentence(model, input_ids, beams.beams, kwargs)
     if outputs is None:
         inputs = model.prepare_inputs_for_generation(input_ids, is_first_iteration=True, **kwargs)
