@@ -77,6 +77,12 @@ def test_a_batch_takes_the_oldest_sentence_and_those_closest_to_its_length():
     assert [sorted(map(len, batch)) for batch in backend.batches] == [[10, 10, 10], [2, 2, 2]]
 
 
+def test_a_batch_holds_at_most_batch_size_sentences_whatever_the_token_budget_allows():
+    backend = ReversingBackend()
+    run_jobs(batcher_of(backend, max_tokens=1000, max_sentences=3), [[[n] for n in range(7)]])
+    assert sorted(map(len, backend.batches)) == [1, 3, 3]
+
+
 def test_a_full_batch_is_decoded_at_once_without_waiting_for_more():
     backend = ReversingBackend()
     started = time.monotonic()

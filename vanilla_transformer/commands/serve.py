@@ -53,6 +53,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     group.add_argument(
         "--max_tokens", type=at_least(1), default=CorpusSettings.max_tokens, help="source tokens x beams a batch"
     )
+    group.add_argument(
+        "--batch_size",
+        type=at_least(1),
+        default=CorpusSettings.batch_size,
+        help="sentences a batch, at most (bounds a batch's memory when many short sentences wait)",
+    )
     group.add_argument("--max_wait_ms", type=positive_float, default=MAX_WAIT_MS, help="a batch's longest wait")
     group.add_argument(
         "--max_queue_tokens", type=at_least(1), default=MAX_QUEUE_TOKENS, help="source tokens waiting (then 503)"
@@ -160,6 +166,7 @@ def batcher_of(backend, args: argparse.Namespace, on_batch):
         on_worker_start=lambda: torch.set_num_threads(share),
         on_batch=on_batch,
         across_requests=args.batch_across_requests == "on",
+        max_sentences=args.batch_size,
     )
 
 

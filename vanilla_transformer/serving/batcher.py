@@ -2,7 +2,8 @@
 `translate` batches a chunk) by worker threads, each request's translations given back in its order.
 
 A batch is the oldest sentence waiting and, of those with the same decoding options, the closest to its length, while
-`n * longest * beams <= max_tokens` (`batches.token_batches`' budget, padding counted). A free worker forms one as soon
+`n * longest * beams <= max_tokens` (`batches.token_batches`' budget, padding counted) and, where given,
+`n <= max_sentences`. A free worker forms one as soon
 as it is full or its oldest sentence has waited `max_wait` seconds: a lone request on an idle server waits no longer
 than that. The oldest is in every batch, which keeps every wait bounded. `across_requests=False` batches each request alone (what LibreTranslate and the
 FastAPI wrappers do; the benchmark's baseline).
@@ -89,8 +90,10 @@ class Batcher:
         on_worker_start: Callable[[], None] | None = None,
         on_batch: Callable[[int, int, int, float], None] | None = None,
         across_requests: bool = True,
+        max_sentences: int | None = None,
     ):
         self.backend_for, self.max_tokens, self.max_wait = backend_for, max_tokens, max_wait
+        self.max_sentences = max_sentences
         self.across_requests = across_requests
         self.max_queue_tokens, self.on_batch = max_queue_tokens, on_batch
         self.queue: deque[_Item] = deque()
@@ -196,7 +199,8 @@ class Batcher:
             return items
 
     def fits(self, count: int, longest: int, options: Options) -> bool:
-        return count * longest * self.beams(options) <= self.max_tokens
+        too_many = self.max_sentences is not None and count > self.max_sentences
+        return not too_many and count * longest * self.beams(options) <= self.max_tokens
 
     def beams(self, options: Options) -> int:
         return options.num_beams or self.backend_for(Options()).beams
