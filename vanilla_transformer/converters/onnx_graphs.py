@@ -55,6 +55,17 @@ def _presents(cache) -> list[torch.Tensor]:
     return flat
 
 
+def _decode(model, input_ids, encoder_attention_mask, encoder_hidden_states, cache):
+    """The model's decoder over `input_ids` with `cache`, given the encoder's output: both decoder graphs' step."""
+    return model(
+        attention_mask=encoder_attention_mask,
+        decoder_input_ids=input_ids,
+        encoder_outputs=(encoder_hidden_states,),
+        cache=cache,
+        use_cache=True,
+    )
+
+
 class FirstStepGraph(nn.Module):
     """The decoder without a past: logits and every layer's keys and values (its own and the encoder output's)."""
 
@@ -66,13 +77,7 @@ class FirstStepGraph(nn.Module):
         from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
         cache = EncoderDecoderCache(DynamicCache(config=self.model.config), DynamicCache(config=self.model.config))
-        output = self.model(
-            attention_mask=encoder_attention_mask,
-            decoder_input_ids=input_ids,
-            encoder_outputs=(encoder_hidden_states,),
-            cache=cache,
-            use_cache=True,
-        )
+        output = _decode(self.model, input_ids, encoder_attention_mask, encoder_hidden_states, cache)
         return (output.logits, *_presents(output.cache))
 
 
@@ -88,13 +93,7 @@ class NextStepGraph(nn.Module):
 
         cache = EncoderDecoderCache([tuple(past[index : index + 4]) for index in range(0, len(past), 4)])
         cache.is_updated = dict.fromkeys(range(len(past) // 4), True)  # the encoder's keys and values: the past's
-        output = self.model(
-            attention_mask=encoder_attention_mask,
-            decoder_input_ids=input_ids,
-            encoder_outputs=(encoder_hidden_states,),
-            cache=cache,
-            use_cache=True,
-        )
+        output = _decode(self.model, input_ids, encoder_attention_mask, encoder_hidden_states, cache)
         presents = _presents(output.cache)
         for index in range(2, len(presents), 4):  # the encoder's, as given (copies: ONNX outputs are new values)
             presents[index], presents[index + 1] = past[index] + 0.0, past[index + 1] + 0.0
