@@ -38,8 +38,8 @@ The first four steps run interleaved (--repeat N: N times in alternating order, 
 processes pair, then the kill, then the memory runs. The table gives each row's ratio to CTranslate2's own float32
 and to MarianMTModel; "same as Marian" is the share of output lines identical to MarianMTModel's.
 
-At the OPUS-MT size, beam 4 runs at roughly 240-900 target tokens/s on 2 cores (docs/BENCHMARKS.md, converted_speed),
-so each row of 20,000 lines x 24 tokens takes about 10-35 minutes: the whole run, memory aside, about 4 hours.
+At the OPUS-MT size, beam 4 runs at roughly 240-900 target tokens/s on 2 cores (docs/BENCHMARKS.md, "Generation
+speed"), so each row of 20,000 lines x 24 tokens takes about 10-35 minutes: the whole run, memory aside, about 4 hours.
 
 Usage:
     python benchmarks/translate_corpus.py --memory_lines 0 --output results.json   # OPUS-MT size, 20,000 lines
