@@ -91,6 +91,24 @@ def test_a_full_batch_is_decoded_at_once_without_waiting_for_more():
     assert [len(batch) for batch in backend.batches] == [2, 2]
 
 
+def test_after_a_batch_of_one_request_a_lone_request_is_decoded_without_waiting():
+    backend = ReversingBackend()
+    batcher = batcher_of(backend, max_tokens=4, max_wait=600)
+    run_jobs(batcher, [[[1, 2], [3, 4]]])  # fills a batch alone: decoded at once
+    started = time.monotonic()
+    run_jobs(batcher, [[[5]]])  # far from full: a batch of one request before it, so no wait for company
+    assert time.monotonic() - started < 60
+
+
+def test_after_a_batch_of_several_requests_a_lone_request_waits_for_company():
+    backend = ReversingBackend()
+    batcher = batcher_of(backend, max_tokens=4, max_wait=600)
+    run_jobs(batcher, [[[1, 2]], [[3, 4]]])  # two requests fill a batch together
+    batcher.submit([[5]], Options(), lambda job: None)
+    time.sleep(0.3)
+    assert batcher.depth == 1 and len(backend.batches) == 1
+
+
 def test_requests_with_other_decoding_options_never_share_a_batch():
     backend = ReversingBackend()
     batcher = batcher_of(backend)

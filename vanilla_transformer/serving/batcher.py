@@ -4,9 +4,11 @@
 A batch is the oldest sentence waiting and, of those with the same decoding options, the closest to its length, while
 `n * longest * beams <= max_tokens` (`batches.token_batches`' budget, padding counted) and, where given,
 `n <= max_sentences`. A free worker forms one as soon
-as it is full or its oldest sentence has waited `max_wait` seconds: a lone request on an idle server waits no longer
-than that. The oldest is in every batch, which keeps every wait bounded. `across_requests=False` batches each request alone (what LibreTranslate and the
-FastAPI wrappers do; the benchmark's baseline).
+as it is full or its oldest sentence has waited `max_wait` seconds, and at once when the last batch held one request:
+a batch waits for company only while requests arrive together, so a lone client is never held back, and a lone
+request on a server that has not decoded yet waits no longer than `max_wait`. The oldest is in every batch, which
+keeps every wait bounded. `across_requests=False` batches each request alone (what LibreTranslate and the FastAPI
+wrappers do; the benchmark's baseline).
 
 The queue is bounded in tokens: `submit` refuses (`QueueFull`) past `max_queue_tokens`, so memory stays bounded
 however many requests arrive. A job cancelled (its client gone, its time up) takes its sentences not yet in a batch
@@ -98,6 +100,7 @@ class Batcher:
         self.max_queue_tokens, self.on_batch = max_queue_tokens, on_batch
         self.queue: deque[_Item] = deque()
         self.queued_tokens, self.busy, self.closing = 0, 0, False
+        self.company = across_requests  # whether the last batch held several requests: then the next waits for more
         self.condition = threading.Condition()
 
         def work() -> None:
@@ -180,14 +183,14 @@ class Batcher:
                     self.condition.notify_all()
 
     def next_batch(self) -> list[_Item] | None:
-        """Wait for a batch to form (full, or its oldest sentence `max_wait` old) and take it; None once closing and
-        the queue is empty."""
+        """Wait for a batch to form (full, its oldest sentence `max_wait` old, or at once after a batch of one
+        request) and take it; None once closing and the queue is empty."""
         with self.condition:
             while True:
                 if self.queue:
                     oldest = self.queue[0]
                     wait = oldest.arrived + self.max_wait - time.monotonic()
-                    if wait <= 0 or self.closing or self.fills(oldest):
+                    if wait <= 0 or self.closing or not self.company or self.fills(oldest):
                         break
                     self.condition.wait(wait)
                 elif self.closing:
@@ -195,6 +198,7 @@ class Batcher:
                 else:
                     self.condition.wait()
             items = self.take(oldest)
+            self.company = self.across_requests and len({id(item.job) for item in items}) > 1
             self.busy += 1
             return items
 
