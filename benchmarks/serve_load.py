@@ -8,13 +8,12 @@ The load generator is closed-loop: C clients (aiohttp, in this process) each sen
 within the window; target tokens/s is the server's own count (`vt_target_tokens_total` on /metrics) over the window;
 the latency percentiles cover every request sent within the window, those answered after it included (the window is
 followed by a wait for them). Where C exceeds what (b) answers in the window, its latencies are those of the first
-wave, not of a steady state. The load generator shares the machine's cores with the server.
+wave, not of a steady state. The load generator shares the machine's cores with the server: each row gives the cores
+that the client and the server kept busy over the window (CPU seconds / window seconds), which (c) has to itself.
 
 Also measured, per model and backend:
 - `direct`: the backend called directly (`translate([ids])`, in a process of its own, loaded as the server loads it)
-  on the first --direct sentences, against the server's latency at concurrency 1 on the same sentences: on a server
-  worker's share of torch's threads (the model backend's two workers have one thread each on 2 cores: the difference
-  is the server's own overhead) and on all of them (what calling the backend alone gives);
+  on the first --direct sentences, each call right after the server's answer to the same sentence (`paired_latency`);
 - `offline` (c): the translate command on --sentences sentences with the same backend flags; its lines/s and tokens/s
   are the engine's own clock (the command's summary line), loading left out as the server's window leaves it out;
 - `queued` (once, on the first model and backend): --queued requests sent at once to a server that may queue them
@@ -86,6 +85,10 @@ class Server:
     def rss(self) -> int:
         return tree_rss(self.watched)
 
+    def cpu_seconds(self) -> float:
+        times = self.watched.cpu_times()
+        return times.user + times.system
+
     def stop(self) -> None:
         self.running = False
         self.process.send_signal(signal.SIGTERM)
@@ -135,6 +138,7 @@ async def closed_loop(url: str, sentences: list[str], concurrency: int, seconds:
             return await metric(session, url, TARGET_TOKENS) - tokens_before
 
         *_, tokens = await asyncio.gather(*(client() for _ in range(concurrency)), window_tokens())
+    finished = time.monotonic() - start
     ordered = sorted(seconds_ for _, seconds_ in latencies)
     percentile = lambda share: ordered[min(len(ordered) - 1, int(share * len(ordered)))] * 1000  # noqa: E731
     return {
@@ -146,6 +150,7 @@ async def closed_loop(url: str, sentences: list[str], concurrency: int, seconds:
         "p95_ms": percentile(0.95),
         "p99_ms": percentile(0.99),
         "by_sentence": sorted(latencies),
+        "seconds": finished,
     }
 
 
@@ -175,10 +180,9 @@ async def flood(server: Server, sentences: list[str], count: int, settle: float)
 
 
 def direct_worker(args: argparse.Namespace) -> None:
-    """The backend as the server loads it, called directly on each of the first --direct sentences (one warm-up
-    call first), twice: on a server worker's share of torch's threads (what the server's worker runs with: the
-    server's own overhead is the difference) and on all of them (what a caller of the backend alone gets). The seconds
-    of each call, as JSON: {"share": [...], "all": [...]}."""
+    """The backend as the server loads it, called directly: for each line `THREADS INDEX` on stdin, one
+    `translate([ids])` of the INDEX-th of the first --direct sentences on THREADS of torch's threads, its seconds
+    printed (after one warm-up call on each thread count)."""
     import torch
 
     from vanilla_transformer.commands.serve import parse_args as serve_args
@@ -188,27 +192,58 @@ def direct_worker(args: argparse.Namespace) -> None:
     served.model_dir = args.worker_folder  # as serve gives each folder its own settings
     backend = make_backend(served, "cpu", the_export(served), True)
     ids = backend.encode(read_lines(SENTENCES, args.direct))
-    threads = torch.get_num_threads()
-    workers = getattr(backend, "workers", 1) if served.backend == "model" else 1  # as serve's batcher_of
-    timed = {}
-    for name, count in (("share", max(1, threads // workers)), ("all", threads)):
+    for count in {1, torch.get_num_threads()}:
         torch.set_num_threads(count)
         backend.translate([ids[0]])
-        timed[name] = []
-        for sentence in ids:
-            started = time.monotonic()
-            backend.translate([sentence])
-            timed[name].append(time.monotonic() - started)
-    print(json.dumps(timed))
+    print(torch.get_num_threads(), getattr(backend, "workers", 1) if served.backend == "model" else 1, flush=True)
+    for line in sys.stdin:
+        threads, index = map(int, line.split())
+        torch.set_num_threads(threads)
+        started = time.monotonic()
+        backend.translate([ids[index]])
+        print(time.monotonic() - started, flush=True)
 
 
-def direct(args: argparse.Namespace, folder: Path, flags: list[str]) -> dict[str, list[float]]:
+async def paired_latency(args: argparse.Namespace, url: str, folder: Path, flags: list[str]) -> dict:
+    """Latency at C=1 against the direct calls, interleaved: for each of the first --direct sentences, a request to
+    the server (idle otherwise), then the backend called directly in a process of its own on a server worker's share
+    of torch's threads (the model backend's two workers have one thread each on 2 cores: the difference is the
+    server's own overhead) and on all of them (what calling the backend alone gives). Interleaving puts both under
+    the same machine conditions: on this machine the same call's time drifted by a third between runs minutes apart."""
     command = [sys.executable, __file__, "--worker", "direct", "--worker_folder", str(folder), "--direct"]
     command += [str(args.direct), "--worker_flags", *flags]
-    done = subprocess.run(command, cwd=ROOT, env=environment(args.threads), capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"the direct calls failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    worker = subprocess.Popen(
+        command, cwd=ROOT, env=environment(args.threads), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        threads, workers = map(int, worker.stdout.readline().split())
+
+        def call(count: int, index: int) -> float:
+            worker.stdin.write(f"{count} {index}\n")
+            worker.stdin.flush()
+            return float(worker.stdout.readline())
+
+        sentences, timed = read_lines(SENTENCES, args.direct), {"served": [], "share": [], "all": []}
+        async with aiohttp.ClientSession() as session:
+            for index, sentence in enumerate(sentences):
+                started = time.monotonic()
+                await request(session, url, sentence)
+                timed["served"].append(time.monotonic() - started)
+                timed["share"].append(call(max(1, threads // workers), index))
+                timed["all"].append(call(threads, index))
+    finally:
+        worker.stdin.close()
+        worker.wait(timeout=60)
+    row = {
+        "mode": "direct",
+        "sentences": len(timed["served"]),
+        "served_p50_ms": statistics.median(timed["served"]) * 1000,
+    }
+    for name in ("share", "all"):
+        ratios = [served / direct for served, direct in zip(timed["served"], timed[name], strict=True)]
+        row[f"direct_{name}_p50_ms"] = statistics.median(timed[name]) * 1000
+        row[f"served_over_direct_{name}"] = statistics.median(ratios)
+    return row
 
 
 def offline(args: argparse.Namespace, folder: Path, flags: list[str], work: Path) -> dict:
@@ -225,44 +260,35 @@ def offline(args: argparse.Namespace, folder: Path, flags: list[str], work: Path
     return {"lines_per_second": int(count) / float(seconds), "target_tokens_per_second": int(tokens) / float(seconds)}
 
 
-def direct_row(args: argparse.Namespace, name: str, folder: Path, flags: list[str], single: dict) -> dict:
-    """The direct calls against the server's latency at C=1 (`single`) on the same sentences."""
-    timed = direct(args, folder, flags)
-    served = dict(single["by_sentence"])
-    row = {"model": name, "mode": "direct", "sentences": len(timed["share"])}
-    for threads, seconds in timed.items():  # the worker's share of the threads, and all of them
-        ratios = [served[n] / s for n, s in enumerate(seconds) if n in served]
-        row[f"direct_{threads}_p50_ms"] = statistics.median(seconds) * 1000
-        row[f"served_over_direct_{threads}"] = statistics.median(ratios) if ratios else None
-    return row
-
-
 def measure(args: argparse.Namespace, name: str, folder: Path, flags: list[str], work: Path, queued: bool) -> list:
     """The rows of one model and backend: (a) and (b) at each concurrency, direct, offline, and (once) queued."""
     sentences, rows = read_lines(SENTENCES, args.sentences), []
     for mode in ("on", "off"):
-        server = Server(folder, [*flags, "--batch_across_requests", mode, "--timeout", "600"], work / "serve.log", 2)
+        served = [*flags, *args.server_flags, "--batch_across_requests", mode, "--timeout", "600"]
+        server = Server(folder, served, work / "serve.log", 2)
         try:
             asyncio.run(warm_up(server.url, sentences, 8))
             for concurrency in args.concurrency:
-                server.peak = 0
+                server.peak, server_cpu, client_cpu = 0, server.cpu_seconds(), time.process_time()
                 row = asyncio.run(closed_loop(server.url, sentences, concurrency, args.seconds))
                 row |= {"model": name, "mode": mode, "concurrency": concurrency, "peak_mb": server.peak / 2**20}
+                busy = row.pop("seconds")  # the window and the wait for the requests still out
+                row["server_cores"] = (server.cpu_seconds() - server_cpu) / busy
+                row["client_cores"] = (time.process_time() - client_cpu) / busy
                 print(
                     f"  {name} {' '.join(flags)} batch_across_requests={mode} C={concurrency}: "
                     f"{row['requests_per_second']:.1f} req/s, p50 {row['p50_ms']:.0f} ms",
                     flush=True,
                 )
                 rows.append(row)
+            if mode == "on" and args.direct:
+                rows.append({"model": name, **asyncio.run(paired_latency(args, server.url, folder, flags))})
         finally:
             server.stop()
-    single = next((row for row in rows if row["mode"] == "on" and row["concurrency"] == 1), None)
-    if single is not None:  # the direct calls are compared with the server at C=1
-        rows.append(direct_row(args, name, folder, flags, single))
     rows.append({"model": name, "mode": "offline", **offline(args, folder, flags, work)})
     if queued:
         limit = ["--max_queue_tokens", str(10**9), "--timeout", "600"]
-        server = Server(folder, [*flags, *limit], work / "queued.log", 2)
+        server = Server(folder, [*flags, *args.server_flags, *limit], work / "queued.log", 2)
         try:
             asyncio.run(closed_loop(server.url, sentences, 256, 10))  # full batches: their memory is the idle's
             rows.append({"model": name, "mode": "queued", **asyncio.run(flood(server, sentences, args.queued, 30))})
@@ -273,8 +299,9 @@ def measure(args: argparse.Namespace, name: str, folder: Path, flags: list[str],
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| model | backend | mode | C | requests/s | target tokens/s | p50 ms | p95 ms | p99 ms | errors | peak MB |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | backend | mode | C | requests/s | target tokens/s | p50 ms | p95 ms | p99 ms | errors | peak MB "
+        "| server / client cores |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if row["mode"] in ("on", "off"):
@@ -282,12 +309,12 @@ def table(rows: list[dict]) -> str:
                 f"| {row['model']} | {row['backend']} | {'(a) batched' if row['mode'] == 'on' else '(b) one at a time'} "
                 f"| {row['concurrency']} | {row['requests_per_second']:.1f} | {row['target_tokens_per_second']:,.0f} "
                 f"| {row['p50_ms']:,.0f} | {row['p95_ms']:,.0f} | {row['p99_ms']:,.0f} | {row['errors']} "
-                f"| {row['peak_mb']:,.0f} |"
+                f"| {row['peak_mb']:,.0f} | {row['server_cores']:.2f} / {row['client_cores']:.2f} |"
             )
         elif row["mode"] == "offline":
             lines.append(
                 f"| {row['model']} | {row['backend']} | (c) translate | - | {row['lines_per_second']:.1f} "
-                f"| {row['target_tokens_per_second']:,.0f} | | | | | |"
+                f"| {row['target_tokens_per_second']:,.0f} | | | | | | |"
             )
     return "\n".join(lines)
 
@@ -305,7 +332,8 @@ def targets(rows: list[dict]) -> list[str]:
         for row in mine:
             if row["mode"] == "direct":
                 said.append(
-                    f"{model} {backend}: at C=1, served/direct latency {row['served_over_direct_share']:.2f}x on a "
+                    f"{model} {backend}: at C=1 (served p50 {row['served_p50_ms']:.0f} ms), served/direct latency "
+                    f"{row['served_over_direct_share']:.2f}x on a "
                     f"worker's share of the threads (direct p50 {row['direct_share_p50_ms']:.0f} ms), "
                     f"{row['served_over_direct_all']:.2f}x on all (direct p50 {row['direct_all_p50_ms']:.0f} ms)"
                 )
@@ -329,9 +357,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=20.0, help="the window at each concurrency")
     parser.add_argument("--sentences", type=int, default=1000, help="Multi30k sentences sent (cycling) and offline")
     parser.add_argument("--new_tokens", type=int, default=24, help="the random model's fixed output length")
-    parser.add_argument("--direct", type=int, default=50, help="sentences of the direct calls")
+    parser.add_argument("--direct", type=int, default=50, help="sentences of the direct calls (0: none)")
     parser.add_argument("--queued", type=int, default=10_000, help="requests of the queued-memory step (0: skip)")
     parser.add_argument("--threads", type=int, default=2, help="torch's threads in the server")
+    parser.add_argument("--server_flags", nargs="+", default=[], help="more flags of serve (e.g. --batch_size 64)")
     parser.add_argument("--output", help="also write every figure (and the machine) to this JSON file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--worker_folder", help=argparse.SUPPRESS)
