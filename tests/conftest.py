@@ -1,10 +1,12 @@
 """Shared fixtures: a tiny config and model (as transformers' own model testers use), a model that memorised four
-pairs and its saved folder, a finished tiny training run, a small line-aligned corpus. Fixtures need no import; the
-plain helpers and constants are in helpers.py (`from .helpers import ...`)."""
+pairs and its saved folder, a finished tiny training run, a small line-aligned corpus, the converter's foreign sources
+(an OPUS-MT folder, an FSMT folder and its conversion, a fairseq checkpoint). Fixtures need no import; the plain
+helpers and constants are in helpers.py (`from .helpers import ...`), the converter's in sources.py."""
 
 import gzip
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -216,6 +218,95 @@ def marian_vocabulary(tmp_path_factory):
     from .sources import make_marian_vocabulary
 
     return make_marian_vocabulary(tmp_path_factory.mktemp("marian_vocabulary"))
+
+
+@pytest.fixture(scope="module")
+def marian_source(marian_vocabulary, tmp_path_factory) -> Path:
+    """An OPUS-MT-like folder (swish), for the tests that need one source."""
+    from .sources import write_marian
+
+    return write_marian(tmp_path_factory.mktemp("marian_source") / "source", marian_vocabulary)
+
+
+@pytest.fixture
+def marian_copy(marian_source, tmp_path) -> Path:
+    """A copy of a Marian source folder to change."""
+    return Path(shutil.copytree(marian_source, tmp_path / "source"))
+
+
+@pytest.fixture(scope="module")
+def fairseq_files(tmp_path_factory) -> tuple[Path, Path]:
+    """dict.txt and bpecodes of fairseq's WMT recipes (tests/sources.py), made once a test module."""
+    from .sources import moses_bpe_corpus
+
+    return moses_bpe_corpus(tmp_path_factory.mktemp("fairseq_files"))
+
+
+@pytest.fixture(scope="module")
+def fsmt_model(fairseq_files):
+    """FSMT with random weights over the joined dictionary: the FSMT source, and the fairseq checkpoint's weights."""
+    from transformers import FSMTConfig, FSMTForConditionalGeneration
+
+    from .sources import HEADS, SIZES, fairseq_symbols, scramble
+
+    size = len(fairseq_symbols(fairseq_files[0]))
+    config = FSMTConfig(
+        langs=["en", "de"],
+        src_vocab_size=size,
+        tgt_vocab_size=size,
+        **SIZES,
+        **HEADS,
+        max_position_embeddings=128,
+        activation_function="relu",
+        scale_embedding=True,
+        tie_word_embeddings=True,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=2,
+    )
+    return scramble(FSMTForConditionalGeneration(config), seed=1)
+
+
+@pytest.fixture(scope="module")
+def fsmt_folder(fsmt_model, fairseq_files, tmp_path_factory) -> Path:
+    """`fsmt_model` saved as an FSMT folder with its tokenizer's files."""
+    from .sources import write_fsmt_tokenizer
+
+    folder = tmp_path_factory.mktemp("fsmt") / "source"
+    fsmt_model.save_pretrained(folder)
+    write_fsmt_tokenizer(folder, *fairseq_files)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def fsmt(fsmt_folder, tmp_path_factory):
+    """(source model, source tokenizer, converted model, converted tokenizer, converted folder) for FSMT."""
+    from transformers import FSMTForConditionalGeneration, FSMTTokenizer
+
+    from vanilla_transformer.converters.convert import convert
+    from vanilla_transformer.data.tokenization import load_tokenizer
+
+    from .sources import converted_model
+
+    output = convert(fsmt_folder, tmp_path_factory.mktemp("fsmt_converted") / "converted")
+    return (
+        FSMTForConditionalGeneration.from_pretrained(fsmt_folder).eval(),
+        FSMTTokenizer.from_pretrained(fsmt_folder),
+        converted_model(output),
+        load_tokenizer(output),
+        output,
+    )
+
+
+@pytest.fixture(scope="module")
+def fairseq_checkpoint(fsmt_model, fairseq_files, tmp_path_factory) -> Path:
+    """A fairseq checkpoint of `fsmt_model`'s weights (model.pt, dict.txt, bpecodes: tests/sources.py's
+    write_fairseq)."""
+    from .sources import write_fairseq
+
+    return write_fairseq(tmp_path_factory.mktemp("fairseq") / "wmt", fsmt_model, fairseq_files)
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,31 @@
-"""Tiny foreign sources for the converter's tests (OPUS-MT folders, their SentencePiece vocabularies, random
-weights whose outputs depend on what they read): shared by tests/test_convert.py and tests/test_opus_mt_folder.py."""
+"""Tiny foreign sources for the converter's tests, and how a converted model is compared with its source: shared by
+tests/test_convert_*.py, tests/test_opus_mt_folder.py and the fixtures in tests/conftest.py.
 
+The sources are built here, offline, with random weights: a MarianMTModel folder (OPUS-MT's layout: a SentencePiece
+vocabulary trained here, source.spm, target.spm and vocab.json; swish and ReLU; a nonzero final_logits_bias), an
+FSMTForConditionalGeneration folder, and a fairseq checkpoint (`args` and a state dict under fairseq's names, saved
+with torch.save) with its dict.txt and subword-nmt BPE codes. The random weights are drawn so that the outputs depend
+on every token and position (`scramble`): a model at transformers' initialisation repeats one token whatever it reads.
+"""
+
+import argparse
+import collections
 import io
 import json
 import os
 import shutil
+import sys
+import types
 from pathlib import Path
 
 import sentencepiece
 import torch
-from transformers import MarianConfig, MarianMTModel
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
+from subword_nmt.apply_bpe import BPE
+from subword_nmt.learn_bpe import learn_bpe
+from transformers import FSMTForConditionalGeneration, MarianConfig, MarianMTModel
 
+from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.data.toy_task import synthetic_translation_pairs
 
 # Multi30k-like sentences with punctuation, digits, accents, quotes, dashes and abbreviations
@@ -123,3 +138,191 @@ def write_marian(folder: Path, vocabulary: Path, activation: str = "swish", **ov
     model.generation_config.num_beams = 4  # OPUS-MT's folders decode with beams
     model.save_pretrained(folder)
     return folder
+
+
+# --- FSMT and fairseq sources ---------------------------------------------------------------------------------------
+
+
+def moses_bpe_corpus(folder: Path) -> tuple[Path, Path]:
+    """dict.txt and bpecodes as fairseq's WMT recipes make them: Moses punctuation normalization and tokenization
+    (-a), subword-nmt BPE learned on both languages, one joined dictionary of the BPE'd text ("symbol count", most
+    frequent first)."""
+    corpus = []
+    for language, texts in (("en", [s for s, _ in synthetic_translation_pairs(150, seed=1)]), ("de", SENTENCES)):
+        corpus += [wmt_preprocessing(text, language) for text in texts + MULTI30K_LIKE]
+    codes = io.StringIO()
+    learn_bpe(io.StringIO("\n".join(corpus)), codes, 250, min_frequency=2)
+    (folder / "bpecodes").write_text(codes.getvalue(), encoding="utf-8")
+    bpe = BPE(io.StringIO(codes.getvalue()))
+    counts = collections.Counter(piece for line in corpus for piece in bpe.process_line(line).split())
+    (folder / "dict.txt").write_text("".join(f"{symbol} {count}\n" for symbol, count in counts.most_common()))
+    return folder / "dict.txt", folder / "bpecodes"
+
+
+def wmt_preprocessing(text: str, language: str) -> str:
+    """The Moses steps of fairseq's WMT data preparation: normalize punctuation, remove non-printing characters,
+    tokenize aggressively (-a) with escaping."""
+    normalizer = MosesPunctNormalizer(language, pre_replace_unicode_punct=True, post_remove_control_chars=True)
+    return MosesTokenizer(language).tokenize(
+        normalizer.normalize(text), aggressive_dash_splits=True, return_str=True, escape=True
+    )
+
+
+def fairseq_symbols(dictionary: Path) -> list[str]:
+    """fairseq's Dictionary by id: <s>, <pad>, </s>, <unk>, then dict.txt's symbols."""
+    return ["<s>", "<pad>", "</s>", "<unk>"] + [line.rsplit(" ", 1)[0] for line in dictionary.read_text().splitlines()]
+
+
+def write_fsmt_tokenizer(folder: Path, dictionary: Path, codes: Path, target_size: int | None = None) -> None:
+    """FSMTTokenizer's files: the dictionary with word ends marked "</w>" (continued subwords lose "@@"), merges; with
+    `target_size`, a target dictionary of its own, the first `target_size` symbols."""
+    vocabulary = {}
+    for index, symbol in enumerate(fairseq_symbols(dictionary)):
+        special = index < 4
+        vocabulary[symbol if special else symbol.removesuffix("@@") if symbol.endswith("@@") else f"{symbol}</w>"] = (
+            index
+        )
+    target = vocabulary if target_size is None else dict(list(vocabulary.items())[:target_size])
+    for name, symbols in (("vocab-src.json", vocabulary), ("vocab-tgt.json", target)):
+        (folder / name).write_text(json.dumps(symbols, ensure_ascii=False))
+    merges = [line for line in codes.read_text().splitlines() if not line.startswith("#version")]
+    (folder / "merges.txt").write_text("\n".join(merges) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"langs": ["en", "de"], "model_max_length": 128}))
+
+
+def fairseq_args(**overrides) -> argparse.Namespace:
+    """A fairseq transformer's `args` as its checkpoints store them."""
+    settings = dict(
+        arch="transformer",
+        task="translation",
+        source_lang="en",
+        target_lang="de",
+        encoder_embed_dim=32,
+        decoder_embed_dim=32,
+        encoder_ffn_embed_dim=64,
+        decoder_ffn_embed_dim=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_normalize_before=False,
+        decoder_normalize_before=False,
+        encoder_learned_pos=False,
+        decoder_learned_pos=False,
+        share_all_embeddings=True,
+        share_decoder_input_output_embed=True,
+        activation_fn="relu",
+        dropout=0.3,
+        attention_dropout=0.1,
+        activation_dropout=0.0,
+        max_source_positions=128,
+        max_target_positions=128,
+        adaptive_softmax_cutoff=None,
+        no_scale_embedding=False,
+        no_token_positional_embeddings=False,
+        layernorm_embedding=False,
+        decoder_output_dim=32,
+        decoder_input_dim=32,
+        lr=[0.0005],
+        optimizer="adam",
+    )
+    return argparse.Namespace(**{**settings, **overrides})
+
+
+def fairseq_state(fsmt: FSMTForConditionalGeneration) -> dict[str, torch.Tensor]:
+    """FSMT's weights under fairseq's names (FSMT's are fairseq's with a "model." in front), plus what fairseq keeps
+    beside them: version counters and the sinusoid buffers."""
+    state = {key.removeprefix("model."): tensor.clone() for key, tensor in fsmt.state_dict().items()}
+    state = {key: tensor for key, tensor in state.items() if "embed_positions" not in key}
+    for side in ("encoder", "decoder"):
+        state[f"{side}.version"] = torch.tensor([3.0])
+        state[f"{side}.embed_positions._float_tensor"] = torch.tensor([1.0])
+    return state
+
+
+def write_fairseq(folder: Path, fsmt, fairseq_files, args=None, state=None, **save) -> Path:
+    """model.pt (`args`, `model` and the training state a checkpoint keeps), dict.txt and bpecodes in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in fairseq_files:
+        shutil.copy(path, folder / path.name)
+    checkpoint = {
+        "args": fairseq_args() if args is None else args,
+        "model": fairseq_state(fsmt) if state is None else state,
+        "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion", "num_updates": 1000}],
+        "extra_state": {"epoch": 3, "val_loss": 3.25, "train_iterator": {"epoch": 3, "iterations_in_epoch": 7}},
+        "last_optimizer_state": {"state": {}, "param_groups": [{"lr": 0.0005, "betas": (0.9, 0.98)}]},
+    }
+    torch.save(checkpoint, folder / "model.pt", **save)
+    return folder / "model.pt"
+
+
+def fake_omegaconf(monkeypatch) -> type:
+    """A class pickled under omegaconf's DictConfig name, with its state layout (`_metadata`, `_parent`, `_content`):
+    omegaconf is not installed here."""
+    module = types.ModuleType("omegaconf.dictconfig")
+
+    class DictConfig:
+        def __init__(self, content):
+            self._metadata, self._parent, self._content = None, None, content
+
+    DictConfig.__module__, DictConfig.__qualname__, module.DictConfig = module.__name__, "DictConfig", DictConfig
+    monkeypatch.setitem(sys.modules, "omegaconf", types.ModuleType("omegaconf"))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return DictConfig
+
+
+# --- a converted model against its source ------------------------------------------------------------------------
+
+NEW_TOKENS = 10  # generated tokens compared
+TOLERANCE = 1e-5  # the largest logit difference from the source, float32
+
+
+def converted_model(folder: Path) -> VanillaTransformerForConditionalGeneration:
+    return VanillaTransformerForConditionalGeneration.from_pretrained(folder).eval()
+
+
+def padded_batch(tokenizer, model) -> dict[str, torch.Tensor]:
+    """Four sentences of different lengths (right-padded) and decoder inputs: the decoder start, then ordinary ids."""
+    batch = tokenizer(MULTI30K_LIKE[:4], return_tensors="pt", padding=True)
+    assert (batch["attention_mask"] == 0).any()
+    config = model.config
+    generator = torch.Generator().manual_seed(3)
+    ordinary = torch.tensor([i for i in range(4, config.decoder_vocab_size) if i != config.pad_token_id])
+    body = ordinary[torch.randint(len(ordinary), (4, 8), generator=generator)]
+    start = torch.full((4, 1), config.decoder_start_token_id)
+    return {**batch, "decoder_input_ids": torch.cat([start, body], dim=1)}
+
+
+def logits_difference(pair, batch) -> float:
+    """The largest difference between the source's and the converted model's logits. The decoder inputs are not
+    padded, so every decoder position counts; the sources' padding is masked out of attention by both models (fairseq
+    and FSMT number the positions of padding otherwise than we do, which cannot reach the tokens' outputs)."""
+    source, _, ours, _, _ = pair
+    with torch.inference_mode():
+        expected = source(**batch, use_cache=False).logits  # FSMT applies its causal mask only without the cache
+        actual = ours(**batch).logits
+    return (expected - actual).abs().max().item()
+
+
+def generated(model, batch, num_beams: int) -> torch.Tensor:
+    """`model`'s tokens for `batch`, with the beam settings given (the converted folder's own are checked apart: a
+    fairseq conversion decodes as the paper, FSMT by transformers' defaults)."""
+    with torch.inference_mode():
+        return model.generate(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            num_beams=num_beams,
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            length_penalty=1.0,
+            early_stopping=False,
+        )
+
+
+def check_same_generation(pair, tokenizer, num_beams: int, sentences=MULTI30K_LIKE[4:10]) -> None:
+    source, _, ours, _, _ = pair
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+    expected = generated(source, batch, num_beams)
+    distinct = [len(set(row[1:])) for row in expected.tolist()]
+    assert len({tuple(row) for row in expected.tolist()}) > 1 and max(distinct) > 3, "the random source repeats itself"
+    assert torch.equal(generated(ours, batch, num_beams), expected)

@@ -29,7 +29,7 @@ config.json records (`configuration_vanilla_transformer.py`) and the model compu
 Every weight of the source goes somewhere or the conversion is refused (a weight left over is a part our model does not
 have), and for Marian and FSMT the converted model is checked against the source model on a padded probe batch before
 anything is written (fairseq checkpoints against FSMT, transformers' port of fairseq's model, fed the same weights).
-The tests (tests/test_convert.py) check logits within 1e-5 and the same greedy and beam-search tokens.
+The tests (tests/test_convert_*.py) check logits within 1e-5 and the same greedy and beam-search tokens.
 
 What is refused, with a ConversionError naming the field (or file) and its value, before anything is written: two
 different fairseq dictionaries (separate vocabularies from a fairseq checkpoint), a Marian tokenizer whose
