@@ -205,6 +205,32 @@ def set_up_run(settings: TrainingSettings, accelerator) -> Run:
 # --- the loop ----------------------------------------------------------------------------------------------------
 
 
+def train_step(accelerator, model, optimizer, schedule, step_batches: list[dict], settings: TrainingSettings):
+    """One optimizer step (5.3), its loss (5.4) the mean over the step's target tokens on all processes. Returns the
+    summed loss and the target tokens on the device, never read here: the host queues the next step while this runs."""
+    local_tokens = sum(count_target_tokens(batch) for batch in step_batches)  # the host's batches: no device wait
+    step_tokens = accelerator.reduce(torch.full((), local_tokens, dtype=torch.float64, device=accelerator.device))
+    model.train()
+    step_loss = torch.zeros((), device=accelerator.device)
+    for index, batch in enumerate(step_batches):  # micro-batches: gradients are synchronised on the last only
+        batch = {name: tensor.to(accelerator.device, non_blocking=True) for name, tensor in batch.items()}
+        with accelerator.no_sync(model) if index < len(step_batches) - 1 else contextlib.nullcontext():
+            outputs = model(**forward_inputs(model, batch), output_hidden_states=True)  # sections 3.1-3.5
+            # 5.4, summed over the targets, block by block; autocast too (Accelerate's covers the forward only)
+            hidden, labels = outputs.decoder_hidden_states[-1], batch["labels"]
+            with accelerator.autocast():
+                loss = label_smoothed_cross_entropy(hidden, output_head(model), labels, settings.label_smoothing)
+            # DDP averages the processes' gradients: this gives the mean over the step's target tokens
+            accelerator.backward(loss / (step_tokens / accelerator.num_processes).to(loss.dtype))
+        step_loss += loss.detach()  # no host sync: read only every --logging_steps
+    if settings.max_grad_norm > 0:
+        accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+    return step_loss, step_tokens
+
+
 def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: StopSignals) -> str:
     """Section 5: optimizer steps until `stop_reason` gives one; returns it. `run.state` advances in place and is
     checkpointed every --save_steps and at the end."""
@@ -221,25 +247,7 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
     )
     while not (reason := stop_reason(accelerator, settings, state, stop_signals, start_time)):
         step_batches, position_after_step = next(steps)
-        step_tokens = step_target_tokens(accelerator, step_batches)  # the loss's one normalisation (5.4)
-        model.train()
-        step_loss = torch.zeros((), device=accelerator.device)
-        for index, batch in enumerate(step_batches):  # micro-batches: gradients are synchronised on the last only
-            batch = {name: tensor.to(accelerator.device, non_blocking=True) for name, tensor in batch.items()}
-            with accelerator.no_sync(model) if index < len(step_batches) - 1 else contextlib.nullcontext():
-                outputs = model(**forward_inputs(model, batch), output_hidden_states=True)  # sections 3.1-3.5
-                # 5.4, summed over the targets, block by block; autocast too (Accelerate's covers the forward only)
-                hidden, labels = outputs.decoder_hidden_states[-1], batch["labels"]
-                with accelerator.autocast():
-                    loss = label_smoothed_cross_entropy(hidden, output_head(model), labels, settings.label_smoothing)
-                # DDP averages the processes' gradients: this gives the mean over the step's target tokens
-                accelerator.backward(loss / (step_tokens / accelerator.num_processes).to(loss.dtype))
-            step_loss += loss.detach()  # no host sync: read only every --logging_steps
-        if settings.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
+        step_loss, step_tokens = train_step(accelerator, model, optimizer, schedule, step_batches, settings)
         state.step, state.position = state.step + 1, position_after_step
         state.elapsed_seconds = time.time() - start_time
         progress.update(1)
@@ -264,13 +272,6 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
             accelerator, settings.checkpoints, state, schedule, run.identity, run.continuation, stop=stop
         )
     return reason
-
-
-def step_target_tokens(accelerator, step_batches: list[dict]) -> torch.Tensor:
-    """The target tokens of a step's micro-batches on every process, on the device: made by a fill, not a copy, and
-    never read back here, so the host does not wait for the device and queues this step while the last one runs."""
-    local_tokens = sum(count_target_tokens(batch) for batch in step_batches)
-    return accelerator.reduce(torch.full((), local_tokens, dtype=torch.float64, device=accelerator.device))
 
 
 def stop_reason(accelerator, settings: TrainingSettings, state: RunState, stop_signals: StopSignals, start_time):

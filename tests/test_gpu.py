@@ -8,13 +8,16 @@ import os
 
 import pytest
 import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from torch.nn import functional as F
 
+import train_accelerate
 from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.training.loss import forward_inputs, label_smoothed_cross_entropy, output_head
 from vanilla_transformer.training.steps import prefetch
 
+from .distributed_gradients import GradientRecorder
 from .helpers import TINY, random_ids
 
 pytestmark = pytest.mark.gpu
@@ -59,13 +62,26 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 # --- bf16 autocast, as train_accelerate.py's --mixed_precision bf16 ------------------------------------------------
 
 
-def training_loss(model, batch: dict, kind: str) -> torch.Tensor:
+def loss_and_gradient(model, batch: dict, kind: str, bf16: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss per target token and the gradient of one step of `model`'s weights, in bf16 autocast or float32."""
     if kind == "model":  # the library's plain cross-entropy, from the model's forward
-        return model(**batch).loss
-    # the training script's step: the decoder's output, then section 5.4's loss block by block
-    outputs = model(**forward_inputs(model, batch), output_hidden_states=True)
-    loss = label_smoothed_cross_entropy(outputs.decoder_hidden_states[-1], output_head(model), batch["labels"], 0.1)
-    return loss / (batch["labels"] != -100).sum()
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = model(**batch).loss
+        loss.backward()
+        return loss.detach(), torch.cat([parameter.grad.flatten() for parameter in model.parameters()])
+    # the training script's own step (train_accelerate.train_step), under its Accelerator's --mixed_precision
+    try:
+        accelerator = Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if bf16 else "no")
+        copied = copy.deepcopy(model)
+        recorder = GradientRecorder(copied.parameters(), lr=0.0)
+        prepared, optimizer = accelerator.prepare(copied, recorder)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        settings = train_accelerate.parse_training_arguments(["--data_dir", "corpus", "--label_smoothing", "0.1"])
+        loss, tokens = train_accelerate.train_step(accelerator, prepared, optimizer, schedule, [batch], settings)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    return loss / tokens, torch.cat([gradient.flatten() for gradient in recorder.gradients])
 
 
 @pytest.mark.parametrize("kind", ["model", "label_smoothed"])
@@ -74,15 +90,10 @@ def test_bf16_autocast_gives_the_float32_loss_and_gradient_directions(device, ki
     config = VanillaTransformerConfig(**TINY, dropout=0.0)  # the same forward in both precisions
     model = VanillaTransformerForConditionalGeneration(config).to(device).train()
     batch = on(padded_batch(config), device)
-    results = []
-    for autocast in (False, True):
-        model.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            loss = training_loss(model, batch, kind)
-        loss.backward()
-        gradient = torch.cat([parameter.grad.flatten() for parameter in model.parameters()])
-        results.append((loss.detach().float(), gradient.float()))
-    (float32_loss, float32_gradient), (bf16_loss, bf16_gradient) = results
+    results = [loss_and_gradient(model, batch, kind, bf16, device) for bf16 in (False, True)]
+    (float32_loss, float32_gradient), (bf16_loss, bf16_gradient) = [
+        (loss.float(), gradient.float()) for loss, gradient in results
+    ]
     assert bf16_loss != float32_loss, "autocast left the loss in float32: the comparison would test nothing"
     torch.testing.assert_close(bf16_loss, float32_loss, rtol=5e-3, atol=0.0)
     assert F.cosine_similarity(bf16_gradient, float32_gradient, dim=0) > 0.999

@@ -1,14 +1,24 @@
 """Section 5.4's training loss (vanilla_transformer/training/loss.py): label-smoothed, summed over the targets, computed
-without the logits, with the value and gradients of the cross-entropy of the logits; and the model's own loss, the
-library's plain cross-entropy."""
+without the logits, with the value and gradients of the cross-entropy of the logits; the training script's own step
+(`train_accelerate.train_step`), whose gradients are those of the mean over the step's target tokens; and the model's
+own loss, the library's plain cross-entropy."""
+
+import sys
 
 import pytest
 import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from torch.nn import functional as F
 
+import train_accelerate
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.training import loss as loss_module
-from vanilla_transformer.training.loss import forward_inputs, label_smoothed_cross_entropy, output_head
+from vanilla_transformer.training.loss import label_smoothed_cross_entropy, output_head
+from vanilla_transformer.training.steps import count_target_tokens
+
+from .distributed_gradients import GradientRecorder
+from .helpers import random_ids
 
 
 def random_labels(shape, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
@@ -61,31 +71,66 @@ def test_blockwise_loss_under_bf16_autocast_is_close_to_the_plain_one():
     torch.testing.assert_close(gradients[1], head.weight.grad, atol=2e-2, rtol=5e-2)
 
 
-def training_loss(model, batch: dict) -> torch.Tensor:
-    """The training script's step: the forward without logits, then the label-smoothed loss (0.1) block by block."""
-    outputs = model(**forward_inputs(model, batch), output_hidden_states=True)
-    return label_smoothed_cross_entropy(outputs.decoder_hidden_states[-1], output_head(model), batch["labels"], 0.1)
+@pytest.fixture
+def accelerator():
+    """The training script's Accelerator on one CPU process; its state goes after the test."""
+    try:
+        yield Accelerator(cpu=True)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
 
 
-def test_the_training_loss_has_the_value_and_gradients_of_the_loss_on_the_logits(tiny_config, source_batch):
-    """The training script's forward and loss against the logits of the model's plain forward."""
-    tiny_config.dropout = 0.0  # the two passes below must see the same network
+def training_step(accelerator, model, step_batches: list[dict], *flags: str, learning_rate: float = 0.0):
+    """The training script's own step (`train_accelerate.train_step`) under the training flags `flags`, with SGD at
+    `learning_rate` (0: the weights stay) and a constant schedule; returns (summed loss, target tokens, the gradients
+    the optimizer was given, by parameter name)."""
+    settings = train_accelerate.parse_training_arguments(["--data_dir", "corpus", *flags])
+    optimizer = GradientRecorder(model.parameters(), lr=learning_rate)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    loss, tokens = train_accelerate.train_step(accelerator, model, optimizer, schedule, step_batches, settings)
+    names = [name for name, _ in model.named_parameters()]
+    return loss, tokens, dict(zip(names, optimizer.gradients, strict=True))
+
+
+def micro_batch(config, sources: tuple[int, int], targets: tuple[int, int], seed: int) -> dict:
+    """Random right-padded pairs: the last source has 2 padding positions, the targets padding (random_labels)."""
+    input_ids, attention_mask = random_ids(config, sources, seed), torch.ones(sources, dtype=torch.long)
+    input_ids[-1, -2:], attention_mask[-1, -2:] = config.pad_token_id, 0
+    labels = random_labels(targets, config.vocab_size, torch.Generator().manual_seed(seed + 1))
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.0, 0.01], ids=["unclipped", "clipped"])
+def test_a_training_step_gives_the_gradients_of_the_mean_loss_over_its_target_tokens(
+    accelerator, tiny_config, max_grad_norm
+):
+    """A step of two micro-batches of 8 and 10 target tokens: the optimizer gets the gradients of the label-smoothed
+    cross-entropy of the logits summed over both and divided by their 18 tokens (not each micro-batch's mean), scaled
+    to --max_grad_norm when given; the step returns the summed loss and the 18 tokens."""
+    tiny_config.dropout = 0.0  # the step and the forward below must see the same network
     torch.manual_seed(0)
-    model = VanillaTransformerForConditionalGeneration(tiny_config).train()
-    input_ids, attention_mask = source_batch
-    labels = random_labels((2, 6), tiny_config.vocab_size, torch.Generator().manual_seed(2))
-    batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    model = VanillaTransformerForConditionalGeneration(tiny_config)
+    batches = [micro_batch(tiny_config, (2, 9), (2, 6), seed=1), micro_batch(tiny_config, (3, 5), (3, 4), seed=3)]
+    assert [count_target_tokens(batch) for batch in batches] == [8, 10]
+    flags = ("--label_smoothing", "0.1", "--max_grad_norm", str(max_grad_norm))
+    step_loss, step_tokens, gradients = training_step(accelerator, model, batches, *flags)
 
-    training_loss(model, batch).backward()
-    gradients = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
-    model.zero_grad()
-    logits = model(**batch).logits
-    expected = F.cross_entropy(
-        logits.view(-1, logits.shape[-1]), labels.view(-1), label_smoothing=0.1, reduction="sum"
-    )
-    expected.backward()
-    for name, parameter in model.named_parameters():
-        torch.testing.assert_close(gradients[name], parameter.grad, msg=name)
+    summed = 0.0
+    for batch in batches:  # the same weights: the step's learning rate is 0
+        logits = model(**batch).logits
+        summed += F.cross_entropy(
+            logits.flatten(0, 1), batch["labels"].flatten(), label_smoothing=0.1, reduction="sum"
+        )
+    (summed / 18).backward()
+    expected = {name: parameter.grad for name, parameter in model.named_parameters()}
+    if max_grad_norm:
+        norm = torch.cat([gradient.flatten() for gradient in expected.values()]).norm()
+        assert norm > 10 * max_grad_norm, "the clipping would change nothing"
+        expected = {name: gradient * max_grad_norm / (norm + 1e-6) for name, gradient in expected.items()}
+    torch.testing.assert_close(step_loss, summed.detach())
+    assert step_tokens.item() == 18
+    for name, gradient in expected.items():
+        torch.testing.assert_close(gradients[name], gradient, msg=name)
 
 
 def test_the_models_own_loss_is_the_mean_cross_entropy_or_the_sum_over_num_items_in_batch(tiny_model, source_batch):
@@ -98,24 +143,36 @@ def test_the_models_own_loss_is_the_mean_cross_entropy_or_the_sum_over_num_items
     torch.testing.assert_close(accumulated.loss, plain * (labels != -100).sum() / 20)
 
 
-def test_a_training_step_reads_no_tensor_on_the_host(monkeypatch, tiny_config, source_batch):
-    """No `.item()`, `bool()`, `int()`, `float()` or `.tolist()` of a tensor in the training forward and backward: on
-    a GPU each would make the step wait for the device (by construction here; torch.cuda.set_sync_debug_mode on a GPU)."""
-    model = VanillaTransformerForConditionalGeneration(tiny_config).train()
+def test_a_training_step_reads_no_tensor_on_the_host(monkeypatch, accelerator, tiny_config, source_batch):
+    """No `.item()`, `bool()`, `int()`, `float()` or `.tolist()` of a tensor in the training script's step (forward,
+    loss, backward, clipping, optimizer and schedule steps) but the count of the host's own batches' targets, before
+    their copy to the device: on a GPU each would make the step wait for the device (by construction here;
+    torch.cuda.set_sync_debug_mode on a GPU)."""
+    model = VanillaTransformerForConditionalGeneration(tiny_config)
     input_ids, attention_mask = source_batch
     labels = random_labels((2, 6), tiny_config.vocab_size, torch.Generator().manual_seed(2))
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
 
-    def synchronises(*args, **kwargs):
-        raise AssertionError("a tensor was read on the host")
+    def read_by_the_host_count_only(method: str):
+        original = getattr(torch.Tensor, method)
+
+        def read(*args, **kwargs):
+            if sys._getframe(1).f_code is not count_target_tokens.__code__:
+                raise AssertionError(f"a tensor was read on the host (Tensor.{method})")
+            return original(*args, **kwargs)
+
+        return read
 
     for method in ("item", "__bool__", "__int__", "__float__", "tolist"):
-        monkeypatch.setattr(torch.Tensor, method, synchronises)
-    training_loss(model, dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)).backward()
+        monkeypatch.setattr(torch.Tensor, method, read_by_the_host_count_only(method))
+    training_step(accelerator, model, [batch, batch], "--max_grad_norm", "1.0", learning_rate=0.1)
 
 
-def test_a_training_step_on_separate_vocabularies_learns_through_the_decoders_matrix(tiny_config, source_batch):
+def test_a_training_step_on_separate_vocabularies_learns_through_the_decoders_matrix(
+    accelerator, tiny_config, source_batch
+):
     """The training loss takes the output head, the decoder's matrix with separate vocabularies: one step of the
-    training script's loss moves both stacks' embeddings, and its value is the loss of the logits."""
+    training script moves both stacks' embeddings, and its loss is the loss of the logits."""
     from configuration_vanilla_transformer import VanillaTransformerConfig
 
     config = VanillaTransformerConfig(
@@ -132,16 +189,14 @@ def test_a_training_step_on_separate_vocabularies_learns_through_the_decoders_ma
     labels = random_labels((2, 5), 23, torch.Generator().manual_seed(2))
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
     assert output_head(model).weight is model.model.decoder.embed_tokens.weight
-    loss = training_loss(model, batch)
     with torch.no_grad():
         logits = model(input_ids, attention_mask=attention_mask, labels=labels).logits
     assert logits.shape[-1] == 23
     expected = F.cross_entropy(
         logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum", label_smoothing=0.1
     )
-    assert torch.allclose(loss, expected, atol=1e-4)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    loss.backward()
-    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    loss, _, _ = training_step(accelerator, model, [batch], "--label_smoothing", "0.1", learning_rate=0.1)
+    assert torch.allclose(loss, expected, atol=1e-4)
     for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
         assert not torch.equal(before[name], dict(model.named_parameters())[name]), name
