@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import json
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -360,7 +361,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--direct", type=int, default=50, help="sentences of the direct calls (0: none)")
     parser.add_argument("--queued", type=int, default=10_000, help="requests of the queued-memory step (0: skip)")
     parser.add_argument("--threads", type=int, default=2, help="torch's threads in the server")
-    parser.add_argument("--server_flags", nargs="+", default=[], help="more flags of serve (e.g. --batch_size 64)")
+    parser.add_argument(
+        "--server_flags", type=shlex.split, default=[], help='more flags of serve: --server_flags="--batch_size 64"'
+    )
     parser.add_argument("--output", help="also write every figure (and the machine) to this JSON file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--worker_folder", help=argparse.SUPPRESS)
