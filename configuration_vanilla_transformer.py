@@ -9,17 +9,26 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 # Table 3 of the paper: "base" and "big" (both N=6). "small" is a CPU-sized model (Multi30k on a laptop) and
-# "tiny" the embedded synthetic task's model.
+# "tiny" the embedded synthetic task's model. Each row: d_model, d_ff, h, N (the encoder's and the decoder's), P_drop.
+_PRESET_SIZES = {
+    "base": (512, 2048, 8, 6, 0.1),
+    "big": (1024, 4096, 16, 6, 0.3),
+    "small": (256, 1024, 4, 3, 0.1),
+    "tiny": (128, 512, 4, 3, 0.1),
+}
 PRESETS = {
-    "base": dict(d_model=512, encoder_ffn_dim=2048, decoder_ffn_dim=2048, encoder_attention_heads=8,
-                 decoder_attention_heads=8, encoder_layers=6, decoder_layers=6, dropout=0.1),
-    "big": dict(d_model=1024, encoder_ffn_dim=4096, decoder_ffn_dim=4096, encoder_attention_heads=16,
-                decoder_attention_heads=16, encoder_layers=6, decoder_layers=6, dropout=0.3),
-    "small": dict(d_model=256, encoder_ffn_dim=1024, decoder_ffn_dim=1024, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.1),
-    "tiny": dict(d_model=128, encoder_ffn_dim=512, decoder_ffn_dim=512, encoder_attention_heads=4,
-                 decoder_attention_heads=4, encoder_layers=3, decoder_layers=3, dropout=0.1),
-}  # fmt: skip
+    name: dict(
+        d_model=d_model,
+        encoder_ffn_dim=d_ff,
+        decoder_ffn_dim=d_ff,
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        dropout=dropout,
+    )
+    for name, (d_model, d_ff, heads, layers, dropout) in _PRESET_SIZES.items()
+}
 
 ACTIVATION_FUNCTIONS = ("relu", "gelu", "gelu_new", "silu", "swish", "tanh")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")

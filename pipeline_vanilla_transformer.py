@@ -184,8 +184,10 @@ class VanillaTransformerTranslationPipeline(Pipeline):
 
     def _check_languages(self, **given: str | None) -> None:
         """`src_lang`/`tgt_lang` must be the model's own languages: a single-pair model translates nothing else."""
-        known = {"src_lang": self.tokenizer.init_kwargs.get("source_lang"),
-                 "tgt_lang": self.tokenizer.init_kwargs.get("target_lang")}  # fmt: skip
+        known = {
+            "src_lang": self.tokenizer.init_kwargs.get("source_lang"),
+            "tgt_lang": self.tokenizer.init_kwargs.get("target_lang"),
+        }
         for name, language in given.items():
             if language is not None and known[name] is not None and language != known[name]:
                 raise ValueError(

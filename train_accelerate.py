@@ -1,8 +1,9 @@
-"""Train the Transformer of "Attention Is All You Need" with Accelerate, following the paper's section 5: the main job
-(`python train_accelerate.py`, `vanilla-transformer train`, `accelerate launch ... -m train_accelerate`; `--help`
-lists the flags). Reads top to bottom: settings (`vanilla_transformer.commands.arguments`), the output folder, data
-(prepared once and cached), model, optimizer, the loop, then the final model: averaged, saved, evaluated. Checkpoint
-mechanics are `vanilla_transformer.training.checkpoints` and `.run_checkpoints`, evaluation
+"""The main job: train the Transformer of "Attention Is All You Need" with Accelerate, following the paper's section 5.
+
+Run as `python train_accelerate.py`, `vanilla-transformer train` or `accelerate launch ... -m train_accelerate`;
+`--help` lists the flags. Reads top to bottom: settings (`vanilla_transformer.commands.arguments`), the output
+folder, data (prepared once and cached), model, optimizer, the loop, then the final model: averaged, saved,
+evaluated. Checkpoint mechanics are `vanilla_transformer.training.checkpoints` and `.run_checkpoints`, evaluation
 `vanilla_transformer.training.evaluation`.
 """
 
@@ -110,7 +111,7 @@ def load_training_data(settings: TrainingSettings, accelerator) -> tuple[PreTrai
         )
         accelerator.print("[data] streaming the training pairs")
         steps = StreamedSteps(epoch_batches, TranslationCollator(tokenizer.pad_token_id), accumulation)
-        return tokenizer, corpus.splits, steps, streaming.training_data_fingerprint(data)
+        return tokenizer, corpus.splits, steps, streaming.streamed_data_fingerprint(data)
 
     corpus = prepare.load_or_prepare(data, accelerator)
     accelerator.print("\n".join(corpus.summary()))

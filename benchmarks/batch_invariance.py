@@ -73,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="the arrival order's")
     parser.add_argument("--output", help="also write the figures and the differing sentences to this JSON file")
     args, backend_flags = parser.parse_known_args(argv)
-    args.backend_flags = backend_flags  # serve's flags: --backend, --compute_type, --max_tokens, --num_beams, ...
+    args.backend_flags = backend_flags  # serve's: --backend, --max_batch_tokens, --num_beams, ...
     return args
 
 
@@ -91,8 +91,8 @@ def main(argv=None) -> None:
     ids = backend.encode(lines)
     lengths = [len(sentence) for sentence in ids]
     batchings = {
-        "sorted": token_batches(lengths, served.max_tokens, None, backend.beams),
-        "arrival": arrival_batches(lengths, served.max_tokens, backend.beams, args.seed),
+        "sorted": token_batches(lengths, served.max_batch_tokens, None, backend.beams),
+        "arrival": arrival_batches(lengths, served.max_batch_tokens, backend.beams, args.seed),
     }
     if args.alone:
         batchings["alone"] = [[n] for n in range(args.alone)]

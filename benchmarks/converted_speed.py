@@ -59,9 +59,12 @@ def opus_mt_folder(folder: Path, size: dict) -> Path:
     model_file = io.BytesIO()
     with open(os.devnull, "w") as quiet:
         sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts), model_writer=model_file, vocab_size=200, hard_vocab_limit=False,
+            sentence_iterator=iter(texts),
+            model_writer=model_file,
+            vocab_size=200,
+            hard_vocab_limit=False,
             logstream=quiet,
-        )  # fmt: skip
+        )
     for name in ("source.spm", "target.spm"):
         (folder / name).write_bytes(model_file.getvalue())
     processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / "source.spm"))
@@ -75,12 +78,23 @@ def opus_mt_folder(folder: Path, size: dict) -> Path:
     (folder / "tokenizer_config.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de"}))
     pad = size["vocab_size"] - 1
     config = MarianConfig(
-        vocab_size=size["vocab_size"], d_model=size["d_model"], encoder_layers=size["layers"],
-        decoder_layers=size["layers"], encoder_attention_heads=size["heads"], decoder_attention_heads=size["heads"],
-        encoder_ffn_dim=size["ffn_dim"], decoder_ffn_dim=size["ffn_dim"], activation_function="swish",
-        max_position_embeddings=512, scale_embedding=True, pad_token_id=pad, decoder_start_token_id=pad,
-        eos_token_id=0, forced_eos_token_id=0, bos_token_id=0,
-    )  # fmt: skip
+        vocab_size=size["vocab_size"],
+        d_model=size["d_model"],
+        encoder_layers=size["layers"],
+        decoder_layers=size["layers"],
+        encoder_attention_heads=size["heads"],
+        decoder_attention_heads=size["heads"],
+        encoder_ffn_dim=size["ffn_dim"],
+        decoder_ffn_dim=size["ffn_dim"],
+        activation_function="swish",
+        max_position_embeddings=512,
+        scale_embedding=True,
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        bos_token_id=0,
+    )
     torch.manual_seed(0)
     model = MarianMTModel(config)
     model.final_logits_bias.normal_(0, 0.1)
@@ -106,9 +120,15 @@ def generation(model, batch, num_beams: int) -> Callable[[], torch.Tensor]:
     def generate() -> torch.Tensor:
         with torch.inference_mode():
             output = model.generate(
-                input_ids, attention_mask=attention_mask, num_beams=num_beams, do_sample=False,
-                max_new_tokens=NEW_TOKENS, eos_token_id=None, forced_eos_token_id=None, length_penalty=1.0,
-            )  # fmt: skip
+                input_ids,
+                attention_mask=attention_mask,
+                num_beams=num_beams,
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                eos_token_id=None,
+                forced_eos_token_id=None,
+                length_penalty=1.0,
+            )
         assert output.shape == (input_ids.shape[0], 1 + NEW_TOKENS), output.shape
         return output
 

@@ -46,51 +46,61 @@ WAYS = ("1 thread", "1 thread, 2 tokens", "2 threads", "2 workers")
 def engine_ways(args: argparse.Namespace) -> dict:
     """This worker's engine: for each way, a callable that translates the batches (twice them for 2 workers) and
     returns the texts or tokens."""
+    return backend_ways(args) if args.worker == "backend" else ctranslate2_ways(args)
+
+
+def backend_ways(args: argparse.Namespace) -> dict:
+    """The ways of the model backend (`ModelBackend`), which returns texts."""
     import torch
 
-    if args.worker == "backend":
-        from vanilla_transformer.mechanics.memory import keep_freed_memory
-        from vanilla_transformer.model.decoding import ModelBackend
-        from vanilla_transformer.serving.translate import load_model_and_tokenizer
+    from vanilla_transformer.mechanics.memory import keep_freed_memory
+    from vanilla_transformer.model.decoding import ModelBackend
+    from vanilla_transformer.serving.translate import load_model_and_tokenizer
 
-        keep_freed_memory()  # as the command's backend does
-        model, tokenizer = load_model_and_tokenizer(args.model_dir)
-    else:
-        import ctranslate2
-
-        from vanilla_transformer.data.tokenization import load_tokenizer
-
-        tokenizer = load_tokenizer(args.model_dir)
+    keep_freed_memory()  # as the command's backend does
+    model, tokenizer = load_model_and_tokenizer(args.model_dir)
     batches = first_batches(lambda texts: tokenizer(texts, verbose=False)["input_ids"], args)
+    one = ModelBackend(model, tokenizer, args.num_beams, args.new_tokens)
+    short = ModelBackend(model, tokenizer, args.num_beams, 2)
+    workers = ModelBackend(model, tokenizer, args.num_beams, args.new_tokens, threads=2)
 
-    if args.worker == "backend":
-        one = ModelBackend(model, tokenizer, args.num_beams, args.new_tokens)
-        short = ModelBackend(model, tokenizer, args.num_beams, 2)
-        workers = ModelBackend(model, tokenizer, args.num_beams, args.new_tokens, threads=2)
+    def sequential(backend, threads):
+        torch.set_num_threads(threads)
+        return [text for batch in batches for text in backend.translate(batch)[0]]
 
-        def sequential(backend, threads):
-            torch.set_num_threads(threads)
-            return [text for batch in batches for text in backend.translate(batch)[0]]
+    return {
+        "1 thread": lambda: sequential(one, 1),
+        "1 thread, 2 tokens": lambda: sequential(short, 1),
+        "2 threads": lambda: sequential(one, 2),
+        "2 workers": lambda: [text for texts, _ in workers.translate_batches(batches + batches) for text in texts],
+    }
 
-        return {
-            "1 thread": lambda: sequential(one, 1),
-            "1 thread, 2 tokens": lambda: sequential(short, 1),
-            "2 threads": lambda: sequential(one, 2),
-            "2 workers": lambda: [text for texts, _ in workers.translate_batches(batches + batches) for text in texts],
-        }
 
+def ctranslate2_ways(args: argparse.Namespace) -> dict:
+    """The ways of CTranslate2 float32 on the export, which returns tokens."""
+    import ctranslate2
+
+    from vanilla_transformer.data.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(args.model_dir)
+    batches = first_batches(lambda texts: tokenizer(texts, verbose=False)["input_ids"], args)
     sources = [[tokenizer.convert_ids_to_tokens(line) for line in batch] for batch in batches]
     settings = dict(beam_size=args.num_beams, end_token=[], max_input_length=0)
     one, two = (ctranslate2.Translator(args.export, intra_threads=threads) for threads in (1, 2))
     workers = ctranslate2.Translator(args.export, intra_threads=1, inter_threads=2)
 
     def sequential(translator, tokens):
-        return [result.hypotheses[0] for batch in sources for result in translator.translate_batch(
-            batch, max_decoding_length=tokens, **settings)]  # fmt: skip
+        return [
+            result.hypotheses[0]
+            for batch in sources
+            for result in translator.translate_batch(batch, max_decoding_length=tokens, **settings)
+        ]
 
     def two_at_once():
-        pending = [workers.translate_batch(batch, asynchronous=True, max_decoding_length=args.new_tokens, **settings)
-                   for batch in sources + sources]  # fmt: skip
+        pending = [
+            workers.translate_batch(batch, asynchronous=True, max_decoding_length=args.new_tokens, **settings)
+            for batch in sources + sources
+        ]
         return [result.result().hypotheses[0] for batch in pending for result in batch]
 
     return {
@@ -172,8 +182,11 @@ def main() -> None:
     print(describe_machine(machine()))
     with tempfile.TemporaryDirectory() as work:
         _, folders = build_folders(Path(work) / "model", "tiny" if args.tiny else "opus-mt", args.new_tokens, 2)
-        shared = [a for name in ("lines", "batches", "max_tokens", "num_beams", "new_tokens")
-                  for a in (f"--{name}", str(getattr(args, name)))]  # fmt: skip
+        shared = [
+            a
+            for name in ("lines", "batches", "max_tokens", "num_beams", "new_tokens")
+            for a in (f"--{name}", str(getattr(args, name)))
+        ]
         shared += ["--model_dir", str(folders["ours"]), "--export", str(folders["export"])]
         processes = {engine: WorkerProcess(__file__, ["--worker", engine, *shared]) for engine in ENGINES}
         try:

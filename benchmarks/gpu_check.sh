@@ -93,7 +93,7 @@ step 5_generation 95 $python benchmarks/gpu_generation.py --device $device --pre
 # 6. translating a corpus: 20,000 lines with the model backend in bf16, token batches
 translate=($python -m vanilla_transformer translate "$runs/ddp" --input .gpu/lines.en --device $device
     --dtype bfloat16 --log_every 10)
-step 6_translate 45 "${translate[@]}" --max_tokens 16384 --output "$runs/lines.tokens.de"
+step 6_translate 45 "${translate[@]}" --max_batch_tokens 16384 --output "$runs/lines.tokens.de"
 # the model backend over a corpus's changing shapes, by attention kernel (random weights)
 step 6_translate 45 $python benchmarks/gpu_translate.py --device $device --preset $preset --lines .gpu/lines.en \
     --tokenizer .gpu/multi30k-en-de/tokenizer --count $translate_lines

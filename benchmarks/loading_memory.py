@@ -25,9 +25,15 @@ from modeling_vanilla_transformer import VanillaTransformerForConditionalGenerat
 from vanilla_transformer.model.loading import MAX_LAYERS, MAX_TABLE_BYTES, POSITION_TABLE_BYTES  # noqa: E402
 
 TINY = dict(
-    vocab_size=64, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-    decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
-)  # fmt: skip
+    vocab_size=64,
+    d_model=64,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+)
 AT_THE_BOUND = {
     "tiny (the baseline)": {},
     "positions at the bound": {"max_position_embeddings": MAX_TABLE_BYTES // (POSITION_TABLE_BYTES * 64)},

@@ -18,7 +18,8 @@ folder. Seconds are wall clock from the process's start to its exit, loading inc
 "engine s" is the translation alone (the command's summary line; the workers' own clock). Peak memory is the largest
 sum of RSS over the process and its children, polled every 0.1 s. Steps (--skip NAME... leaves some out):
 
-  batching      the command, model backend: --batch_size 32 (sentence batches), then --max_tokens at each of --budgets
+  batching      the command, model backend: --batch_size 32 (sentence batches), then --max_batch_tokens at each of
+                --budgets
   ct2_backend   the command, --backend ctranslate2 --compute_type float32, then int8 (--ct2_compute_types), at its
                 default batching or at each of --ct2_budgets
   marian        MarianMTModel (the source folder, same weights): generate() on 32 lines at a time in input order
@@ -70,12 +71,11 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from common import describe_machine, machine  # noqa: E402
 from timing import Stopwatch  # noqa: E402
 
-from vanilla_transformer.commands.flags import field_default  # noqa: E402
-from vanilla_transformer.serving.settings import CorpusSettings  # noqa: E402
+from vanilla_transformer.serving.settings import DEFAULT_BATCH_TOKENS  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "data" / "multi30k" / "train.en.gz"
 STEPS = ("batching", "ct2_backend", "marian", "ctranslate2", "processes", "kill", "memory")
-DEFAULT_BUDGET = field_default(CorpusSettings, "max_tokens")  # the command's default --max_tokens
+DEFAULT_BUDGET = DEFAULT_BATCH_TOKENS  # the command's default --max_batch_tokens
 MARIAN_BATCH = 32
 POLL_SECONDS = 0.1
 SUMMARY = re.compile(r"translated (\d+) lines \((\d+) sentences, (\d+) target tokens\) in ([\d.]+) s")
@@ -126,9 +126,13 @@ def marian_worker(args: argparse.Namespace) -> None:
         for start in range(0, len(lines), MARIAN_BATCH):
             batch = tokenizer(lines[start : start + MARIAN_BATCH], return_tensors="pt", padding=True)
             ids = model.generate(
-                **batch, num_beams=args.num_beams, do_sample=False, max_new_tokens=args.new_tokens,
-                eos_token_id=None, forced_eos_token_id=None,
-            )  # fmt: skip
+                **batch,
+                num_beams=args.num_beams,
+                do_sample=False,
+                max_new_tokens=args.new_tokens,
+                eos_token_id=None,
+                forced_eos_token_id=None,
+            )
             assert ids.shape[1] == 1 + args.new_tokens, ids.shape
             output.writelines(text + "\n" for text in tokenizer.batch_decode(ids, skip_special_tokens=True))
     print(json.dumps({"seconds": clock.seconds()}), flush=True)
@@ -150,9 +154,13 @@ def ctranslate2_worker(args: argparse.Namespace) -> None:
     clock = Stopwatch()
     sources = (tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(lines)["input_ids"])
     results = translator.translate_iterable(
-        sources, max_batch_size=args.ct2_batch_tokens, batch_type="tokens", beam_size=args.num_beams,
-        max_decoding_length=args.new_tokens, end_token=[],
-    )  # fmt: skip
+        sources,
+        max_batch_size=args.ct2_batch_tokens,
+        batch_type="tokens",
+        beam_size=args.num_beams,
+        max_decoding_length=args.new_tokens,
+        end_token=[],
+    )
     with open(args.worker_output, "w", encoding="utf-8") as output:
         for result in results:
             tokens = result.hypotheses[0]
@@ -338,7 +346,10 @@ def first_rows(bench: Bench) -> list[dict]:
     args, skip, rows = bench.args, set(bench.args.skip), []
     ours = "vanilla-transformer translate"
     if "batching" not in skip:
-        settings = [["--batch_size", str(MARIAN_BATCH)], *(["--max_tokens", str(budget)] for budget in args.budgets)]
+        settings = [
+            ["--batch_size", str(MARIAN_BATCH)],
+            *(["--max_batch_tokens", str(budget)] for budget in args.budgets),
+        ]
         for flags in settings:
             name = "ours" + "".join(flags).replace("--", "-")
             rows.append(
@@ -347,8 +358,9 @@ def first_rows(bench: Bench) -> list[dict]:
     if "ct2_backend" not in skip:
         for compute_type, budget in itertools.product(args.ct2_compute_types, args.ct2_budgets or [DEFAULT_BUDGET]):
             flags = ["--backend", "ctranslate2", "--compute_type", compute_type]
-            flags += ["--max_tokens", str(budget)] if budget != DEFAULT_BUDGET else []
-            settings = f"{' '.join(flags)}" + (f" (--max_tokens {DEFAULT_BUDGET})" if budget == DEFAULT_BUDGET else "")
+            flags += ["--max_batch_tokens", str(budget)] if budget != DEFAULT_BUDGET else []
+            default = f" (--max_batch_tokens {DEFAULT_BUDGET})" if budget == DEFAULT_BUDGET else ""
+            settings = f"{' '.join(flags)}{default}"
             name = f"ours-ct2-{compute_type}" + (f"-{budget}" if budget != DEFAULT_BUDGET else "")
             rows.append(
                 {
@@ -397,7 +409,7 @@ def best_flags(rows: list[dict]) -> list[str]:
     """The fastest setting of step batching (the command's default when that step was skipped)."""
     batching = [row for row in rows if row["step"] == "batching"]
     if not batching:
-        return ["--max_tokens", str(DEFAULT_BUDGET)]
+        return ["--max_batch_tokens", str(DEFAULT_BUDGET)]
     return max(batching, key=lambda row: row["tokens_per_second"])["flags"]
 
 
@@ -553,7 +565,7 @@ def add_batch_arguments(parser: argparse.ArgumentParser, batches: int) -> None:
     (default `batches`), --max_tokens, --num_beams and --new_tokens."""
     parser.add_argument("--lines", type=int, default=256, help="lines of multi30k's train.en to batch")
     parser.add_argument("--batches", type=int, default=batches, help="the first this many of the command's batches")
-    parser.add_argument("--max_tokens", type=int, default=DEFAULT_BUDGET, help="the command's --max_tokens")
+    parser.add_argument("--max_tokens", type=int, default=DEFAULT_BUDGET, help="the command's --max_batch_tokens")
     parser.add_argument("--num_beams", type=int, default=4)
     parser.add_argument("--new_tokens", type=int, default=24, help="tokens generated per line by every engine")
 
@@ -575,10 +587,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="threads of each engine (and processes of step 5)")
     parser.add_argument("--num_beams", type=int, default=4, help="beam size of every engine")
     parser.add_argument("--new_tokens", type=int, default=24, help="K: tokens generated per line by every engine")
-    parser.add_argument("--budgets", type=int, nargs="+", default=[1000, 2000, 4000, 8000], help="--max_tokens")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[1000, 2000, 4000, 8000], help="--max_batch_tokens")
     parser.add_argument("--ct2_batch_tokens", type=int, help="translate_iterable's max_batch_size (tokens)")
     parser.add_argument(
-        "--ct2_budgets", type=int, nargs="+", help="step ct2_backend's --max_tokens (default: its own)"
+        "--ct2_budgets", type=int, nargs="+", help="step ct2_backend's --max_batch_tokens (default: its own)"
     )
     parser.add_argument(
         "--ct2_compute_types", nargs="+", default=["float32", "int8"], help="step ct2_backend's --compute_type"

@@ -95,9 +95,14 @@ def train_sentencepiece(texts: list[str], path: Path, vocab_size: int) -> list[s
     model = io.BytesIO()
     with open(os.devnull, "w") as quiet:
         sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="unigram",
-            character_coverage=1.0, hard_vocab_limit=False, logstream=quiet,
-        )  # fmt: skip
+            sentence_iterator=iter(texts),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type="unigram",
+            character_coverage=1.0,
+            hard_vocab_limit=False,
+            logstream=quiet,
+        )
     path.write_bytes(model.getvalue())
     processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
     return [processor.id_to_piece(index) for index in range(processor.get_piece_size())]
@@ -126,10 +131,18 @@ def write_marian(folder: Path, vocabulary: Path, activation: str = "swish", **ov
     shutil.copytree(vocabulary, folder)
     size = len(json.loads((folder / "vocab.json").read_text()))
     settings = dict(
-        vocab_size=size, **SIZES, **HEADS, max_position_embeddings=128, activation_function=activation,
-        scale_embedding=True, pad_token_id=size - 1, decoder_start_token_id=size - 1, eos_token_id=0,
-        forced_eos_token_id=0, bos_token_id=0 if activation == "swish" else None,
-    )  # fmt: skip
+        vocab_size=size,
+        **SIZES,
+        **HEADS,
+        max_position_embeddings=128,
+        activation_function=activation,
+        scale_embedding=True,
+        pad_token_id=size - 1,
+        decoder_start_token_id=size - 1,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        bos_token_id=0 if activation == "swish" else None,
+    )
     config = MarianConfig(**{**settings, **overrides})
     model = scramble(MarianMTModel(config))
     model.final_logits_bias.copy_(

@@ -72,9 +72,13 @@ def test_the_bf16_weights_variant_trains_as_the_autocast_step_does():
 
     script = SAME_STEP.format(tiny=TINY, variant="bf16_weights")
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
         env={**__import__("os").environ, **OFFLINE},
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     difference, moved = result.stdout.split()
     assert float(difference) < 0.01 and moved == "True"

@@ -110,10 +110,10 @@ def test_a_converted_model_that_computes_otherwise_than_the_source_is_refused_be
 
 @pytest.mark.parametrize("source", ["marian", "fsmt"])
 def test_a_converted_folder_is_a_complete_hub_folder_whose_upload_holds_its_tokenizer(source, request, tmp_path):
-    from vanilla_transformer.hub.model_folder import check_model_folder, files_to_upload
+    from vanilla_transformer.hub.model_folder import files_to_upload, hub_folder_problems
 
     folder = converted_folder(source, request, tmp_path)
-    assert check_model_folder(folder) == []
+    assert hub_folder_problems(folder) == []
     tokenizer_files = {"marian": {"source.spm", "target.spm", "vocab.json"}, "fsmt": {"vocab-src.json", "merges.txt"}}
     assert tokenizer_files[source] <= set(files_to_upload(folder))
 

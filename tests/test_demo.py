@@ -60,15 +60,15 @@ def test_long_input_and_bad_settings_are_refused_with_a_message(gr, translator, 
     )
     assert (translation, image) == ("", None)
     assert "Line 2 is too long: 35 tokens" in message and "at most 32" in message
-    with pytest.raises(app.InputError, match="The beam size must be a whole number from 1 to 8, got 0"):
+    with pytest.raises(app.DemoInputError, match="The beam size must be a whole number from 1 to 8, got 0"):
         app.translate_text(translator, sources[0], 0, 0.6)
-    with pytest.raises(app.InputError, match="at most 32 at a time"):
+    with pytest.raises(app.DemoInputError, match="at most 32 at a time"):
         app.translate_text(translator, "\n".join(sources * 9), 1, 0.6)
 
 
 def limited(translator, **limits) -> "app.Translator":
     """The session's translator under other limits."""
-    return dataclasses.replace(translator, limits=app.Limits(**limits))
+    return dataclasses.replace(translator, limits=app.DemoLimits(**limits))
 
 
 @pytest.mark.parametrize(
@@ -114,7 +114,7 @@ def test_a_request_over_the_limits_is_refused_before_anything_is_translated(
 ):
     translated = []
     monkeypatch.setattr(app, "translate_sentences", lambda *a, **k: translated.append(a) or [])
-    with pytest.raises(app.InputError) as refused:
+    with pytest.raises(app.DemoInputError) as refused:
         app.translate_text(limited(translator, **limits), text, 1, 0.6)
     assert message in str(refused.value) and translated == []
 
@@ -167,7 +167,7 @@ def test_the_attention_image_draws_the_chosen_layer_and_head_over_the_tokens(
     assert torch.equal(weights[0, 0], everything["cross_attentions"][1, 2])  # layer 2, head 3
     assert keys == sources[0].split() and queries == ["<s>", *targets[0].split()]  # this tokenizer adds no </s>
     assert title == "Encoder-decoder attention" and image.width > 200 and image.height > 200
-    with pytest.raises(app.InputError, match="2 layers of 4 heads"):
+    with pytest.raises(app.DemoInputError, match="2 layers of 4 heads"):
         app.attention_image(translator, sources[0], targets[0], "Decoder self-attention", 3, 1)
 
 
@@ -237,7 +237,7 @@ def test_a_model_that_cannot_be_loaded_is_named_on_the_page_without_its_path(gr,
 def test_a_spaces_owner_changes_a_limit_with_its_variable_and_a_bad_value_is_named(gr, memorising_folder, monkeypatch):
     monkeypatch.setenv("VANILLA_DEMO_MAX_BEAMS", "3")
     monkeypatch.setenv("VANILLA_DEMO_TIME_BUDGET", "2.5")
-    assert app.Limits.from_environment() == app.Limits(beams=3, seconds=2.5)
+    assert app.DemoLimits.from_environment() == app.DemoLimits(beams=3, seconds=2.5)
     monkeypatch.setenv("VANILLA_DEMO_MAX_LINES", "1e9")
     (message,) = [block.value for block in values_of(app.build_demo(str(memorising_folder[0])), gr.Markdown)]
     assert "VANILLA_DEMO_MAX_LINES='1e9': the demo's limit must be a whole number >= 1" in message

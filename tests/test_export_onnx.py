@@ -13,8 +13,8 @@ pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript: pi
 
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
 from vanilla_transformer.commands.main import subcommand_main  # noqa: E402
-from vanilla_transformer.converters.export_onnx import check_sentences, export_onnx  # noqa: E402
-from vanilla_transformer.converters.onnx_check import OnnxCheckError, check_export  # noqa: E402
+from vanilla_transformer.converters.export_onnx import export_onnx, sentences_to_check  # noqa: E402
+from vanilla_transformer.converters.onnx_check import OnnxCheckError, check_onnx_export  # noqa: E402
 from vanilla_transformer.converters.onnx_decoding import Decoding  # noqa: E402
 from vanilla_transformer.data.tokenization import load_tokenizer  # noqa: E402
 from vanilla_transformer.model.loading import read_json_file  # noqa: E402
@@ -74,7 +74,7 @@ def tampered_copy(export, folder, rank: int = 0):
 
 def check_on_50_sentences(folder, export):
     model, decoding = loaded(folder)
-    return check_export(model, export, check_sentences(load_tokenizer(folder), SENTENCES), decoding)
+    return check_onnx_export(model, export, sentences_to_check(load_tokenizer(folder), SENTENCES), decoding)
 
 
 @pytest.mark.slow
@@ -130,7 +130,7 @@ def test_the_exported_tokenizer_reads_and_writes_as_the_folders_and_states_what_
     assert settings["clean_up_tokenization_spaces"] is bool(getattr(original, "clean_up_tokenization_spaces", False))
     assert settings["model_max_length"] <= read_json_file(folder / "config.json")["max_position_embeddings"]
     exported = PreTrainedTokenizerFast.from_pretrained(export)
-    ids = check_sentences(original, 20)
+    ids = sentences_to_check(original, 20)
     assert [exported(text)["input_ids"] for text in original.batch_decode(ids, skip_special_tokens=True)] == [
         original(text)["input_ids"] for text in original.batch_decode(ids, skip_special_tokens=True)
     ]
@@ -143,7 +143,7 @@ def test_a_flipped_weight_is_refused_by_the_check(trained_export, tmp_path):
     tampered = tampered_copy(export, tmp_path / "tampered")
     model, decoding = loaded(folder)
     with pytest.raises(OnnxCheckError, match="relative"):
-        check_export(model, tampered, check_sentences(load_tokenizer(folder), 8), decoding)
+        check_onnx_export(model, tampered, sentences_to_check(load_tokenizer(folder), 8), decoding)
 
 
 @pytest.mark.slow
@@ -208,7 +208,7 @@ def test_the_onnx_backend_translates_as_the_model_backend(opus_export, num_beams
     folder, export = opus_export
     model, _ = loaded(folder)
     tokenizer = load_tokenizer(folder)
-    batch = check_sentences(tokenizer, 16)
+    batch = sentences_to_check(tokenizer, 16)
     with torch.no_grad():
         expected = ModelBackend(model, tokenizer, num_beams=num_beams).translate(batch)
     assert OnnxBackend(folder, export, num_beams=num_beams).translate(batch) == expected

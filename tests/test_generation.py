@@ -125,8 +125,12 @@ def test_forward_reads_the_cache_under_either_name_and_returns_it_as_cache(memor
         for position in range(decoder_inputs.shape[1]):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
-                output = model(input_ids=sources, decoder_input_ids=decoder_inputs[:, position : position + 1],
-                               use_cache=True, **{name: cache})  # fmt: skip
+                output = model(
+                    input_ids=sources,
+                    decoder_input_ids=decoder_inputs[:, position : position + 1],
+                    use_cache=True,
+                    **{name: cache},
+                )
             cache = output.cache
             steps.append(output.logits)
         assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5), name

@@ -151,8 +151,10 @@ def test_the_loss_divided_by_the_trainers_item_count_sums_to_the_whole_batch_mea
     labels[0, 3:] = -100
     whole = model(input_ids=input_ids, labels=labels).loss
     count = (labels != -100).sum()
-    halves = [model(input_ids=input_ids[rows], labels=labels[rows], num_items_in_batch=count).loss for rows in
-              (slice(0, 2), slice(2, 4))]  # fmt: skip
+    halves = [
+        model(input_ids=input_ids[rows], labels=labels[rows], num_items_in_batch=count).loss
+        for rows in (slice(0, 2), slice(2, 4))
+    ]
     assert torch.allclose(halves[0] + halves[1], whole, atol=1e-5)
 
 

@@ -1,4 +1,4 @@
-"""The Hub-ready folder: every file and config entry, the problems check_model_folder finds, the upload (no
+"""The Hub-ready folder: every file and config entry, the problems hub_folder_problems finds, the upload (no
 network)."""
 
 import json
@@ -17,7 +17,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from vanilla_transformer.commands import push as push_command
 from vanilla_transformer.hub import upload
 from vanilla_transformer.hub.model_card import MODEL_ID_PLACEHOLDER
-from vanilla_transformer.hub.model_folder import check_model_folder, files_to_upload, save_model_folder
+from vanilla_transformer.hub.model_folder import files_to_upload, hub_folder_problems, save_model_folder
 from vanilla_transformer.mechanics.names import CODE_FILES, CUSTOM_GENERATE
 
 from .helpers import CARD_VALUES, ENGLISH, random_tiny_model, save_tiny_model_folder, train_tiny_tokenizer
@@ -62,7 +62,7 @@ def test_saved_folder_has_every_file_and_config_entry(model_folder):
     }
     special_ids = ("decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id")
     assert [generation[key] for key in special_ids] == [1, 1, 2, 0]
-    assert check_model_folder(model_folder) == []
+    assert hub_folder_problems(model_folder) == []
 
 
 def test_loading_from_the_saved_folder_gives_the_same_model(tmp_path):
@@ -96,12 +96,12 @@ def test_check_model_folder_names_missing_files_and_entries(model_folder, tmp_pa
     config = json.loads((model_folder / "config.json").read_text())
     del config["auto_map"]["AutoModelForSeq2SeqLM"]
     (model_folder / "config.json").write_text(json.dumps(config))
-    problems = check_model_folder(model_folder)
+    problems = hub_folder_problems(model_folder)
     assert "missing pipeline_vanilla_transformer.py" in problems
     assert "missing tokenizer.json" in problems
     assert "config.json: auto_map has no AutoModelForSeq2SeqLM" in problems
     assert any("refers to pipeline_vanilla_transformer" in problem for problem in problems)
-    assert check_model_folder(tmp_path / "nowhere") == [f"{tmp_path / 'nowhere'} is not a folder"]
+    assert hub_folder_problems(tmp_path / "nowhere") == [f"{tmp_path / 'nowhere'} is not a folder"]
 
 
 def test_check_model_folder_finds_a_missing_pipeline_entry_and_weights(model_folder):
@@ -109,7 +109,7 @@ def test_check_model_folder_finds_a_missing_pipeline_entry_and_weights(model_fol
     del config["custom_pipelines"]
     (model_folder / "config.json").write_text(json.dumps(config))
     (model_folder / "model.safetensors").unlink()
-    assert check_model_folder(model_folder) == [
+    assert hub_folder_problems(model_folder) == [
         "missing the weights: no .safetensors file",
         "config.json: custom_pipelines has no translation pipeline",
     ]
@@ -189,7 +189,7 @@ def test_a_sharded_model_uploads_its_shards_and_index(model_folder, recording_ap
     (model_folder / "model.safetensors").rename(model_folder / "model-00001-of-00002.safetensors")
     save_file({"shard": torch.zeros(2)}, model_folder / "model-00002-of-00002.safetensors")
     (model_folder / "model.safetensors.index.json").write_text("{}")
-    assert check_model_folder(model_folder) == []
+    assert hub_folder_problems(model_folder) == []
     upload.push_folder_to_hub(model_folder, "someone/vanilla-en-de")
     files = uploaded(recording_api)
     assert {
@@ -215,7 +215,7 @@ def test_a_file_that_is_not_what_its_name_says_is_refused_before_the_upload(mode
     (model_folder / "tokenizer.json").write_text("HF_TOKEN=hf_secret")
     (model_folder / "model-00002-of-00002.safetensors").write_bytes(b"not weights")
     (model_folder / "pipeline_vanilla_transformer.py").write_text("def broken(:\n")
-    problems = check_model_folder(model_folder)
+    problems = hub_folder_problems(model_folder)
     assert any(problem.startswith("tokenizer.json is not valid JSON") for problem in problems), problems
     assert any(problem.startswith("model-00002-of-00002.safetensors is not valid safetensors") for problem in problems)
     assert any(problem.startswith("pipeline_vanilla_transformer.py is not valid Python") for problem in problems)
@@ -244,7 +244,7 @@ def test_the_card_is_rewritten_after_the_upload_by_replacing_it_never_through_a_
 
 def test_weights_under_another_name_are_not_taken_for_the_model(model_folder):
     (model_folder / "model.safetensors").rename(model_folder / "backup.safetensors")
-    assert "missing the weights: no .safetensors file" in check_model_folder(model_folder)
+    assert "missing the weights: no .safetensors file" in hub_folder_problems(model_folder)
 
 
 class UnreachableHfApi(RecordingHfApi):

@@ -35,11 +35,19 @@ def opus_mt_settings(folder: Path, **generation) -> Path:
     """Set `folder`'s generation_config.json and tokenizer_config.json as OPUS-MT's are."""
     config = json.loads((folder / "config.json").read_text())
     pad = config["pad_token_id"]
-    (folder / "generation_config.json").write_text(json.dumps({
-        "bad_words_ids": [[pad]], "bos_token_id": 0, "decoder_start_token_id": pad, "eos_token_id": 0,
-        "forced_eos_token_id": 0, "max_length": MAX_LENGTH, "num_beams": 4, "pad_token_id": pad,
-        "renormalize_logits": True, **generation,
-    }))  # fmt: skip
+    generation_config = {
+        "bad_words_ids": [[pad]],
+        "bos_token_id": 0,
+        "decoder_start_token_id": pad,
+        "eos_token_id": 0,
+        "forced_eos_token_id": 0,
+        "max_length": MAX_LENGTH,
+        "num_beams": 4,
+        "pad_token_id": pad,
+        "renormalize_logits": True,
+        **generation,
+    }
+    (folder / "generation_config.json").write_text(json.dumps(generation_config))
     tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
     tokenizer_config["clean_up_tokenization_spaces"] = True
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))

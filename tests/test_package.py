@@ -54,12 +54,15 @@ def installed(tmp_path_factory) -> Path:
     (wheel,) = work.glob("vanilla_transformer-*.whl")
     fresh = work / "venv"
     venv.create(fresh, with_pip=False)
-    site_packages = Path(run([fresh / "bin" / "python", "-c", "import site; print(site.getsitepackages()[0])"], work)
-                         .stdout.strip())  # fmt: skip
+    site_packages = Path(
+        run([fresh / "bin" / "python", "-c", "import site; print(site.getsitepackages()[0])"], work).stdout.strip()
+    )
     (site_packages / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     run([sys.executable, "-m", "pip", "--python", fresh / "bin" / "python", "install", "--no-deps", wheel], cwd=work)
-    where = run([fresh / "bin" / "python", "-c", "import vanilla_transformer, train_accelerate as t; print(t.__file__)"],
-                cwd=work).stdout  # fmt: skip
+    where = run(
+        [fresh / "bin" / "python", "-c", "import vanilla_transformer, train_accelerate as t; print(t.__file__)"],
+        cwd=work,
+    ).stdout
     assert Path(where.strip()).is_relative_to(fresh), f"the fresh environment imports the project from {where}"
     return fresh / "bin"
 

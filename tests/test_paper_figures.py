@@ -11,7 +11,7 @@ import torch
 
 from vanilla_transformer.commands import paper_figures as paper_figures_command
 from vanilla_transformer.paper import figures, measurements
-from vanilla_transformer.paper.output import RECORD
+from vanilla_transformer.paper.output import PAPER_FIGURES_RECORD
 
 from .helpers import run_in_this_process, snapshot
 
@@ -113,7 +113,7 @@ def _check_written(folder, names):
         assert (folder / name).read_bytes()[:8] == PNG_SIGNATURE, name
     index = (folder / "index.md").read_text()
     assert all(f"]({name})" in index for name in names)
-    assert set(json.loads((folder / RECORD).read_text())["files"]) >= {*names, "index.md"}
+    assert set(json.loads((folder / PAPER_FIGURES_RECORD).read_text())["files"]) >= {*names, "index.md"}
 
 
 @pytest.mark.slow
@@ -122,7 +122,10 @@ def test_the_command_writes_every_figure_without_a_model_within_30_seconds(tmp_p
     assert paper_figures_command.main([str(tmp_path / "figures")]) == 0
     assert time.perf_counter() - start < 30
     _check_written(tmp_path / "figures", ALL_FIGURES)
-    assert set(json.loads((tmp_path / "figures" / RECORD).read_text())["files"]) == {*ALL_FIGURES, "index.md"}
+    assert set(json.loads((tmp_path / "figures" / PAPER_FIGURES_RECORD).read_text())["files"]) == {
+        *ALL_FIGURES,
+        "index.md",
+    }
     assert len(capsys.readouterr().out.split()) == len(ALL_FIGURES) + 1
 
 
@@ -155,7 +158,7 @@ def test_overwrite_replaces_a_previous_output_only(tmp_path, monkeypatch, capsys
     for name in ("positions", "scaling", "complexity", "label_smoothing", "learning_rate", "masks"):
         monkeypatch.setattr(figures, name, lambda *a, name=name: (_blank(), figures.Item(f"{name}.png", name, "")))
     monkeypatch.setattr(figures, "attention_maps", lambda *a: [])
-    monkeypatch.setattr(figures, "beam_search", lambda *a: (_blank(), figures.Item("beam_search.png", "b", "")))
+    monkeypatch.setattr(figures, "beam_search_table", lambda *a: (_blank(), figures.Item("beam_search.png", "b", "")))
     output = tmp_path / "figures"
     assert paper_figures_command.main([str(output)]) == 0
     assert paper_figures_command.main([str(output)]) == 1
@@ -173,17 +176,17 @@ def test_overwrite_never_deletes_a_file_its_record_names_outside_the_folder(tmp_
     for name in ("positions", "scaling", "complexity", "label_smoothing", "learning_rate", "masks"):
         monkeypatch.setattr(figures, name, lambda *a, name=name: (_blank(), figures.Item(f"{name}.png", name, "")))
     monkeypatch.setattr(figures, "attention_maps", lambda *a: [])
-    monkeypatch.setattr(figures, "beam_search", lambda *a: (_blank(), figures.Item("beam_search.png", "b", "")))
+    monkeypatch.setattr(figures, "beam_search_table", lambda *a: (_blank(), figures.Item("beam_search.png", "b", "")))
     output, victim = tmp_path / "figures", tmp_path / "victim.txt"
     assert paper_figures_command.main([str(output)]) == 0
     victim.write_text("a user's file")
     (output / "link").symlink_to(tmp_path)
-    record = json.loads((output / RECORD).read_text())
+    record = json.loads((output / PAPER_FIGURES_RECORD).read_text())
     name = str(victim) if listed == "ABSOLUTE" else listed
     record["files"][name] = {"size": victim.stat().st_size, "sha256": sha256_of(victim)}
     if listed != "link/victim.txt":
         (output / "link").unlink()
-    (output / RECORD).write_text(json.dumps(record))
+    (output / PAPER_FIGURES_RECORD).write_text(json.dumps(record))
     assert paper_figures_command.main([str(output), "--overwrite"]) == 1
     assert name in capsys.readouterr().err
     assert victim.read_text() == "a user's file"
@@ -217,7 +220,7 @@ def _blank_figures(monkeypatch):
     for name in ("positions", "scaling", "complexity", "label_smoothing", "learning_rate", "masks"):
         monkeypatch.setattr(figures, name, lambda *a, name=name: (_blank(), figures.Item(f"{name}.png", name, "")))
     monkeypatch.setattr(figures, "attention_maps", lambda *a: [])
-    monkeypatch.setattr(figures, "beam_search", lambda *a: (_blank(), figures.Item("beam_search.png", "b", "")))
+    monkeypatch.setattr(figures, "beam_search_table", lambda *a: (_blank(), figures.Item("beam_search.png", "b", "")))
 
 
 def test_a_full_disk_is_one_error_naming_the_folder_and_leaves_the_previous_output_for_overwrite(

@@ -376,7 +376,9 @@ def raw_post(url: str, body: bytes) -> socket.socket:
 def test_10000_queued_requests_keep_the_servers_memory_bounded_and_leave_with_their_clients(folder):
     psutil = pytest.importorskip("psutil")
     # batches form only when full (a budget no queue reaches) or after a minute: every request waits in the queue
-    server = Served(folder, *FAST[:4], "--max_tokens", 10**7, "--max_wait_ms", 60_000, "--max_queue_tokens", 10**7)
+    server = Served(
+        folder, *FAST[:4], "--max_batch_tokens", 10**7, "--max_wait_ms", 60_000, "--max_queue_tokens", 10**7
+    )
     clients = []
     try:
         process = psutil.Process(server.process.pid)

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from vanilla_transformer.mechanics.outputs import OutputFolderError
-from vanilla_transformer.training.sweep import SWEEP_RECORD, Sweep, claim_output_dir, table3_variants
+from vanilla_transformer.training.sweep import SWEEP_RECORD, Sweep, claim_sweep_dir, table3_variants
 
 from .helpers import OFFLINE, ROOT
 
@@ -39,12 +39,12 @@ def test_the_base_scale_gives_the_papers_rows():
 
 def test_a_folder_is_a_sweeps_once_claimed_and_one_holding_anything_else_is_refused(tmp_path):
     sweep = Sweep(output_dir=str(tmp_path / "table3"), steps=3)
-    claim_output_dir(sweep)
+    claim_sweep_dir(sweep)
     (tmp_path / "table3" / "runs").mkdir()
-    assert claim_output_dir(sweep) == tmp_path / "table3"  # a previous sweep: continued
+    assert claim_sweep_dir(sweep) == tmp_path / "table3"  # a previous sweep: continued
     (tmp_path / "table3" / "notes.txt").write_text("mine")
     with pytest.raises(OutputFolderError, match="it holds notes.txt, which `vanilla-transformer sweep` does not"):
-        claim_output_dir(sweep)
+        claim_sweep_dir(sweep)
 
 
 def test_the_rows_data_folder_is_never_the_output_nor_holds_it(tmp_path):
@@ -53,7 +53,7 @@ def test_the_rows_data_folder_is_never_the_output_nor_holds_it(tmp_path):
     )
     (tmp_path / "data").mkdir()
     with pytest.raises(OutputFolderError, match=f"is inside --data_dir {tmp_path}/data"):
-        claim_output_dir(sweep)
+        claim_sweep_dir(sweep)
     assert not (tmp_path / "data" / "table3").exists()
 
 

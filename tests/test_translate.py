@@ -99,7 +99,7 @@ def test_stdin_is_read_as_utf8_bytes_without_a_byte_order_mark(monkeypatch):
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--num_beams", "0"), ("--batch_size", "0"), ("--max_source_tokens", "-1"), ("--max_new_tokens", "1.5")],
+    [("--num_beams", "0"), ("--batch_size", "0"), ("--max_piece_tokens", "-1"), ("--max_new_tokens", "1.5")],
 )
 def test_bad_numbers_are_refused_when_the_flags_are_parsed(tmp_path, capsys, flag, value):
     with pytest.raises(SystemExit) as exit_info:
@@ -133,11 +133,9 @@ def test_file_to_file_with_an_empty_line_keeps_the_alignment(folder, model_and_t
     assert "translated 5 lines (3 sentences," in capsys.readouterr().err
 
 
-def test_a_line_over_max_source_tokens_is_cut_into_pieces_and_counted(
-    folder, model_and_tokenizer, capsys, monkeypatch
-):
+def test_a_line_over_max_piece_tokens_is_cut_into_pieces_and_counted(folder, model_and_tokenizer, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"{ENGLISH[0]}\n{SOURCES[0]}, {SOURCES[2]}\n"))
-    assert main([str(folder), "--max_source_tokens", "20", "--num_beams", "1", "--max_new_tokens", "4"]) == 0
+    assert main([str(folder), "--max_piece_tokens", "20", "--num_beams", "1", "--max_new_tokens", "4"]) == 0
     captured = capsys.readouterr()
     model, tokenizer = model_and_tokenizer
     pieces = cut_to_fit(f"{SOURCES[0]}, {SOURCES[2]}", lambda text: len(tokenizer(text)["input_ids"]), 20)
@@ -503,9 +501,13 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(folder, tmp_path):
         f"--buffer_size 1 < {tmp_path / 'input.txt'} | head -1"
     )
     result = subprocess.run(
-        ["bash", "-c", command], capture_output=True, text=True, cwd=PROJECT_ROOT, env={**os.environ, **OFFLINE},
+        ["bash", "-c", command],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **OFFLINE},
         timeout=300,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert len(result.stdout.splitlines()) == 1
     assert "error" not in result.stderr.lower() and "Traceback" not in result.stderr

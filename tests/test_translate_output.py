@@ -315,9 +315,15 @@ def test_a_closed_stdout_is_one_error_line(folder, reference):
     source, _ = reference
     env = {**os.environ, **OFFLINE}
     result = subprocess.run(
-        command(folder, "--input", source), capture_output=False, stderr=subprocess.PIPE, cwd=ROOT, env=env,
-        preexec_fn=lambda: os.close(1), timeout=120, text=True,
-    )  # fmt: skip
+        command(folder, "--input", source),
+        capture_output=False,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+        preexec_fn=lambda: os.close(1),
+        timeout=120,
+        text=True,
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "error: there is nowhere to write: stdout is closed" in result.stderr
 

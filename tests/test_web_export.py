@@ -427,13 +427,13 @@ class RecordingHub:
 
 def recorded_export(folder: Path) -> Path:
     """A folder as `export-onnx --web` leaves it, without a model: empty graphs, the page and its card, the record."""
-    from vanilla_transformer.converters.export_onnx import RECORD, WRITTEN_BY
+    from vanilla_transformer.converters.export_onnx import ONNX_EXPORT_RECORD, WRITTEN_BY
     from vanilla_transformer.mechanics.outputs import write_record
 
     fake_export(folder)
     (folder / "config.json").write_text("{}")
     write_page(folder, None, "vanilla-en-de")
-    write_record(folder, RECORD, WRITTEN_BY)
+    write_record(folder, ONNX_EXPORT_RECORD, WRITTEN_BY)
     return folder
 
 
@@ -443,18 +443,18 @@ def sent_names(calls: list) -> list[str]:
 
 
 def test_the_page_upload_sends_exactly_the_exports_recorded_files_and_never_a_link(tmp_path, monkeypatch):
-    from vanilla_transformer.converters.export_onnx import RECORD
+    from vanilla_transformer.converters.export_onnx import ONNX_EXPORT_RECORD
 
     monkeypatch.setattr(RecordingHub, "calls", [])
     monkeypatch.setattr(space, "HfApi", RecordingHub)
     folder = recorded_export(tmp_path / "web")
-    recorded = sorted(json.loads((folder / RECORD).read_text())["files"])
+    recorded = sorted(json.loads((folder / ONNX_EXPORT_RECORD).read_text())["files"])
     (folder / ".env").write_text("HF_TOKEN=hf_secret\n")  # not the export's: stays local
     url = web_page.upload_page(folder, "someone/page", token="hf_token", private=True)
     assert url == "https://huggingface.co/spaces/someone/page"
     assert ("create_repo", "someone/page", "static", True) in RecordingHub.calls
     assert sent_names(RecordingHub.calls) == recorded and "README.md" in recorded and "index.html" in recorded
-    assert RECORD not in recorded and ".env" not in recorded
+    assert ONNX_EXPORT_RECORD not in recorded and ".env" not in recorded
 
     RecordingHub.calls.clear()
     page = (folder / "index.html").read_bytes()
@@ -479,7 +479,7 @@ def test_export_onnx_space_id_offline_says_so_in_one_line_and_keeps_the_export(
     from huggingface_hub import constants
 
     from vanilla_transformer.commands.export_onnx import main
-    from vanilla_transformer.converters.export_onnx import RECORD, WRITTEN_BY
+    from vanilla_transformer.converters.export_onnx import ONNX_EXPORT_RECORD, WRITTEN_BY
     from vanilla_transformer.mechanics.outputs import why_not_recorded
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -488,10 +488,10 @@ def test_export_onnx_space_id_offline_says_so_in_one_line_and_keeps_the_export(
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode == 1 and len(errors) == 1, done.stderr[-3000:]
     assert "could not upload" in errors[0] and "offline mode is on (HF_HUB_OFFLINE" in errors[0]
-    assert why_not_recorded(out, RECORD, WRITTEN_BY) is None  # the export in place, as written
+    assert why_not_recorded(out, ONNX_EXPORT_RECORD, WRITTEN_BY) is None  # the export in place, as written
     assert card_header(out)["sdk"] == "static" and (out / "onnx" / "decoder_model_merged.onnx").is_file()
 
     monkeypatch.setattr(RecordingHub, "calls", [])
     monkeypatch.setattr(space, "HfApi", RecordingHub)
     web_page.upload_page(out, "someone/page")
-    assert sent_names(RecordingHub.calls) == sorted(json.loads((out / RECORD).read_text())["files"])
+    assert sent_names(RecordingHub.calls) == sorted(json.loads((out / ONNX_EXPORT_RECORD).read_text())["files"])

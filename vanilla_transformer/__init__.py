@@ -12,6 +12,6 @@ Hub user's folder names its classes in `auto_map` and `custom_pipelines`.
 
 def register() -> None:
     """Register the model with transformers' Auto classes and the "translation" pipeline (idempotent)."""
-    from vanilla_transformer.model.registration import register as register_model
+    from vanilla_transformer.model.registration import register_model
 
     register_model()

@@ -4,20 +4,17 @@ the defaults that depend on the data, refuses combinations that cannot work (nam
 frozen `TrainingSettings`; the parsed flags are never changed afterwards."""
 
 import argparse
-import math
 from pathlib import Path
 
 from vanilla_transformer.commands.flags import (
     add_deprecated_alias,
-    at_least,
+    add_settings_flags,
     command_parser,
     field_default,
-    non_negative_float,
-    non_negative_int,
-    number_in,
-    positive_float,
+    flag_values,
     positive_int,
     probability,
+    settings_field,
 )
 from vanilla_transformer.data.readers import DataError
 from vanilla_transformer.data.settings import Corpus, DataSettings, LengthFilter, StreamSettings, TokenizerSettings
@@ -30,7 +27,7 @@ from vanilla_transformer.training.settings import (
 
 # Flags left unset take these values, which depend on the data: the embedded task trains in a few minutes on a laptop
 # CPU; real data follows the paper (warm-up 4000: the settings' defaults) with the CPU-sized model unless --preset says
-# otherwise. Every other flag's default is its settings field's (`field_default`).
+# otherwise. Every other flag is its settings field's, as the field declares it (flags.add_settings_flags).
 EMBEDDED_TASK_DEFAULTS = {"preset": "tiny", "max_steps": 400, "warmup_steps": 200, "save_steps": 80, "eval_steps": 200}
 REAL_DATA_DEFAULTS = {
     "preset": "small",
@@ -42,6 +39,11 @@ REAL_DATA_DEFAULTS = {
 
 
 def parse_training_arguments(argv=None) -> TrainingSettings:
+    parser = training_parser()
+    return training_settings(parser, parser.parse_args(argv))
+
+
+def training_parser() -> argparse.ArgumentParser:
     parser = command_parser("vanilla-transformer train", TRAINING_DESCRIPTION)
     for add_group in (
         add_data_arguments,
@@ -53,8 +55,7 @@ def parse_training_arguments(argv=None) -> TrainingSettings:
         add_output_arguments,
     ):
         add_group(parser)
-    args = parser.parse_args(argv)
-    return training_settings(parser, args)
+    return parser
 
 
 TRAINING_DESCRIPTION = """Train the Transformer of "Attention Is All You Need" with Accelerate (paper section 5).
@@ -72,101 +73,44 @@ TRAINING_DESCRIPTION = """Train the Transformer of "Attention Is All You Need" w
 # --- the flags, in the order --help lists them ------------------------------------------------------------------
 
 
+def data_dependent(settings_class, name: str, key: str, more: str = "") -> dict:
+    """The overrides of a flag whose default depends on the data: left out (None), `training_settings` fills it."""
+    help_text = settings_field(settings_class, name).metadata["help"]
+    real, embedded = REAL_DATA_DEFAULTS[key], EMBEDDED_TASK_DEFAULTS[key]
+    return {"default": None, "help": f"{help_text} (default: {real}; {embedded} for the embedded task{more})"}
+
+
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """The data flags, shared by `vanilla-transformer train` and `vanilla-transformer prepare`."""
     group = parser.add_argument_group("data (default: the embedded synthetic task)")
-    group.add_argument("--dataset_name", help="a Hub dataset with a `translation` column, e.g. wmt14 (online)")
-    group.add_argument("--dataset_config", help="e.g. de-en")
-    group.add_argument("--data_dir", help="folder of line-aligned files {split}.{lang}[.gz], e.g. Multi30k")
-    group.add_argument("--train_file", help="a .tsv or .jsonl file of pairs (with --validation_file/--test_file)")
-    group.add_argument("--validation_file")
-    group.add_argument("--test_file")
-    for split in ("train", "validation", "test"):
-        group.add_argument(f"--{split}_split", default=field_default(Corpus, f"{split}_split"))
-    for side in ("source", "target"):
-        language = field_default(Corpus, f"{side}_lang")
-        group.add_argument(f"--{side}_lang", help=f"default: {language} (with --prepared_data: the corpus's)")
-    group.add_argument(
-        "--synthetic_pairs",
-        type=at_least(10),
-        default=field_default(Corpus, "synthetic_pairs"),
-        help="size of the embedded task",
-    )
-    group.add_argument(
-        "--max_sentence_tokens",
-        type=at_least(2),
-        default=field_default(LengthFilter, "max_sentence_tokens"),
-        help="drop training pairs with a sentence (source or target) longer than this",
-    )
+    names = ["dataset_name", "dataset_config", "data_dir", "train_file", "validation_file", "test_file"]
+    names += ["train_split", "validation_split", "test_split", "source_lang", "target_lang", "synthetic_pairs"]
+    languages = {  # left out: en-de, or a prepared corpus's pair (`data_settings`)
+        f"{side}_lang": {
+            "default": None,
+            "help": f"the {side} language (default: {field_default(Corpus, f'{side}_lang')}; with --prepared_data: "
+            "the corpus's)",
+        }
+        for side in ("source", "target")
+    }
+    add_settings_flags(group, Corpus, names, **languages)
+    add_settings_flags(group, LengthFilter)
     add_deprecated_alias(group, "--max_source_tokens", "--max_sentence_tokens")
-    group.add_argument(
-        "--max_length_ratio",
-        type=number_in(1),
-        help="drop training pairs whose longer side has more than this many times the tokens of the shorter one "
-        "(corpus cleaning; e.g. 3 for WMT; default: off)",
-    )
-    group.add_argument("--tokenizer_name_or_path", help="an existing tokenizer; default: train one")
-    group.add_argument(
-        "--vocab_size",
-        type=at_least(260),
-        default=field_default(TokenizerSettings, "vocab_size"),
-        help="shared BPE vocabulary (paper: 37000)",
-    )
-    group.add_argument(
-        "--tokenizer_train_pairs",
-        type=positive_int,
-        default=field_default(TokenizerSettings, "sample_pairs"),
-        help="train the BPE on a seeded random sample of this many training pairs (all of them if fewer)",
-    )
-    group.add_argument(
-        "--data_seed",
-        type=non_negative_int,
-        default=field_default(TokenizerSettings, "seed"),  # and Corpus.synthetic_seed (a test holds them equal)
-        help="the tokenizer's sample and the embedded task (not training's seed)",
-    )
-    group.add_argument("--preprocessing_num_workers", type=positive_int, help="processes that tokenize (default: 1)")
-    group.add_argument(
-        "--data_cache_dir",
-        help="where prepared corpora are cached (default: $HF_HOME/vanilla_transformer/prepared)",
-    )
+    add_settings_flags(group, TokenizerSettings)
+    add_settings_flags(group, DataSettings, ["num_workers", "cache_dir"])
 
 
 def add_streaming_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("streaming (corpora larger than the disk or memory)")
     group.add_argument("--streaming", action="store_true", help="read the training pairs as they are needed")
-    group.add_argument(
-        "--shuffle_buffer_size",
-        type=positive_int,
-        default=field_default(StreamSettings, "shuffle_buffer_size"),
-        help="pairs in the shuffle buffer",
-    )
-    group.add_argument(
-        "--stream_pool_batches",
-        type=positive_int,
-        default=field_default(StreamSettings, "pool_batches"),
-        help="batches sorted and cut together",
-    )
+    add_settings_flags(group, StreamSettings)
 
 
 def add_process_arguments(parser: argparse.ArgumentParser) -> None:
     """A prepared corpus, and how processes wait and load batches."""
     group = parser.add_argument_group("prepared data and processes")
-    group.add_argument(
-        "--prepared_data", help="a folder made by `vanilla-transformer prepare` (replaces the data flags)"
-    )
-    group.add_argument(
-        "--ddp_timeout",
-        type=positive_int,
-        default=field_default(TrainingSettings, "ddp_timeout"),
-        help="seconds a process waits at a collective, e.g. while the main process prepares the corpus (torch's "
-        "NCCL default is 600; prepare large corpora beforehand with vanilla-transformer prepare)",
-    )
-    group.add_argument(
-        "--prefetch_batches",
-        type=non_negative_int,
-        default=field_default(TrainingSettings, "prefetch_batches"),
-        help="optimizer steps collated ahead in a thread; 0 = inline",
-    )
+    add_settings_flags(group, DataSettings, ["prepared_data"])
+    add_settings_flags(group, TrainingSettings, ["ddp_timeout", "prefetch_batches"])
 
 
 def preset_name(text: str) -> str:
@@ -180,7 +124,7 @@ def preset_name(text: str) -> str:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The model: a preset of the paper's Table 3 (or a CPU-sized one) and overrides."""
+    """The model: a preset of the paper's Table 3 (or a CPU-sized one) and overrides (`model_overrides`)."""
     group = parser.add_argument_group("model")
     group.add_argument(
         "--preset",
@@ -207,143 +151,49 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def add_optimisation_arguments(parser: argparse.ArgumentParser) -> None:
     """Section 5: batches, the schedule of equation (3), regularisation, limits."""
     group = parser.add_argument_group("optimisation (paper section 5)")
-    group.add_argument(
-        "--max_tokens",
-        type=at_least(2),
-        default=field_default(TrainingSettings, "max_tokens"),
-        help="source and target tokens per batch per process",
-    )
-    group.add_argument(
-        "--gradient_accumulation_steps",
-        type=positive_int,
-        default=field_default(TrainingSettings, "gradient_accumulation_steps"),
-    )
-    group.add_argument(
-        "--warmup_steps",
-        type=positive_int,
-        help=f"default: {REAL_DATA_DEFAULTS['warmup_steps']} (the paper); "
-        f"{EMBEDDED_TASK_DEFAULTS['warmup_steps']} for the embedded task",
-    )
-    group.add_argument(
-        "--learning_rate_scale",
-        type=positive_float,
-        default=field_default(TrainingSettings, "learning_rate_scale"),
-        help="factor on equation (3)",
-    )
-    group.add_argument(
-        "--label_smoothing", type=probability, default=field_default(TrainingSettings, "label_smoothing")
-    )
-    group.add_argument(
-        "--max_grad_norm",
-        type=non_negative_float,
-        default=field_default(TrainingSettings, "max_grad_norm"),
-        help="clip gradients; 0 = off (the paper)",
-    )
-    group.add_argument(
-        "--mixed_precision",
-        choices=["no", "fp16", "bf16"],
-        help="default: accelerate's config; bf16 works on CPUs too",
-    )
-    group.add_argument(
-        "--attn_implementation",
-        choices=["sdpa", "eager"],
-        default=field_default(TrainingSettings, "attn_implementation"),
-        help="attention kernel while training; on CPUs with bf16, eager is faster (docs/BENCHMARKS.md)",
-    )
-    group.add_argument(
-        "--max_steps",
-        type=positive_int,
-        help=f"default: {REAL_DATA_DEFAULTS['max_steps']} ({EMBEDDED_TASK_DEFAULTS['max_steps']} for the embedded "
-        "task) unless another limit is given",
-    )
-    group.add_argument("--max_epochs", type=positive_int)
-    group.add_argument("--max_minutes", type=positive_float, help="wall-clock budget of the training loop")
-    group.add_argument(
-        "--seed",
-        type=non_negative_int,
-        default=field_default(TrainingSettings, "seed"),
-        help="initialisation, dropout, batch order",
+    names = ["max_tokens", "gradient_accumulation_steps", "warmup_steps", "learning_rate_scale", "label_smoothing"]
+    names += ["max_grad_norm", "mixed_precision", "attn_implementation", "max_steps", "max_epochs", "max_minutes"]
+    add_settings_flags(
+        group,
+        TrainingSettings,
+        [*names, "seed"],
+        warmup_steps=data_dependent(TrainingSettings, "warmup_steps", "warmup_steps"),
+        max_steps=data_dependent(
+            TrainingSettings, "max_steps", "max_steps", more="; none when --max_epochs or --max_minutes is given"
+        ),
     )
 
 
 def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
     """BLEU during and after training, and --evaluate_only."""
     group = parser.add_argument_group("evaluation")
-    group.add_argument(
-        "--eval_steps",
-        type=positive_int,
-        help=f"validation loss and greedy BLEU every N steps (default {REAL_DATA_DEFAULTS['eval_steps']}; "
-        f"{EMBEDDED_TASK_DEFAULTS['eval_steps']} for the embedded task)",
-    )
-    group.add_argument(
-        "--eval_max_sentences",
-        type=positive_int,
-        default=field_default(EvaluationSettings, "max_sentences"),
-        help="validation sentences for BLEU in training",
-    )
-    group.add_argument("--eval_batch_size", type=positive_int, default=field_default(EvaluationSettings, "batch_size"))
-    group.add_argument(
-        "--max_eval_tokens",
-        type=at_least(2),
-        default=field_default(EvaluationSettings, "max_eval_tokens"),
-        help="evaluation truncates longer sources and targets (counted), bounding its memory",
-    )
+    names = ["every_steps", "max_sentences", "batch_size", "max_eval_tokens", "num_beams", "length_penalty"]
+    final_decoding = {  # left out: the paper's for a training run, the model's for --evaluate_only (`final_decoding`)
+        name: {
+            "default": None,
+            "help": f"final decoding (default: paper's {field_default(EvaluationSettings, name)}; --evaluate_only: "
+            "the model's generation_config.json)",
+        }
+        for name in ("num_beams", "length_penalty")
+    }
+    every_steps = data_dependent(EvaluationSettings, "every_steps", "eval_steps")
+    add_settings_flags(group, EvaluationSettings, names, every_steps=every_steps, **final_decoding)
     add_deprecated_alias(group, "--max_eval_source_tokens", "--max_eval_tokens")
-    for name, kind in (("num_beams", positive_int), ("length_penalty", number_in(-math.inf))):
-        default = field_default(EvaluationSettings, name)
-        group.add_argument(
-            f"--{name}",
-            type=kind,
-            help=f"final decoding (default: paper's {default}; --evaluate_only: the model's generation_config.json)",
-        )
     group.add_argument("--evaluate_only", action="store_true", help="translate and score with a saved model")
     group.add_argument("--model_name_or_path", help="saved model folder for --evaluate_only")
-    group.add_argument(
-        "--trust_remote_code",
-        action="store_true",
-        help="--evaluate_only: run the model folder's own code (Hub models); default: the installed code",
-    )
+    add_settings_flags(group, TrainingSettings, ["trust_remote_code"])
 
 
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """The output folder, checkpoints, logs and the Hub."""
     group = parser.add_argument_group("checkpoints, logging, sharing")
-    group.add_argument("--output_dir", default="outputs/vanilla-transformer")
-    group.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="delete an earlier run's checkpoints, logs and model in --output_dir first (else such a folder is "
-        "refused, unless resumed)",
-    )
+    add_settings_flags(group, OutputSettings, ["output_dir", "overwrite"])
     add_deprecated_alias(group, "--overwrite_output_dir", "--overwrite")
-    group.add_argument(
-        "--save_steps",
-        type=positive_int,
-        help=f"checkpoint every N steps (default {REAL_DATA_DEFAULTS['save_steps']}; "
-        f"{EMBEDDED_TASK_DEFAULTS['save_steps']} for the embedded task)",
-    )
-    group.add_argument(
-        "--save_total_limit",
-        type=non_negative_int,
-        default=field_default(CheckpointSettings, "keep_last"),
-        help="keep the last K checkpoints (0: all)",
-    )
-    group.add_argument(
-        "--average_last",
-        type=positive_int,
-        default=field_default(CheckpointSettings, "average_last"),
-        help="average the last K checkpoints (paper: 5/20)",
-    )
-    group.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or `latest`")
-    group.add_argument("--logging_steps", type=positive_int, default=field_default(TrainingSettings, "logging_steps"))
-    group.add_argument(
-        "--report_to",
-        default=field_default(TrainingSettings, "report_to"),
-        help="an accelerate tracker, e.g. tensorboard",
-    )
-    group.add_argument("--push_to_hub", action="store_true")
-    group.add_argument("--hub_model_id")
-    group.add_argument("--hub_private", action="store_true")
+    save_steps = data_dependent(CheckpointSettings, "save_steps", "save_steps")
+    add_settings_flags(group, CheckpointSettings, save_steps=save_steps)
+    add_settings_flags(group, OutputSettings, ["resume_from"])
+    names = ["logging_steps", "report_to", "push_to_hub", "hub_model_id", "hub_private"]
+    add_settings_flags(group, TrainingSettings, names)
 
 
 # --- flags -> settings ------------------------------------------------------------------------------------------
@@ -375,29 +225,15 @@ def data_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             f"--source_lang and --target_lang are both {source_lang!r}: the model would learn to copy its "
             "input; name two different languages (the file suffixes or the keys of the two sides)"
         )
-    corpus_fields = ("dataset_name", "dataset_config", "data_dir", "train_file", "validation_file", "test_file")
-    corpus = Corpus(
-        source_lang=source_lang,
-        target_lang=target_lang,
-        **{name: getattr(args, name) for name in corpus_fields},
-        train_split=args.train_split,
-        validation_split=args.validation_split,
-        test_split=args.test_split,
-        synthetic_pairs=args.synthetic_pairs,
-        synthetic_seed=args.data_seed,
-    )
+    languages = {"source_lang": source_lang, "target_lang": target_lang}
+    corpus = Corpus(**flag_values(Corpus, args) | languages, synthetic_seed=args.data_seed)
     if prepared_data and not corpus.is_embedded_task:
         parser.error("--prepared_data replaces --data_dir/--train_file/--dataset_name: give one or the other")
-    tokenizer = TokenizerSettings(
-        args.tokenizer_name_or_path, args.vocab_size, args.tokenizer_train_pairs, seed=args.data_seed
-    )
     return DataSettings(
         corpus=corpus,
-        tokenizer=tokenizer,
-        filters=LengthFilter(args.max_sentence_tokens, args.max_length_ratio),
-        prepared_data=prepared_data,
-        cache_dir=args.data_cache_dir,
-        num_workers=args.preprocessing_num_workers,
+        tokenizer=TokenizerSettings(**flag_values(TokenizerSettings, args)),
+        filters=LengthFilter(**flag_values(LengthFilter, args)),
+        **flag_values(DataSettings, args),  # prepare's flags hold no --prepared_data
     )
 
 
@@ -443,35 +279,22 @@ def training_settings(parser: argparse.ArgumentParser, args: argparse.Namespace)
         VanillaTransformerConfig.from_preset(filled["preset"], **overrides)
     except ValueError as error:
         parser.error(f"--preset {filled['preset']} with the model flags given: {error}")
-    stream = None
-    if args.streaming:
-        stream = StreamSettings(args.shuffle_buffer_size, args.stream_pool_batches)
-    evaluation = EvaluationSettings(
-        batch_size=args.eval_batch_size,
-        max_eval_tokens=args.max_eval_tokens,
-        **final_decoding(args),
-        max_sentences=args.eval_max_sentences,
-        every_steps=filled["eval_steps"],
-    )
-    output = OutputSettings(args.output_dir, args.overwrite, args.resume_from_checkpoint)
-    checkpoints = CheckpointSettings(output, filled["save_steps"], args.save_total_limit, args.average_last)
-    copied = ("max_tokens", "gradient_accumulation_steps", "learning_rate_scale", "label_smoothing", "max_grad_norm")
-    copied += ("seed", "max_epochs", "max_minutes", "mixed_precision", "ddp_timeout", "prefetch_batches")
-    copied += ("logging_steps", "report_to", "push_to_hub", "hub_model_id", "hub_private", "trust_remote_code")
+    stream = StreamSettings(**flag_values(StreamSettings, args)) if args.streaming else None
+    evaluation = flag_values(EvaluationSettings, args) | final_decoding(args) | {"every_steps": filled["eval_steps"]}
+    output = OutputSettings(**flag_values(OutputSettings, args))
+    checkpoints = flag_values(CheckpointSettings, args) | {"save_steps": filled["save_steps"]}
+    filled_here = {name: filled[name] for name in ("warmup_steps", "max_steps")}
     return TrainingSettings(
         data=data,
         stream=stream,
         output=output,
-        checkpoints=checkpoints,
-        evaluation=evaluation,
+        checkpoints=CheckpointSettings(output, **checkpoints),
+        evaluation=EvaluationSettings(**evaluation),
         preset=filled["preset"],
         model_overrides=overrides,
-        attn_implementation=args.attn_implementation,
-        warmup_steps=filled["warmup_steps"],
-        max_steps=filled["max_steps"],
         model_to_evaluate=args.model_name_or_path if args.evaluate_only else None,
         hyperparameters={k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))},
-        **{name: getattr(args, name) for name in copied},
+        **flag_values(TrainingSettings, args) | filled_here,
     )
 
 

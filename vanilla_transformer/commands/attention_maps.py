@@ -24,7 +24,8 @@ from vanilla_transformer.mechanics.outputs import (
 from vanilla_transformer.training.settings import EvaluationSettings
 
 WRITTEN_BY = "vanilla-transformer attention-maps"
-RECORD = ".vanilla_transformer_attention_maps.json"  # the PNG files written, with their sizes and sha256
+# the PNG files written, with their sizes and sha256
+ATTENTION_MAPS_RECORD = ".vanilla_transformer_attention_maps.json"
 
 
 @command
@@ -77,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.output_dir),
         draw,
         replacing=replacing,
-        record=RECORD,
+        record=ATTENTION_MAPS_RECORD,
         written_by=WRITTEN_BY,
         error=OutputFolderError,
         what="the attention maps",
@@ -95,7 +96,7 @@ def check_output_dir(parser, args) -> bool:
     return check_output_folder(
         args.output_dir,
         overwrite=args.overwrite,
-        why_not_previous=lambda folder: why_not_recorded(folder, RECORD, WRITTEN_BY),
+        why_not_previous=lambda folder: why_not_recorded(folder, ATTENTION_MAPS_RECORD, WRITTEN_BY),
         previous=f"a previous `{WRITTEN_BY}` output",
         inputs=[("the model's folder", args.model_dir)],
     )

@@ -1,5 +1,7 @@
-"""`vanilla-transformer convert`: a published Transformer of the paper's architecture as a model folder of this project
-(`pip install "vanilla-transformer[convert]"`), its weights copied exactly or the conversion refused by name.
+"""`vanilla-transformer convert`: a published Transformer of the paper's architecture as a model folder of
+this project.
+
+Its weights are copied exactly, or the conversion is refused by name (`pip install "vanilla-transformer[convert]"`).
 
     vanilla-transformer convert Helsinki-NLP/opus-mt-en-de opus-mt-en-de          # OPUS-MT (Marian): folder or Hub id
     vanilla-transformer convert FSMT_FOLDER_OR_HUB_ID fsmt-model                  # FSMT: folder or Hub id

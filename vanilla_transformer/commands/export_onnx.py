@@ -1,5 +1,7 @@
-"""`vanilla-transformer export-onnx`: export a model folder to ONNX in the layout transformers.js loads (`pip install
-"vanilla-transformer[onnx]"`), checked against the model through ONNX Runtime before anything is written.
+"""`vanilla-transformer export-onnx`: export a model folder to ONNX in the layout transformers.js loads.
+
+The export is checked against the model through ONNX Runtime before anything is written (`pip install
+"vanilla-transformer[onnx]"`).
 
     vanilla-transformer export-onnx MODEL_DIR OUTPUT_DIR [--quantize q8] [--quantize fp16] [--overwrite] [--web]
         [--assets DIR] [--space_id user/name [--private] [--token TOKEN]]
@@ -45,13 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"{flag} is for the page: give --web with it")
     if (args.private or args.token is not None) and args.space_id is None:
         parser.error("--private and --token are for the upload: give --space_id with them")
-    from vanilla_transformer.converters.export_onnx import check_folders, export_onnx
+    from vanilla_transformer.converters.export_onnx import check_onnx_folders, export_onnx
     from vanilla_transformer.serving.web_page import check_assets, upload_page, write_page
 
     # what the user gave is checked first, in seconds and without the onnx extra: the assets, then the folders
     if args.assets is not None:
         check_assets(args.assets)
-    check_folders(args.model_dir, args.output_dir, args.overwrite)
+    check_onnx_folders(args.model_dir, args.output_dir, args.overwrite)
     need("onnxruntime", "onnx", "export-onnx")
 
     def extra(staging: Path) -> list[str]:

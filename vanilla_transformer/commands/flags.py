@@ -1,9 +1,14 @@
 """What every command's flags share: argument types that check numeric flags where they enter, naming the flag and
-the allowed range; deprecated aliases; `--version`.
+the allowed range; deprecated aliases; `--version`. And the flags of settings dataclasses, generated from their fields.
 
-parser.add_argument("--warmup_steps", type=at_least(1))
-$ vanilla-transformer train --warmup_steps -5
-error: argument --warmup_steps: must be an integer >= 1, got -5
+A settings field declares its flag in its metadata, as transformers' HfArgumentParser and fairseq's dataclass configs
+do: the flag's help (None: none), the check of its value (`check`: a name of CHECKS, or a name and its arguments),
+`choices`, and `flag` where the flag is spelled otherwise than the field. The flag's default is the field's.
+
+    warmup_steps: int = field(default=4000, metadata={"help": "warm-up steps", "check": "positive_int"})
+    add_settings_flags(group, TrainingSettings, ["warmup_steps"])
+    $ vanilla-transformer train --warmup_steps -5
+    error: argument --warmup_steps: must be an integer >= 1, got -5
 """
 
 import argparse
@@ -32,12 +37,83 @@ def command_parser(prog: str, description: str | None, **kwargs) -> argparse.Arg
 
 
 def field_default(settings_class, name: str):
-    """The default of the field `name` of a settings dataclass: the one statement of a default that a flag also
-    offers (`default=field_default(EvaluationSettings, "batch_size")`), so the two cannot drift apart."""
-    field = next((f for f in dataclasses.fields(settings_class) if f.name == name), None)
-    if field is None or field.default is dataclasses.MISSING:
+    """The default of the field `name` of a settings dataclass (the one statement of it), e.g. for a help text."""
+    field = settings_field(settings_class, name)
+    if field.default is dataclasses.MISSING:
         raise TypeError(f"{settings_class.__name__}.{name} is not a field with a default")
     return field.default
+
+
+def settings_field(settings_class, name: str) -> dataclasses.Field:
+    field = next((f for f in dataclasses.fields(settings_class) if f.name == name), None)
+    if field is None:
+        raise TypeError(f"{settings_class.__name__} has no field {name}")
+    return field
+
+
+def declares_flag(field: dataclasses.Field) -> bool:
+    return "help" in field.metadata
+
+
+def flag_name(field: dataclasses.Field) -> str:
+    """The flag of a field, without its dashes: also its argparse dest."""
+    return field.metadata.get("flag", field.name)
+
+
+def add_settings_flags(group, settings_class, names=None, **overrides) -> None:
+    """Add to `group` (a parser or a group) the flags of `settings_class`'s fields `names`, in that order (default:
+    every field that declares one, in the class's order), as the fields declare them. `overrides` (a field's name:
+    add_argument keywords) replace what the command decides itself, e.g. a default that depends on the data (a
+    default given there is the command's: the field's is what a left-out flag means there)."""
+    names = names or [field.name for field in dataclasses.fields(settings_class) if declares_flag(field)]
+    if stray := sorted(set(overrides) - set(names)):
+        raise TypeError(f"overrides of no flag added here: {stray}")
+    for name in names:
+        field = settings_field(settings_class, name)
+        if not declares_flag(field):
+            raise TypeError(f"{settings_class.__name__}.{name} declares no flag")
+        action = group.add_argument(f"--{flag_name(field)}", **(flag_keywords(field) | overrides.get(name, {})))
+        action.settings_field = field  # what tests/test_flags_declared_once.py checks the flag against
+        action.overridden = set(overrides.get(name, {}))
+
+
+def flag_keywords(field: dataclasses.Field) -> dict:
+    """add_argument's keywords for a field's flag: its default, help, check and choices (a switch for a bool)."""
+    default = None if field.default is dataclasses.MISSING else field.default
+    keywords = {"default": default, "help": field.metadata["help"]}
+    if isinstance(default, bool):  # a switch: given, the field is True
+        if default:
+            raise TypeError(f"{field.name} is a switch that is on by default: no flag could turn it off")
+        return keywords | {"action": "store_true"}
+    if "check" in field.metadata:
+        keywords["type"] = check_of(field.metadata["check"])
+    if "choices" in field.metadata:
+        keywords["choices"] = field.metadata["choices"]
+    return keywords
+
+
+def check_of(spec):
+    """The argparse type a field's `check` names: "positive_int", or ("at_least", 2) for at_least(2)."""
+    if isinstance(spec, str):
+        return CHECKS[spec]
+    name, *arguments = spec
+    return CHECKS[name](*arguments)
+
+
+def flag_values(settings_class, args: argparse.Namespace) -> dict:
+    """The parsed values of `settings_class`'s flags (those `args` holds), by field name: its keyword arguments."""
+    fields = [field for field in dataclasses.fields(settings_class) if declares_flag(field)]
+    return {field.name: getattr(args, flag_name(field)) for field in fields if hasattr(args, flag_name(field))}
+
+
+def recorded_flags(settings) -> dict:
+    """The settings that change a run's output, by their flags (`--name`): the fields not marked `recorded: False`."""
+    fields = [field for field in dataclasses.fields(settings) if declares_flag(field)]
+    return {
+        f"--{flag_name(field)}": getattr(settings, field.name)
+        for field in fields
+        if field.metadata.get("recorded", True)
+    }
 
 
 def up_to(limit: str):
@@ -101,6 +177,20 @@ non_negative_int = at_least(0)
 positive_float = number_in(0, low_open=True)
 non_negative_float = number_in(0)
 probability = number_in(0, 1, high_open=True)  # dropout, label smoothing: 1 would zero everything
+
+# the checks a settings field may name (its metadata's `check`): ready types, or factories given their arguments
+CHECKS = {
+    "at_least": at_least,
+    "number_in": number_in,
+    "positive_int": positive_int,
+    "non_negative_int": non_negative_int,
+    "positive_float": positive_float,
+    "non_negative_float": non_negative_float,
+    "probability": probability,
+    "any_number": number_in(-math.inf),
+    "beam_size": beam_size,
+    "output_tokens": output_tokens,
+}
 
 
 def add_deprecated_alias(group, old: str, new: str) -> None:

@@ -1,5 +1,7 @@
-"""`vanilla-transformer paper-figures`: the paper's equations and figures, each computed by the project's own code,
-one PNG an item with an `index.md` that ties each to the paper's section and to the code.
+"""`vanilla-transformer paper-figures`: draw the paper's equations and figures, each computed by the
+project's own code.
+
+One PNG an item, with an `index.md` that ties each to the paper's section and to the code.
 
     vanilla-transformer paper-figures figures/
     vanilla-transformer paper-figures figures/ --model MODEL_DIR --source "The house is small."

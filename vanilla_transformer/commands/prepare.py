@@ -10,6 +10,7 @@ data's files or folders, nor inside or holding one (the one rule: vanilla_transf
 corpus is never written over anything.
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -21,11 +22,16 @@ from vanilla_transformer.mechanics.outputs import check_output_folder
 INPUTS = ("data_dir", "train_file", "validation_file", "test_file", "tokenizer_name_or_path")  # flags naming paths
 
 
-@command
-def main(argv=None) -> int:
+def prepare_parser() -> argparse.ArgumentParser:
     parser = command_parser("vanilla-transformer prepare", __doc__)
     add_data_arguments(parser)
     parser.add_argument("--output_dir", required=True, help="the prepared folder to write (new or empty)")
+    return parser
+
+
+@command
+def main(argv=None) -> int:
+    parser = prepare_parser()
     args = parser.parse_args(argv)
     settings = data_settings(parser, args)
     folder = Path(args.output_dir)

@@ -25,10 +25,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--token", help="a Hub token with write access (default: the logged-in one)")
     parser.add_argument("--commit_message", default=COMMIT_MESSAGE)
     args = parser.parse_args(argv)
-    from vanilla_transformer.hub.model_folder import check_model_folder
+    from vanilla_transformer.hub.model_folder import hub_folder_problems
     from vanilla_transformer.hub.upload import push_folder_to_hub
 
-    problems = check_model_folder(args.folder)
+    problems = hub_folder_problems(args.folder)
     if problems:
         print(f"error: {args.folder} is not ready for the Hub:", *problems, sep="\n- ", file=sys.stderr)
         return 1

@@ -1,5 +1,7 @@
-"""`vanilla-transformer refresh-code`: give model folders saved by an earlier version the installed model code and
-the current weights format, then check with the installed code (never the folder's) that they load and decode.
+"""`vanilla-transformer refresh-code`: give model folders of an earlier version the installed model
+code and weights format.
+
+Then it checks, with the installed code (never the folder's), that they load and decode.
 
     vanilla-transformer refresh-code outputs/vanilla-transformer [MORE_FOLDERS ...]
 
@@ -31,8 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed += 1
             continue
         upgraded = f"; upgraded: {', '.join(changes)}" if changes else ""
-        print(f"{folder}: code refreshed (transformers {SUPPORTED_TRANSFORMERS}){upgraded}; it loads and decodes with "
-              f"the installed code; old files in {backup}")  # fmt: skip
+        print(
+            f"{folder}: code refreshed (transformers {SUPPORTED_TRANSFORMERS}){upgraded}; it loads and decodes with "
+            f"the installed code; old files in {backup}"
+        )
     return 1 if failed else 0
 
 

@@ -1,6 +1,9 @@
-"""The one wrapper of every command's `main`: a refusal (`VanillaTransformerError`, the root of the project's errors)
-is printed as `error: MESSAGE` on stderr and the command exits 1, without a traceback; anything else is a bug and keeps
-its traceback. A command's extra that is not installed is a refusal too (`need`)."""
+"""The one wrapper of every command's `main`: a refusal ends the command with `error: MESSAGE`, a bug with
+its traceback.
+
+A refusal (`VanillaTransformerError`, the root of the project's errors) is printed as `error: MESSAGE` on stderr and
+the command exits 1, without a traceback; anything else is a bug and keeps its traceback. A command's extra that is
+not installed is a refusal too (`need`)."""
 
 import functools
 import importlib.util

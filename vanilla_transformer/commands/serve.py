@@ -1,5 +1,6 @@
-"""vanilla-transformer serve MODEL_DIR [MODEL_DIR ...]: translate over HTTP, the sentences of concurrent requests
-batched together (one queue a model, `translate`'s token budget), with LibreTranslate's API and a native one.
+"""vanilla-transformer serve MODEL_DIR [MODEL_DIR ...]: translate over HTTP (LibreTranslate's API and a native one).
+
+The sentences of concurrent requests are batched together: one queue a model, `translate`'s token budget.
 
   vanilla-transformer serve runs/base/model --port 5000
   curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
@@ -23,7 +24,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from vanilla_transformer.commands.flags import at_least, beam_size, command_parser, output_tokens, positive_float
+from vanilla_transformer.commands.flags import (
+    add_deprecated_alias,
+    add_settings_flags,
+    at_least,
+    command_parser,
+    positive_float,
+)
 from vanilla_transformer.commands.runner import UsageError, command, need
 from vanilla_transformer.commands.translate import (
     add_backend_flags,
@@ -32,14 +39,35 @@ from vanilla_transformer.commands.translate import (
     resolve_device,
     the_export,
 )
-from vanilla_transformer.serving.settings import CorpusSettings
+from vanilla_transformer.serving.settings import DEFAULT_BATCH_TOKENS, CorpusSettings, DecodingSettings
 
 MAX_WAIT_MS = 5.0  # a lone request's longest wait for others to share its batch
 MAX_QUEUE_TOKENS = 200_000  # source tokens waiting, a model: about 10,000 Multi30k sentences, a few MB
 DRAIN_SECONDS = 30.0  # Kubernetes' default grace period
+SERVED_BUDGET = {  # a batch of the server's: the token budget bounds it with --batch_size too, unlike translate's
+    "default": DEFAULT_BATCH_TOKENS,
+    "help": f"source tokens x beams a batch (default: {DEFAULT_BATCH_TOKENS}, with --batch_size too)",
+}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = serve_parser()
+    args = parser.parse_args(argv)
+    if args.devices and args.device:
+        parser.error("give --device or --devices, not both")
+    if args.languages and len(args.languages) != len(args.model_dirs):
+        parser.error(f"--languages names {len(args.languages)} pairs for {len(args.model_dirs)} folders: one each")
+    for flag in ("ctranslate2_dir", "onnx_dir"):
+        if getattr(args, flag) and len(args.model_dirs) > 1:
+            parser.error(f"--{flag} is one folder's export: serve one MODEL_DIR with it")
+    check_backend_flags(parser, args)
+    for pair in args.languages or ():
+        if pair.count("-") != 1 or not all(pair.split("-")):
+            parser.error(f"--languages {pair}: a pair is SRC-TGT, as en-de")
+    return args
+
+
+def serve_parser() -> argparse.ArgumentParser:
     from vanilla_transformer.serving.server import Limits
 
     limits = Limits()
@@ -50,15 +78,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=at_least(0, 65535), default=5000, help="0: a free port, printed")
     parser.add_argument("--api_keys", help="a file of keys, one a line: every translation then needs one")
     group = parser.add_argument_group("batching and limits")
-    group.add_argument(
-        "--max_tokens", type=at_least(1), default=CorpusSettings.max_tokens, help="source tokens x beams a batch"
+    add_settings_flags(
+        group,
+        CorpusSettings,
+        ["max_batch_tokens", "batch_size"],
+        max_batch_tokens=SERVED_BUDGET,
+        batch_size={"help": "sentences a batch, at most (bounds a batch's memory when many short sentences wait)"},
     )
-    group.add_argument(
-        "--batch_size",
-        type=at_least(1),
-        default=CorpusSettings.batch_size,
-        help="sentences a batch, at most (bounds a batch's memory when many short sentences wait)",
-    )
+    add_deprecated_alias(group, "--max_tokens", "--max_batch_tokens")  # until the release after 0.1
     group.add_argument("--max_wait_ms", type=positive_float, default=MAX_WAIT_MS, help="a batch's longest wait")
     group.add_argument(
         "--max_queue_tokens", type=at_least(1), default=MAX_QUEUE_TOKENS, help="source tokens waiting (then 503)"
@@ -78,26 +105,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="on",
         help="off: each request's sentences batched alone, one request at a time a worker (a baseline to measure)",
     )
-    group.add_argument("--split_sentences", action="store_true", help="translate each text sentence by sentence")
-    group.add_argument("--num_beams", type=beam_size, help="beam size (default: generation_config.json)")
-    group.add_argument("--max_new_tokens", type=output_tokens, help="output length (default: input length + 50)")
+    add_settings_flags(group, CorpusSettings, ["split_sentences"])
+    add_settings_flags(group, DecodingSettings)
     add_backend_flags(parser)
     parser.add_argument(
         "--devices", nargs="+", help="several devices (cuda:0 cuda:1 ...): each model on each, a queue each"
     )
-    args = parser.parse_args(argv)
-    if args.devices and args.device:
-        parser.error("give --device or --devices, not both")
-    if args.languages and len(args.languages) != len(args.model_dirs):
-        parser.error(f"--languages names {len(args.languages)} pairs for {len(args.model_dirs)} folders: one each")
-    for flag in ("ctranslate2_dir", "onnx_dir"):
-        if getattr(args, flag) and len(args.model_dirs) > 1:
-            parser.error(f"--{flag} is one folder's export: serve one MODEL_DIR with it")
-    check_backend_flags(parser, args)
-    for pair in args.languages or ():
-        if pair.count("-") != 1 or not all(pair.split("-")):
-            parser.error(f"--languages {pair}: a pair is SRC-TGT, as en-de")
-    return args
+    return parser
 
 
 def read_keys(path: str) -> list[str]:
@@ -159,7 +173,7 @@ def batcher_of(backend, args: argparse.Namespace, on_batch):
     share = max(1, torch.get_num_threads() // workers)  # torch's threads, shared among the workers
     return Batcher(
         backend_for,
-        args.max_tokens,
+        args.max_batch_tokens,
         args.max_wait_ms / 1000,
         args.max_queue_tokens,
         workers,

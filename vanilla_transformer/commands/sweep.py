@@ -1,5 +1,7 @@
-"""`vanilla-transformer sweep`: the paper's Table 3 as a command: train its variations of the base model under a fixed
-budget each, then write the table (JSON, CSV, markdown) and one plot per row group.
+"""`vanilla-transformer sweep`: the paper's Table 3 as a command.
+
+It trains Table 3's variations of the base model under a fixed budget each, then writes the table (JSON, CSV,
+markdown) and one plot per row group.
 
     vanilla-transformer sweep --data_dir ../shared/data/multi30k --source_lang en --target_lang de \
         --validation_split val --test_split test_2016_flickr --scale small --rows base,A,D,E --minutes 10 \
@@ -12,6 +14,7 @@ own folder under --output_dir/runs; every flag this command does not know goes t
 resumes: vanilla_transformer/training/sweep.py.
 """
 
+import argparse
 import sys
 
 from vanilla_transformer.commands.arguments import preset_name
@@ -39,7 +42,7 @@ ROW_FLAGS = {
 }
 
 
-def parse_args(argv=None) -> Sweep:
+def sweep_parser() -> argparse.ArgumentParser:
     parser = command_parser("vanilla-transformer sweep", __doc__)
     parser.add_argument(
         "--rows",
@@ -61,6 +64,11 @@ def parse_args(argv=None) -> Sweep:
         default="",
         help="rows (names, e.g. base,A1) whose earlier run in --output_dir is deleted and trained again",
     )
+    return parser
+
+
+def parse_args(argv=None) -> Sweep:
+    parser = sweep_parser()
     args, training_flags = parser.parse_known_args(argv)
     names = {variant.name for variant in table3_variants(args.scale)}
     restart_rows = tuple(row for row in args.restart_rows.split(",") if row)

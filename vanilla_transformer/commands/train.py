@@ -1,6 +1,7 @@
-"""`vanilla-transformer train [FLAGS]`: train (and score) a model with train_accelerate.py, the repository's main job
-(`vanilla-transformer train --help` lists the flags; `accelerate launch -m train_accelerate [FLAGS]` on several
-processes). The flags are parsed before the training script and torch are imported, so that --help answers at once."""
+"""`vanilla-transformer train [FLAGS]`: train (and score) a model with train_accelerate.py, the repository's main job.
+
+`vanilla-transformer train --help` lists the flags; `accelerate launch -m train_accelerate [FLAGS]` runs it on several
+processes. The flags are parsed before the training script and torch are imported, so that --help answers at once."""
 
 from collections.abc import Sequence
 

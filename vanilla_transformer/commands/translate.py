@@ -11,8 +11,8 @@
 
 Unit i of the output translates unit i of the input: a line (an empty line gives an empty line), a paragraph with
 --paragraphs (blank lines kept), or a dataset row (the output is the dataset with a `translation` column). The input
-is translated --buffer_size units at a time (a chunk: sorted by length, batched by --max_tokens source tokens x beams,
-or by --batch_size sentences), and written in input order.
+is translated --buffer_size units at a time (a chunk: sorted by length, batched by --max_batch_tokens source tokens x
+beams, or by --batch_size sentences), and written in input order.
 
 With --output, every finished chunk is recorded in OUTPUT.partial/ beside it: a run stopped any way (Ctrl-C, SIGTERM,
 kill -9, a lost machine) is continued by the same command, never translates a finished chunk again, and writes the
@@ -21,7 +21,7 @@ replace an existing --output, which is otherwise refused). Under `accelerate lau
 processes) share the chunks and the first writes the output; on several machines, --output must be on a filesystem
 they share.
 
-A sentence longer than the model takes (--max_source_tokens, default its positions) is cut at punctuation or spaces
+A sentence longer than the model takes (--max_piece_tokens, default its positions) is cut at punctuation or spaces
 into pieces that fit, said once and counted in the summary. A line (or a dataset's cell) over --max_line_bytes is an
 error naming it: a line takes about 200 times its size in memory while it is tokenized and cut, so the flag is at
 most 4 MiB (about 1 GB). An input that can be read only once (stdin, a pipe, a FIFO, `<(...)`) is copied into
@@ -40,17 +40,17 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from vanilla_transformer.commands.export_onnx import QUANTIZATIONS as ONNX_VARIANTS
 from vanilla_transformer.commands.flags import (
+    add_deprecated_alias,
+    add_settings_flags,
     at_least,
-    beam_size,
     command_parser,
-    field_default,
-    output_tokens,
-    positive_float,
-    positive_int,
+    flag_values,
+    recorded_flags,
 )
 from vanilla_transformer.commands.runner import UsageError, command, need
 from vanilla_transformer.converters.ctranslate2_types import COMPUTE_TYPES
@@ -65,7 +65,12 @@ from vanilla_transformer.serving.corpus import (
     say,
     translate_to_stream,
 )
-from vanilla_transformer.serving.settings import DTYPE_NAMES, CorpusSettings, folder_max_new_tokens
+from vanilla_transformer.serving.settings import (
+    BackendSettings,
+    CorpusSettings,
+    DecodingSettings,
+    folder_max_new_tokens,
+)
 from vanilla_transformer.serving.sources import (
     LINE_BYTES_LIMIT,
     MAX_LINE_BYTES,
@@ -74,10 +79,6 @@ from vanilla_transformer.serving.sources import (
     InputError,
     TextSource,
 )
-
-
-def default(name: str):
-    return field_default(CorpusSettings, name)
 
 
 def line_bytes(text: str) -> int:
@@ -96,8 +97,7 @@ def add_input_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--output", help="where to write (default: stdout); resumable, see above")
     group.add_argument("--overwrite", action="store_true", help="start again: replace --output and its partial run")
     group.add_argument("--paragraphs", action="store_true", help="a unit is a paragraph (lines up to a blank line)")
-    group.add_argument("--split_sentences", action="store_true", help="translate each unit sentence by sentence")
-    group.add_argument("--language", default=default("language"), help="the source language, for --split_sentences")
+    add_settings_flags(group, CorpusSettings, ["split_sentences", "language"])
     group.add_argument(
         "--max_line_bytes",
         type=line_bytes,
@@ -115,44 +115,19 @@ def add_input_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_batching_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("batching and decoding")
-    group.add_argument(
-        "--max_tokens",
-        type=positive_int,
-        help=f"source tokens x beams a batch, padding counted (default: {default('max_tokens')}, unless --batch_size)",
-    )
-    group.add_argument("--batch_size", type=positive_int, help="sentences a batch, at most")
-    group.add_argument(
-        "--buffer_size", type=positive_int, default=default("buffer_size"), help="units a chunk, sorted by length"
-    )
-    group.add_argument("--num_beams", type=beam_size, help="beam size (default: generation_config.json; paper: 4)")
-    group.add_argument("--max_new_tokens", type=output_tokens, help="output length (default: input length + 50)")
-    group.add_argument(
-        "--max_source_tokens", type=positive_int, help="longer sentences are cut (default: the model's positions)"
-    )
-    group.add_argument("--log_every", type=positive_float, default=default("log_every"), help="seconds, off a tty")
+    add_settings_flags(group, CorpusSettings, ["max_batch_tokens", "batch_size", "buffer_size"])
+    add_settings_flags(group, DecodingSettings)
+    add_settings_flags(group, CorpusSettings, ["max_piece_tokens", "log_every"])
+    add_deprecated_alias(group, "--max_tokens", "--max_batch_tokens")  # until the release after 0.1
+    add_deprecated_alias(group, "--max_source_tokens", "--max_piece_tokens")
 
 
 def add_backend_flags(parser: argparse.ArgumentParser) -> None:
+    """The backend's flags (translate's and serve's); their choices from the converters, which settings.py (copied
+    into a Space alone) cannot import."""
     group = parser.add_argument_group("backend")
-    group.add_argument("--backend", choices=["model", "ctranslate2", "onnx"], default="model", help="what translates")
-    group.add_argument(
-        "--onnx_dir", help="with --backend onnx: MODEL_DIR's export (`vanilla-transformer export-onnx`)"
-    )
-    group.add_argument(
-        "--onnx_variant",
-        choices=ONNX_VARIANTS,
-        help="with --backend onnx: the export's quantized files (written by its --quantize) instead of float32",
-    )
-    group.add_argument("--ctranslate2_dir", help="a CTranslate2 export (default: made beside MODEL_DIR on first use)")
-    group.add_argument("--compute_type", choices=COMPUTE_TYPES, help="CTranslate2's (default: its default)")
-    group.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: the process's, from accelerate)")
-    group.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="the model's weights and computation")
-    group.add_argument("--attn_implementation", choices=["sdpa", "eager"], help="attention (default: the model's)")
-    group.add_argument(
-        "--trust_remote_code",
-        action="store_true",
-        help="run the folder's own model code (Hub models); by default the installed vanilla-transformer code runs",
-    )
+    choices = {"onnx_variant": {"choices": ONNX_VARIANTS}, "compute_type": {"choices": COMPUTE_TYPES}}
+    add_settings_flags(group, BackendSettings, **choices)
 
 
 def check_backend_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -165,12 +140,17 @@ def check_backend_flags(parser: argparse.ArgumentParser, args: argparse.Namespac
         parser.error("--onnx_variant is for --backend onnx")
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def translate_parser() -> argparse.ArgumentParser:
     parser = command_parser("vanilla-transformer translate", __doc__)
     parser.add_argument("model_dir", help="a saved model folder (config.json, weights, tokenizer)")
     add_input_flags(parser)
     add_batching_flags(parser)
     add_backend_flags(parser)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = translate_parser()
     args = parser.parse_args(argv)
     dataset = args.dataset_name or args.data_files
     if dataset and args.input:
@@ -184,21 +164,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     check_backend_flags(parser, args)
     if args.output and same_file(args.input, args.output):
         parser.error(f"--output {args.output} is the input file: the translations would replace the sources")
-    if args.max_tokens is None and args.batch_size is None:
-        args.max_tokens = default("max_tokens")
     return args
 
 
 def corpus_settings(args: argparse.Namespace) -> CorpusSettings:
-    return CorpusSettings(
-        buffer_size=args.buffer_size,
-        max_tokens=args.max_tokens,
-        batch_size=args.batch_size,
-        split_sentences=args.split_sentences,
-        language=args.language,
-        max_source_tokens=args.max_source_tokens,
-        log_every=args.log_every,
-    )
+    return CorpusSettings(**flag_values(CorpusSettings, args))
 
 
 def corpus_source(args: argparse.Namespace):
@@ -216,38 +186,32 @@ def corpus_source(args: argparse.Namespace):
 
 
 def output_settings(args: argparse.Namespace, device: str, model_digest: str, export_digest: str | None) -> dict:
-    """What changes the output, as a run's manifest records it: a resumed run must give the same. The settings in
-    effect: a flag left out and one given with the folder's own value are the same setting."""
-    names = (
-        "backend",
-        "onnx_variant",
-        "dtype",
-        "attn_implementation",
-        "trust_remote_code",
-        "max_tokens",
-        "batch_size",
-    )
-    names += ("buffer_size", "split_sentences", "paragraphs", "language", "column")
-    record = {f"--{name}": getattr(args, name) for name in names}
-    record.update({f"--{name}": value for name, value in effective_decoding(args).items()})
-    return {"model": model_digest, "ctranslate2": export_digest, "device": device.split(":")[0], **record}
+    """What changes the output, as a run's manifest records it (serving/corpus.py): a resumed run must give the same.
+    The settings in effect, by their flags (those a field does not mark `recorded: False`): a flag left out and one
+    given with the folder's own value are the same setting. A manifest of an earlier release names some otherwise:
+    serving/settings.py's `upgraded_record` renames them."""
+    source = {
+        "--paragraphs": args.paragraphs,
+        "--column": args.column,
+    }  # what a unit is: TextSource's, DatasetSource's
+    record = {name: value for settings in effective_settings(args) for name, value in recorded_flags(settings).items()}
+    return {"model": model_digest, "ctranslate2": export_digest, "device": device.split(":")[0], **record, **source}
 
 
-def effective_decoding(args: argparse.Namespace) -> dict:
-    """The beam, output length, source length and compute type the run decodes with: the flags', else the folder's
-    (generation_config.json, config.json), else the backends' defaults (None: section 6.1's input + 50)."""
+def effective_settings(args: argparse.Namespace) -> tuple[CorpusSettings, BackendSettings, DecodingSettings]:
+    """The settings the run translates with: the flags', else the folder's (generation_config.json, config.json:
+    the beam, the output length, the longest piece), else the backends' defaults (None: section 6.1's input + 50)."""
     from vanilla_transformer.model.loading import read_json_file
 
     folder = Path(args.model_dir)
     generation = read_json_file(folder / "generation_config.json") or {}
     positions = (read_json_file(folder / "config.json") or {}).get("max_position_embeddings")
     max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else folder_max_new_tokens(generation)
-    return {
-        "num_beams": args.num_beams or generation.get("num_beams") or 1,
-        "max_new_tokens": max_new_tokens,
-        "max_source_tokens": args.max_source_tokens or positions,
-        "compute_type": args.compute_type or ("default" if args.backend == "ctranslate2" else None),
-    }
+    decoding = DecodingSettings(args.num_beams or generation.get("num_beams") or 1, max_new_tokens)
+    corpus = replace(corpus_settings(args), max_piece_tokens=args.max_piece_tokens or positions)
+    compute_type = args.compute_type or ("default" if args.backend == "ctranslate2" else None)
+    backend = replace(BackendSettings(**flag_values(BackendSettings, args)), compute_type=compute_type)
+    return corpus, backend, decoding
 
 
 def stop_on_sigterm(signum, frame):

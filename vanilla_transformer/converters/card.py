@@ -8,7 +8,7 @@ from torch import nn
 from modeling_vanilla_transformer import SUPPORTED_TRANSFORMERS
 from vanilla_transformer.converters.core import Source
 
-CARD = Template("""---
+CARD_TEMPLATE = Template("""---
 language: $language
 license: $license
 library_name: transformers
@@ -68,9 +68,10 @@ or `vanilla-transformer translate FOLDER < source.txt`, `vanilla-transformer dem
 def decoding_line(generation: dict) -> str:
     """The decoding of a generation_config.json's settings, in words."""
     beams = generation.get("num_beams") or 1
-    line = "greedy search" if beams == 1 else (
-        f"beam search with beam size {beams} and length penalty {generation.get('length_penalty', 1.0)}"
-    )  # fmt: skip
+    if beams == 1:
+        line = "greedy search"
+    else:
+        line = f"beam search with beam size {beams} and length penalty {generation.get('length_penalty', 1.0)}"
     if generation.get("max_new_tokens") is not None:
         return f"{line}, at most {generation['max_new_tokens']} new tokens"
     if generation.get("max_length") is not None:
@@ -97,20 +98,36 @@ def conversion_card(model: nn.Module, source: Source, difference: float, generat
         )
     base_model = f"base_model: {json.dumps(source.hub_id)}\n" if source.hub_id else ""
     name = plain_text(source.name)
-    return CARD.substitute(
-        language=json.dumps(languages, ensure_ascii=False), license=json.dumps(source.license or "unknown"),
-        base_model=base_model, title=f"{name.split('/')[-1]} (vanilla-transformer)", source=name,
-        kind=source.kind, source_lang=source.languages[0] or "?", target_lang=source.languages[1] or "?",
-        difference=f"{difference:.2g}", license_text=source.license or "not recorded",
-        transformers_range=SUPPORTED_TRANSFORMERS, d_model=config.d_model, encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers, attention_heads=config.encoder_attention_heads,
-        ffn_dim=config.encoder_ffn_dim, activation=config.activation_function, position_layout=config.position_layout,
-        position_frequencies=config.position_frequencies, position_offset=config.position_offset,
+    return CARD_TEMPLATE.substitute(
+        language=json.dumps(languages, ensure_ascii=False),
+        license=json.dumps(source.license or "unknown"),
+        base_model=base_model,
+        title=f"{name.split('/')[-1]} (vanilla-transformer)",
+        source=name,
+        kind=source.kind,
+        source_lang=source.languages[0] or "?",
+        target_lang=source.languages[1] or "?",
+        difference=f"{difference:.2g}",
+        license_text=source.license or "not recorded",
+        transformers_range=SUPPORTED_TRANSFORMERS,
+        d_model=config.d_model,
+        encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers,
+        attention_heads=config.encoder_attention_heads,
+        ffn_dim=config.encoder_ffn_dim,
+        activation=config.activation_function,
+        position_layout=config.position_layout,
+        position_frequencies=config.position_frequencies,
+        position_offset=config.position_offset,
         lm_head_bias="a learned bias (Marian's final_logits_bias)" if config.lm_head_bias else "none",
-        vocabulary=vocabulary, embeddings=embeddings, parameters=f"{model.num_parameters():,}",
-        tokenizer=type(source.tokenizer).__name__, decoding=decoding, model_id="your-username/model-id",
+        vocabulary=vocabulary,
+        embeddings=embeddings,
+        parameters=f"{model.num_parameters():,}",
+        tokenizer=type(source.tokenizer).__name__,
+        decoding=decoding,
+        model_id="your-username/model-id",
         example="The house is small.",
-    )  # fmt: skip
+    )
 
 
 def plain_text(text: str, limit: int = 200) -> str:

@@ -68,13 +68,22 @@ from vanilla_transformer.converters.core import ConversionError, Source, build_m
 from vanilla_transformer.converters.fairseq import read_fairseq
 from vanilla_transformer.converters.fsmt import read_fsmt
 from vanilla_transformer.converters.marian import read_marian
-from vanilla_transformer.converters.output_folder import check_output_folder, record_conversion, why_not_a_conversion
-from vanilla_transformer.converters.untrusted import card_license, check_no_link_leaves, download, tokenizer_settings
+from vanilla_transformer.converters.output_folder import (
+    check_conversion_folder,
+    record_conversion,
+    why_not_a_conversion,
+)
+from vanilla_transformer.converters.untrusted import (
+    card_license,
+    check_no_link_leaves,
+    download,
+    known_tokenizer_settings,
+)
 from vanilla_transformer.hub.model_folder import save_model_folder
 from vanilla_transformer.mechanics.files import TargetChanged, on_full_disk, remove_stale, staged_folder
 from vanilla_transformer.model.loading import read_json_file
 
-DTYPES = ("float32", "float16", "bfloat16")  # what a converted folder's weights may be stored as
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")  # what a converted folder's weights may be stored as
 
 
 def convert(
@@ -94,11 +103,12 @@ def convert(
     `bpe_codes`) into a model folder of this project at `output_dir`; returns its path. ConversionError, before
     anything is written, for a source that cannot be converted exactly or an output folder that holds anything but a
     previous conversion (which `overwrite` replaces). `source_lang`, `target_lang` and `license` override the
-    source's. The folder's weights have the source's dtype, or `dtype` (DTYPES); the check against the source runs
-    in float32 whatever the dtype (float16 and bfloat16 values are float32 values)."""
-    if dtype is not None and dtype not in DTYPES:
-        raise ConversionError(f"--dtype is {dtype!r}; give one of {', '.join(DTYPES)}")
-    replacing = check_output_folder(source, output_dir, overwrite)  # a previous conversion, which --overwrite replaces
+    source's. The folder's weights have the source's dtype, or `dtype` (WEIGHT_DTYPES); the check against the source
+    runs in float32 whatever the dtype (float16 and bfloat16 values are float32 values)."""
+    if dtype is not None and dtype not in WEIGHT_DTYPES:
+        raise ConversionError(f"--dtype is {dtype!r}; give one of {', '.join(WEIGHT_DTYPES)}")
+    # a previous conversion, which --overwrite replaces
+    replacing = check_conversion_folder(source, output_dir, overwrite)
     scratch_prefix = f"vanilla-transformer-convert-{socket.gethostname()}-"  # then this process's id
     remove_stale(Path(tempfile.gettempdir()), scratch_prefix)  # what killed conversions here left
     with tempfile.TemporaryDirectory(prefix=f"{scratch_prefix}{os.getpid()}-") as scratch:
@@ -154,7 +164,7 @@ def write_folder(model: nn.Module, source: Source, output_dir: Path, difference:
     with on_full_disk(lambda cause: full_disk), conversion_not_written(), staged_folder(output, changed) as staging:
         save_model_folder(model, source.tokenizer, staging, card_values=languages, decoding=source.decoding)
         written = read_json_file(staging / "tokenizer_config.json", ConversionError)
-        kept = tokenizer_settings(source.tokenizer, written)
+        kept = known_tokenizer_settings(source.tokenizer, written)
         (staging / "tokenizer_config.json").write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", "utf-8")
         generation = read_json_file(staging / "generation_config.json", ConversionError)
         card = conversion_card(model, source, difference, generation)

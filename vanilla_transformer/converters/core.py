@@ -1,8 +1,10 @@
-"""The core of every conversion, whatever the source's format: what a reader makes of a source (`Source`: our
-config's fields, the weights under fairseq's layer names, one embedding matrix, the tokenizer, the source model as
-transformers runs it), our model built from it with every weight placed (`build_model`), and the check of the two on a
-padded probe batch (`check_against_reference`). A source the paper's model cannot hold exactly is refused with a
-`ConversionError` naming the field (or file) and its value.
+"""The core of every conversion, whatever the source's format: the source as read, our model built from it, and the
+check of the two.
+
+What a reader makes of a source is a `Source`: our config's fields, the weights under fairseq's layer names, one
+embedding matrix, the tokenizer, the source model as transformers runs it. `build_model` builds our model from it with
+every weight placed, and `check_against_reference` checks the two on a padded probe batch. A source the paper's model
+cannot hold exactly is refused with a `ConversionError` naming the field (or file) and its value.
 """
 
 from dataclasses import dataclass, field
@@ -17,7 +19,12 @@ from vanilla_transformer.mechanics.errors import VanillaTransformerError
 
 MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
 FSMT_TOKENIZER_FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt")
-TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", *MARIAN_TOKENIZER_FILES, *FSMT_TOKENIZER_FILES)
+SOURCE_TOKENIZER_FILES = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    *MARIAN_TOKENIZER_FILES,
+    *FSMT_TOKENIZER_FILES,
+)
 LOGITS_TOLERANCE = 1e-4  # the check of the converted model against the source, relative to the logits' scale
 POSITIONS_TOLERANCE = 1e-3  # a stored sinusoid table: float32 tables drift ~1e-7 per position from exact ones
 

@@ -1,7 +1,9 @@
-"""CTranslate2's names for weight types (`export-ctranslate2 --quantization`) and compute types (`translate --backend
-ctranslate2 --compute_type`), without importing CTranslate2 or torch, so that the commands' --help answers at once."""
+"""CTranslate2's names for weight types and compute types, without importing CTranslate2 or torch.
 
-QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+The weight types are `export-ctranslate2 --quantization`'s choices, the compute types `translate --backend ctranslate2
+--compute_type`'s. Importing neither CTranslate2 nor torch keeps the commands' --help answering at once."""
+
+WEIGHT_TYPES = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 COMPUTE_TYPES = (
     "default",
     "auto",

@@ -66,7 +66,7 @@ ACTIVATIONS = {
     "swish": "SWISH",
     "tanh": "Tanh",
 }
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+SAVED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # what the converter writes into its folder; a folder of these and nothing else is a previous export
 CONVERTER_FILES = {"model.bin", "config.json", "vmap.txt"} | {
     f"{side}vocabulary.{extension}" for side in ("", "shared_", "source_", "target_") for extension in ("json", "txt")
@@ -157,10 +157,10 @@ def vocabulary(model_dir: str | Path, vocab_size: int, side: str = "shared") -> 
     `side`: "shared" (one vocabulary), or with separate vocabularies "source" (the tokenizer's `get_vocab()`, the
     source side's for Marian and FSMT) or "target" (its id-to-token map, the target side's)."""
     tokens = [f"id_{index}" for index in range(vocab_size)]
-    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+    if not any((Path(model_dir) / name).is_file() for name in SAVED_TOKENIZER_FILES):
         warnings.warn(
-            f"{model_dir} has no tokenizer ({', '.join(TOKENIZER_FILES)}): the export's vocabulary is the placeholders "
-            f"id_0 ... id_{vocab_size - 1}, so its users must pass token ids as such; save the tokenizer into the "
+            f"{model_dir} has no tokenizer ({', '.join(SAVED_TOKENIZER_FILES)}): the export's vocabulary is the "
+            f"placeholders id_0 ... id_{vocab_size - 1}, so its users must pass token ids as such; save the tokenizer into the "
             "model folder first to export real tokens",
             stacklevel=2,
         )
@@ -226,7 +226,7 @@ def why_not_an_export(folder: Path) -> str | None:
     return None
 
 
-def check_folders(model_dir: str | Path, output_dir: str | Path, overwrite: bool) -> bool:
+def check_ctranslate2_folders(model_dir: str | Path, output_dir: str | Path, overwrite: bool) -> bool:
     """Raise ExportError unless `model_dir` is a model folder and `output_dir` may be written under the one
     output-folder rule (mechanics/outputs.py): never the model's folder, and with `overwrite` a previous export only.
     True where a previous export will be replaced."""
@@ -264,7 +264,7 @@ def convert_to_ctranslate2(
         it is something else, if it exists without `overwrite`, or if it is, holds or is inside `model_dir`, or if the
         model has d_k != d_v.
     """
-    replacing = check_folders(model_dir, output_dir, overwrite)
+    replacing = check_ctranslate2_folders(model_dir, output_dir, overwrite)
     check_exportable(model_dir)
     if transformer_spec is None:
         raise ImportError("The export needs CTranslate2: pip install 'vanilla-transformer[export]'.")

@@ -1,5 +1,6 @@
-"""Convert our model to transformers' `MarianMTModel`: the same function in a stock transformers class, which loads
-without `trust_remote_code` (and is what benchmarks/speed.py compares our model against).
+"""Convert our model to transformers' `MarianMTModel`: the same function in a stock transformers class.
+
+The converted model loads without `trust_remote_code`, and it is what benchmarks/speed.py compares our model against.
 
 Marian is the same architecture: post-LN layers (LayerNorm(x + Dropout(Sublayer(x)))), no final LayerNorm, one
 embedding matrix shared by the encoder, the decoder and the (bias-free) pre-softmax projection, optionally scaled by

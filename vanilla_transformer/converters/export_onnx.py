@@ -1,6 +1,8 @@
 """Export a model folder (trained here, or converted) to ONNX in the layout transformers.js loads for an
-encoder-decoder, as optimum writes it for OPUS-MT (Xenova/opus-mt-en-de): a folder a web page, Node or ONNX Runtime
-in Python translates with.
+encoder-decoder.
+
+The layout is the one optimum writes for OPUS-MT (Xenova/opus-mt-en-de): a folder a web page, Node or ONNX Runtime in
+Python translates with.
 
     OUT/onnx/encoder_model.onnx, OUT/onnx/decoder_model_merged.onnx   float32 (onnx_graphs.py: the layout)
     OUT/onnx/*_quantized.onnx (--quantize q8), OUT/onnx/*_fp16.onnx (--quantize fp16)
@@ -32,30 +34,30 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
-from vanilla_transformer.converters.onnx_check import OnnxCheckError, agreement, check_export
+from vanilla_transformer.converters.onnx_check import OnnxCheckError, agreement, check_onnx_export
 from vanilla_transformer.converters.onnx_decoding import Decoding
 from vanilla_transformer.converters.onnx_graphs import DECODER, ENCODER, export_graphs, merge_decoders
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.outputs import check_output_folder, why_not_recorded, write_recorded_folder
 
 WRITTEN_BY = "vanilla-transformer export-onnx"
-RECORD = ".vanilla_transformer_export_onnx.json"
-QUANTIZATIONS = {"q8": "_quantized", "fp16": "_fp16"}
-CHECK_SENTENCES = 8
+ONNX_EXPORT_RECORD = ".vanilla_transformer_export_onnx.json"
+VARIANT_SUFFIXES = {"q8": "_quantized", "fp16": "_fp16"}
+CHECK_SENTENCE_COUNT = 8
 
 
 class OnnxExportError(VanillaTransformerError, ValueError):
     """A model or output folder the ONNX export cannot use; the message names it and what to do."""
 
 
-def check_folders(model_dir: str | Path, output_dir: str | Path, overwrite: bool) -> bool:
+def check_onnx_folders(model_dir: str | Path, output_dir: str | Path, overwrite: bool) -> bool:
     """The model folder has a config.json, and the output folder may be written by the rule; True if replacing."""
     if not (Path(model_dir) / "config.json").is_file():
         raise OnnxExportError(f"{model_dir} is not a model folder: it has no config.json")
     return check_output_folder(
         output_dir,
         overwrite=overwrite,
-        why_not_previous=lambda folder: why_not_recorded(folder, RECORD, WRITTEN_BY),
+        why_not_previous=lambda folder: why_not_recorded(folder, ONNX_EXPORT_RECORD, WRITTEN_BY),
         previous=f"a previous `{WRITTEN_BY}` output",
         inputs=[("the model folder", model_dir)],
         error=OnnxExportError,
@@ -100,7 +102,7 @@ def web_generation_config(generation: dict, config) -> dict:
     return written
 
 
-def check_sentences(tokenizer, count: int) -> list[list[int]]:
+def sentences_to_check(tokenizer, count: int) -> list[list[int]]:
     """Source ids of `count` sentences of the toy task and of Multi30k's kind, as the folder's tokenizer reads them."""
     from vanilla_transformer.data.toy_task import synthetic_translation_pairs
 
@@ -117,14 +119,14 @@ def write_tokenizer(model_dir: Path, out: Path, tokenizer, sentences: list[str],
     language codes), the folder's `clean_up_tokenization_spaces` (transformers.js takes true when it is absent), and
     at most the model's `positions` source tokens (transformers.js's pipeline cuts a longer text there; the graphs'
     position table ends there)."""
-    from vanilla_transformer.converters.tokenizer_json import marian_tokenizer_json, tokenizer_settings
+    from vanilla_transformer.converters.tokenizer_json import converted_tokenizer_config, marian_tokenizer_json
 
     if (model_dir / "tokenizer.json").is_file():
         shutil.copyfile(model_dir / "tokenizer.json", out / "tokenizer.json")
         settings = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
     elif type(tokenizer).__name__ == "MarianTokenizer":
         marian_tokenizer_json(tokenizer, sentences, OnnxExportError).save(str(out / "tokenizer.json"))
-        settings = tokenizer_settings(tokenizer)
+        settings = converted_tokenizer_config(tokenizer)
     else:
         raise OnnxExportError(
             f"{model_dir}: its tokenizer ({type(tokenizer).__name__}) has no tokenizer.json to export"
@@ -142,7 +144,7 @@ def quantize_variant(graphs: tuple[Path, Path, Path], onnx_dir: Path, kind: str,
     come); fp16, every float16 (ONNX Runtime's converter, inputs and outputs included)."""
     import onnx
 
-    suffix, variants = QUANTIZATIONS[kind], []
+    suffix, variants = VARIANT_SUFFIXES[kind], []
     for path in graphs:
         target = path.with_name(f"{path.stem}{suffix}.onnx")
         if kind == "q8":
@@ -188,7 +190,8 @@ def _load(model_dir: Path):
 
 def write_graphs(model, staging: Path, batch: list[list[int]], decoding, quantize, folder: Path) -> tuple[list, dict]:
     """The float32 graphs written into `staging/onnx/` and checked against `model` on `batch` (refused naming
-    `folder`, the user's), then each quantized variant with its agreement: the names written and the check's numbers."""
+    `folder`, the user's), then each quantized variant with its agreement: the names written and the check's
+    numbers."""
     import onnx
 
     onnx_dir, summary = staging / "onnx", {}
@@ -198,13 +201,13 @@ def write_graphs(model, staging: Path, batch: list[list[int]], decoding, quantiz
         shutil.copyfile(graphs[0], onnx_dir / ENCODER)
         onnx.save(merge_decoders(graphs[1], graphs[2], model.config), str(onnx_dir / DECODER))
         try:
-            summary.update(check_export(model, staging, batch, decoding, name=folder))
+            summary.update(check_onnx_export(model, staging, batch, decoding, name=folder))
         except OnnxCheckError as refused:
             raise OnnxCheckError(f"{refused}; {folder} was left as it was") from None
         names = [f"onnx/{ENCODER}", f"onnx/{DECODER}"]
         for kind in dict.fromkeys(quantize):
             names += quantize_variant(graphs, onnx_dir, kind, model.config)
-            summary[f"{kind}: same tokens as float32"] = agreement(staging, QUANTIZATIONS[kind], batch, decoding)
+            summary[f"{kind}: same tokens as float32"] = agreement(staging, VARIANT_SUFFIXES[kind], batch, decoding)
     return names, summary
 
 
@@ -227,21 +230,21 @@ def export_onnx(
     quantize: tuple[str, ...] = (),
     overwrite: bool = False,
     extra: Callable[[Path], list[str]] | None = None,
-    check_count: int = CHECK_SENTENCES,
+    check_count: int = CHECK_SENTENCE_COUNT,
 ) -> dict:
     """Export `model_dir` into `output_dir` (the module docstring), checked first; `extra(staging)` writes more files
     into the folder before it is moved into place (the web page) and gives their names. Returns the check's numbers
     (relative logits differences; shares of sentences with the model's tokens; each variant's agreement)."""
     model_dir, folder = Path(model_dir), Path(output_dir)
-    unknown = sorted(set(quantize) - set(QUANTIZATIONS))
+    unknown = sorted(set(quantize) - set(VARIANT_SUFFIXES))
     if unknown:
-        raise OnnxExportError(f"--quantize {', '.join(unknown)}: choose among {', '.join(QUANTIZATIONS)}")
-    replacing = check_folders(model_dir, folder, overwrite)
+        raise OnnxExportError(f"--quantize {', '.join(unknown)}: choose among {', '.join(VARIANT_SUFFIXES)}")
+    replacing = check_onnx_folders(model_dir, folder, overwrite)
     model, tokenizer, generation, decoding = _load(model_dir)
     positions = model.config.max_position_embeddings  # translate_texts cuts longer sources to these
     batch = [
         ids[: positions - 1] + ids[-1:] if len(ids) > positions else ids
-        for ids in check_sentences(tokenizer, check_count)
+        for ids in sentences_to_check(tokenizer, check_count)
     ]
     summary = {}
 
@@ -255,7 +258,7 @@ def export_onnx(
         folder,
         write,
         replacing=replacing,
-        record=RECORD,
+        record=ONNX_EXPORT_RECORD,
         written_by=WRITTEN_BY,
         error=OnnxExportError,
         what="the ONNX export",

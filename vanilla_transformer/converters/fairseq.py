@@ -56,6 +56,22 @@ FAIRSEQ_ACTIVATIONS = {
     "gelu_fast": "gelu_new",
     "tanh": "tanh",
 }
+# what every fairseq transformer is, whatever its settings say: sinusoids (all sines, then all cosines) of fairseq's
+# frequencies counted from the position after the padding id, tied embeddings, no output bias, and FAIRSEQ_SPECIALS' ids
+FAIRSEQ_LAYOUT = {
+    "position_embedding_type": "sinusoidal",
+    "position_layout": "sin_cos",
+    "position_frequencies": "fairseq",
+    "position_offset": 2,
+    "lm_head_bias": False,
+    "tie_word_embeddings": True,
+    "layer_norm_eps": 1e-5,
+    "pad_token_id": 1,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "decoder_start_token_id": 2,
+    "forced_eos_token_id": 2,
+}
 LEGACY_NORMS = {
     "encoder": {"0": "self_attn_layer_norm", "1": "final_layer_norm"},
     "decoder": {"0": "self_attn_layer_norm", "1": "encoder_attn_layer_norm", "2": "final_layer_norm"},
@@ -112,10 +128,14 @@ INTEGER, NUMBER, TEXT = ("an integer", (int,)), ("a number", (int, float)), ("a 
 SETTING_TYPES = {
     **{f"{side}_{name}": INTEGER for side in ("encoder", "decoder") for name in ("embed_dim", "ffn_embed_dim")},
     **{f"{side}_{name}": INTEGER for side in ("encoder", "decoder") for name in ("layers", "attention_heads")},
-    "max_source_positions": INTEGER, "max_target_positions": INTEGER,
+    "max_source_positions": INTEGER,
+    "max_target_positions": INTEGER,
     **{name: NUMBER for name in ("dropout", "attention_dropout", "activation_dropout", "relu_dropout")},
-    "activation_fn": TEXT, "source_lang": TEXT, "target_lang": TEXT, "no_scale_embedding": ("true or false", (bool,)),
-}  # fmt: skip
+    "activation_fn": TEXT,
+    "source_lang": TEXT,
+    "target_lang": TEXT,
+    "no_scale_embedding": ("true or false", (bool,)),
+}
 
 
 def fairseq_settings(state: dict, path: Path) -> dict[str, Any]:
@@ -207,10 +227,14 @@ def fairseq_fields(
     count = lambda side: len({key.split(".")[2] for key in layers if key.startswith(f"{side}.layers.")})  # noqa: E731
     positions = max(settings.get(f"max_{side}_positions") or 1024 for side in ("source", "target"))
     fields = {
-        "vocab_size": embedding.shape[0], "d_model": embedding.shape[1], "encoder_layers": count("encoder"),
-        "decoder_layers": count("decoder"), "encoder_attention_heads": heads["encoder"],
-        "decoder_attention_heads": heads["decoder"], "max_position_embeddings": positions,
-    }  # fmt: skip
+        "vocab_size": embedding.shape[0],
+        "d_model": embedding.shape[1],
+        "encoder_layers": count("encoder"),
+        "decoder_layers": count("decoder"),
+        "encoder_attention_heads": heads["encoder"],
+        "decoder_attention_heads": heads["decoder"],
+        "max_position_embeddings": positions,
+    }
     for side in ("encoder", "decoder"):
         fc1 = layers.get(f"{side}.layers.0.fc1.weight")
         fields[f"{side}_ffn_dim"] = fc1.shape[0] if fc1 is not None else settings.get(f"{side}_ffn_embed_dim")
@@ -222,16 +246,17 @@ def fairseq_fields(
     if activation not in FAIRSEQ_ACTIVATIONS:
         problems.add(f"{where}: activation_fn is {activation!r}; the model has {', '.join(FAIRSEQ_ACTIVATIONS)}")
     dropouts = {
-        "dropout": settings.get("dropout", 0.1), "attention_dropout": settings.get("attention_dropout", 0.0),
+        "dropout": settings.get("dropout", 0.1),
+        "attention_dropout": settings.get("attention_dropout", 0.0),
         "activation_dropout": settings.get("activation_dropout") or settings.get("relu_dropout") or 0.0,
-    }  # fmt: skip
+    }
     return {
-        **fields, **dropouts, "activation_function": FAIRSEQ_ACTIVATIONS.get(activation),
-        "scale_embedding": not settings.get("no_scale_embedding", False), "position_embedding_type": "sinusoidal",
-        "position_layout": "sin_cos", "position_frequencies": "fairseq", "position_offset": 2, "lm_head_bias": False,
-        "tie_word_embeddings": True, "layer_norm_eps": 1e-5, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
-        "decoder_start_token_id": 2, "forced_eos_token_id": 2,
-    }  # fmt: skip
+        **fields,
+        **dropouts,
+        "activation_function": FAIRSEQ_ACTIVATIONS.get(activation),
+        "scale_embedding": not settings.get("no_scale_embedding", False),
+        **FAIRSEQ_LAYOUT,
+    }
 
 
 def dictionary_files(path: Path, dictionary, languages) -> list[Path]:
@@ -336,11 +361,19 @@ def fsmt_reference(fields: dict, layers: dict, embedding: torch.Tensor, language
 
     sizes = {name: fields[name] for name in SIZE_LIMITS if name != "vocab_size"}
     config = FSMTConfig(
-        langs=list(languages), src_vocab_size=fields["vocab_size"], tgt_vocab_size=fields["vocab_size"], **sizes,
-        activation_function=fields["activation_function"], scale_embedding=fields["scale_embedding"],
-        tie_word_embeddings=True, dropout=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        langs=list(languages),
+        src_vocab_size=fields["vocab_size"],
+        tgt_vocab_size=fields["vocab_size"],
+        **sizes,
+        activation_function=fields["activation_function"],
+        scale_embedding=fields["scale_embedding"],
+        tie_word_embeddings=True,
+        dropout=0.0,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
         decoder_start_token_id=2,
-    )  # fmt: skip
+    )
     reference = FSMTForConditionalGeneration(config).eval()
     state = {f"model.{name}": tensor for name, tensor in layers.items()}
     for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"):

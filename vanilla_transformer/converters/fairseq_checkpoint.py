@@ -41,16 +41,32 @@ class OmegaConfReference:
 
 
 OMEGACONF_CLASSES = (
-    "omegaconf.dictconfig.DictConfig", "omegaconf.listconfig.ListConfig", "omegaconf.base.Metadata",
-    "omegaconf.base.ContainerMetadata", "omegaconf.nodes.AnyNode", "omegaconf.nodes.StringNode",
-    "omegaconf.nodes.IntegerNode", "omegaconf.nodes.FloatNode", "omegaconf.nodes.BooleanNode",
-    "omegaconf.nodes.BytesNode", "omegaconf.nodes.PathNode", "omegaconf.nodes.InterpolationResultNode",
-)  # fmt: skip
+    "omegaconf.dictconfig.DictConfig",
+    "omegaconf.listconfig.ListConfig",
+    "omegaconf.base.Metadata",
+    "omegaconf.base.ContainerMetadata",
+    "omegaconf.nodes.AnyNode",
+    "omegaconf.nodes.StringNode",
+    "omegaconf.nodes.IntegerNode",
+    "omegaconf.nodes.FloatNode",
+    "omegaconf.nodes.BooleanNode",
+    "omegaconf.nodes.BytesNode",
+    "omegaconf.nodes.PathNode",
+    "omegaconf.nodes.InterpolationResultNode",
+)
 # the types their metadata names (ref_type, object_type, key_type, element_type) and its resolver cache
 OMEGACONF_REFERENCES = (
-    "typing.Any", "builtins.dict", "builtins.list", "builtins.str", "builtins.int", "builtins.float", "builtins.bool",
-    "builtins.bytes", "builtins.object", "collections.defaultdict",
-)  # fmt: skip
+    "typing.Any",
+    "builtins.dict",
+    "builtins.list",
+    "builtins.str",
+    "builtins.int",
+    "builtins.float",
+    "builtins.bool",
+    "builtins.bytes",
+    "builtins.object",
+    "collections.defaultdict",
+)
 OMEGACONF_STANDINS = [
     *((type(name.rpartition(".")[2], (OmegaConfState,), {}), name) for name in OMEGACONF_CLASSES),
     *((OmegaConfReference(name), name) for name in OMEGACONF_REFERENCES),

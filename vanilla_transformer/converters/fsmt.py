@@ -41,14 +41,28 @@ def read_fsmt(folder: Path, config: dict) -> Source:
     why = "FSMT's `tie_word_embeddings: false`, with embeddings or an output projection of their own"
     layers, embedding, decoder_embedding = reference_weights(reference, "sin_cos", "fairseq", pad + 1, why, separate)
     fields = hf_fields(
-        reference.config, vocab_size=sizes["vocab_size"], position_layout="sin_cos", position_frequencies="fairseq",
-        position_offset=pad + 1, lm_head_bias=False, share_encoder_decoder_embeddings=not separate,
+        reference.config,
+        vocab_size=sizes["vocab_size"],
+        position_layout="sin_cos",
+        position_frequencies="fairseq",
+        position_offset=pad + 1,
+        lm_head_bias=False,
+        share_encoder_decoder_embeddings=not separate,
         decoder_vocab_size=sizes.get("decoder_vocab_size"),
-    )  # fmt: skip
+    )
     return Source(
-        "FSMT", str(folder), fields, layers, embedding, tokenizer, reference, decoder_embedding=decoder_embedding,
-        decoding=source_decoding(reference), languages=(tokenizer.src_lang, tokenizer.tgt_lang), dtype=dtype,
-    )  # fmt: skip
+        "FSMT",
+        str(folder),
+        fields,
+        layers,
+        embedding,
+        tokenizer,
+        reference,
+        decoder_embedding=decoder_embedding,
+        decoding=source_decoding(reference),
+        languages=(tokenizer.src_lang, tokenizer.tgt_lang),
+        dtype=dtype,
+    )
 
 
 def fsmt_vocabularies_differ(folder: Path) -> bool:

@@ -43,17 +43,30 @@ def read_marian(folder: Path, config: dict) -> Source:
     layers, embedding, decoder_embedding = reference_weights(reference, "sin_cos", "paper", 0, why, separate)
     bias = reference.final_logits_bias.detach()[0]
     fields = hf_fields(
-        reference.config, vocab_size=reference.config.vocab_size, position_layout="sin_cos",
-        position_frequencies="paper", position_offset=0,
-        lm_head_bias=bool(bias.any()), share_encoder_decoder_embeddings=not separate,
+        reference.config,
+        vocab_size=reference.config.vocab_size,
+        position_layout="sin_cos",
+        position_frequencies="paper",
+        position_offset=0,
+        lm_head_bias=bool(bias.any()),
+        share_encoder_decoder_embeddings=not separate,
         decoder_vocab_size=reference.config.decoder_vocab_size if separate else None,
-    )  # fmt: skip
+    )
     languages = (tokenizer.init_kwargs.get("source_lang"), tokenizer.init_kwargs.get("target_lang"))
     return Source(
-        "Marian (OPUS-MT)", str(folder), fields, layers, embedding, tokenizer, reference,
-        logits_bias=bias if bias.any() else None, decoder_embedding=decoder_embedding,
-        decoding=source_decoding(reference), languages=languages, dtype=dtype,
-    )  # fmt: skip
+        "Marian (OPUS-MT)",
+        str(folder),
+        fields,
+        layers,
+        embedding,
+        tokenizer,
+        reference,
+        logits_bias=bias if bias.any() else None,
+        decoder_embedding=decoder_embedding,
+        decoding=source_decoding(reference),
+        languages=languages,
+        dtype=dtype,
+    )
 
 
 def check_marian_vocabulary(folder: Path, config: dict, separate: bool, problems: Problems) -> None:

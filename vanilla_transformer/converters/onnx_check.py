@@ -2,7 +2,7 @@
 
 On a batch of sentences, ONNX Runtime must give the model's logits (relative difference at most `RELATIVE`: the
 largest difference over the largest logit) through the no-past branch on whole prefixes and through the with-past
-branch step by step, and generate()'s greedy and beam-4 tokens through both. `check_export` raises
+branch step by step, and generate()'s greedy and beam-4 tokens through both. `check_onnx_export` raises
 `OnnxCheckError` with the numbers otherwise; `agreement` measures a quantized variant against float32.
 """
 
@@ -77,7 +77,7 @@ def reference_tokens(model, ids, mask, decoding: Decoding, max_new_tokens: int, 
     return rows(output, decoding.pad)
 
 
-def check_export(
+def check_onnx_export(
     model, folder: str | Path, batch: list[list[int]], decoding: Decoding, max_new_tokens: int = 20, name=None
 ):
     """Raise OnnxCheckError unless the export in `folder` gives `model`'s logits and tokens on `batch` (the module

@@ -1,5 +1,7 @@
 """Decoding over an ONNX export (`onnx_graphs.py`) with ONNX Runtime: greedy and beam search that give generate()'s
-tokens, for the export's check (`onnx_check.py`) and for `serving/onnx_backend.py`.
+tokens.
+
+They serve the export's check (`onnx_check.py`) and `serving/onnx_backend.py`.
 
 The search is the project's: beam search is `model/beam_search.py`'s state and update (`BeamState`, generate()'s beam
 search to the bit), fed the log-probabilities of the ONNX decoder; greedy search is generate()'s loop (the logits
@@ -18,7 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from vanilla_transformer.converters.onnx_graphs import DECODER, ENCODER, KINDS, past_names
+from vanilla_transformer.converters.onnx_graphs import DECODER, ENCODER, PAST_KINDS, past_names
 from vanilla_transformer.model.beam_search import BeamState
 
 # generate()'s settings that change which tokens come out, and the values with which they change nothing
@@ -170,7 +172,7 @@ def greedy(model: OnnxModel, input_ids, attention_mask, decoding: Decoding, max_
             return tokens
 
 
-def beam_search(model: OnnxModel, input_ids, attention_mask, decoding: Decoding, max_length: int, use_cache=True):
+def onnx_beam_search(model: OnnxModel, input_ids, attention_mask, decoding: Decoding, max_length: int, use_cache=True):
     """generate()'s beam search (model/beam_search.py's `BeamState`): each sentence's best sequence."""
     beams = decoding.num_beams
     hidden = np.repeat(model.encode(input_ids, attention_mask), beams, axis=0)
@@ -197,7 +199,8 @@ def beam_search(model: OnnxModel, input_ids, attention_mask, decoding: Decoding,
         order = state.advance(*candidates).numpy()
         if past is not None:  # the encoder's keys and values are the same in each beam of a sentence: kept as they are
             past = [
-                value[order] if KINDS[index % 4].startswith("decoder") else value for index, value in enumerate(past)
+                value[order] if PAST_KINDS[index % 4].startswith("decoder") else value
+                for index, value in enumerate(past)
             ]
         if state.done(candidates[3]):
             return state.sequences()
@@ -206,7 +209,7 @@ def beam_search(model: OnnxModel, input_ids, attention_mask, decoding: Decoding,
 
 def search(model: OnnxModel, input_ids, attention_mask, decoding: Decoding, max_length: int, use_cache=True):
     """The sequences of `decoding`'s search (beam or greedy) for a padded batch (numpy int64 ids and mask)."""
-    run = beam_search if decoding.num_beams > 1 else greedy
+    run = onnx_beam_search if decoding.num_beams > 1 else greedy
     return run(model, input_ids, attention_mask, decoding, max_length, use_cache)
 
 

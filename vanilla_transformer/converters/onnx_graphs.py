@@ -1,5 +1,7 @@
-"""The model as the ONNX graphs transformers.js runs for an encoder-decoder (the layout optimum writes for Marian):
-`encoder_model.onnx` and `decoder_model_merged.onnx`, made with torch's own exporter (`torch.onnx.export`).
+"""The model as the ONNX graphs transformers.js runs for an encoder-decoder: `encoder_model.onnx` and
+`decoder_model_merged.onnx`.
+
+The layout is the one optimum writes for Marian; the graphs are made with torch's own exporter (`torch.onnx.export`).
 
 The merged decoder is one graph for every decoding step. Its inputs are `input_ids`, `encoder_attention_mask`,
 `encoder_hidden_states`, `past_key_values.{i}.decoder.key|value` and `past_key_values.{i}.encoder.key|value`
@@ -29,12 +31,12 @@ OPSET = 18
 # the positions a sinusoidal model's graphs hold (the PyTorch model grows its table on demand): a source of the
 # model's positions (longer ones are cut to them) and its output, section 6.1's source + 50, after the start token
 EXTRA_ROWS = 51
-KINDS = ("decoder.key", "decoder.value", "encoder.key", "encoder.value")
+PAST_KINDS = ("decoder.key", "decoder.value", "encoder.key", "encoder.value")
 
 
 def past_names(layers: int, prefix: str = "past_key_values") -> list[str]:
     """The cache's names in transformers.js's order: each layer's decoder key, value, then encoder key, value."""
-    return [f"{prefix}.{layer}.{kind}" for layer in range(layers) for kind in KINDS]
+    return [f"{prefix}.{layer}.{kind}" for layer in range(layers) for kind in PAST_KINDS]
 
 
 class EncoderGraph(nn.Module):
@@ -164,11 +166,11 @@ def export_graphs(model, folder: Path) -> tuple[Path, Path, Path]:
     first = {**dynamic, "input_ids": {0: batch_dim, 1: target_dim}}
     _export(FirstStepGraph(model), (ids(batch, target), mask, hidden), names, outputs, first, paths[1])
     pasts = []
-    for kind in KINDS * layers:
+    for kind in PAST_KINDS * layers:
         length = past if kind.startswith("decoder") else source
         pasts.append(torch.randn(batch, heads, length, head_dim, generator=generator))
     following = {**dynamic, "input_ids": {0: batch_dim}}
-    for name, kind in zip(past_names(layers), KINDS * layers, strict=True):
+    for name, kind in zip(past_names(layers), PAST_KINDS * layers, strict=True):
         following[name] = {0: batch_dim, 2: past_dim if kind.startswith("decoder") else source_dim}
     _export(
         NextStepGraph(model),

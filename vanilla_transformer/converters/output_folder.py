@@ -7,10 +7,10 @@ import json
 from fnmatch import fnmatch
 from pathlib import Path
 
-from vanilla_transformer.converters.core import TOKENIZER_FILES, ConversionError
+from vanilla_transformer.converters.core import SOURCE_TOKENIZER_FILES, ConversionError
 from vanilla_transformer.mechanics.integrity import files_problem, record_files
 from vanilla_transformer.mechanics.names import UPLOADED_FILES, UPLOADED_PATTERNS
-from vanilla_transformer.mechanics.outputs import check_output_folder as check_output_folder_rule
+from vanilla_transformer.mechanics.outputs import check_output_folder
 from vanilla_transformer.model.loading import read_json_file
 
 WRITTEN_BY = "vanilla-transformer convert"
@@ -18,7 +18,7 @@ CONVERSION_RECORD = (
     ".vanilla_transformer_conversion.json"  # what a conversion wrote (never uploaded: not allow-listed)
 )
 # what a written folder holds
-CONVERTED_FILES = {*UPLOADED_FILES, *TOKENIZER_FILES, CONVERSION_RECORD}
+CONVERTED_FILES = {*UPLOADED_FILES, *SOURCE_TOKENIZER_FILES, CONVERSION_RECORD}
 
 
 def foreign_entries(folder: Path, prefix: str = "") -> list[str]:
@@ -63,12 +63,12 @@ def record_conversion(folder: Path) -> None:
     (folder / CONVERSION_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
-def check_output_folder(source: str | Path, output_dir: str | Path, overwrite: bool) -> bool:
+def check_conversion_folder(source: str | Path, output_dir: str | Path, overwrite: bool) -> bool:
     """The one output-folder rule (mechanics/outputs.py) for `convert`: never the source's folder, and with
     `overwrite`, a previous conversion and nothing else is replaced (a folder holding a checkpoint file is no previous
     conversion). ConversionError otherwise. True where a previous conversion will be replaced."""
     inputs = [("the source's folder", source)] if Path(source).is_dir() else []
-    return check_output_folder_rule(
+    return check_output_folder(
         output_dir,
         overwrite=overwrite,
         why_not_previous=why_not_a_conversion,

@@ -1,9 +1,10 @@
-"""A converted OPUS-MT folder's tokenizer (transformers' MarianTokenizer: source.spm, target.spm, vocab.json) as the
-one `tokenizer.json` that transformers.js and `tokenizers` read: a Unigram model over vocab.json's ids, scored by the
-source language's SentencePiece model and normalised as it normalises (transformers' SpmConverter builds that part),
-`</s>` appended. Pieces of vocab.json that the source model lacks (the target language's) get a score below any
-segmentation of the source model's own, so encoding never picks them. The result is checked to give the folder's
-ids on the check sentences, or refused.
+"""A converted OPUS-MT folder's tokenizer as the one `tokenizer.json` that transformers.js and `tokenizers` read.
+
+The folder's tokenizer is transformers' MarianTokenizer (source.spm, target.spm, vocab.json). The `tokenizer.json` is
+a Unigram model over vocab.json's ids, scored by the source language's SentencePiece model and normalised as it
+normalises (transformers' SpmConverter builds that part), `</s>` appended. Pieces of vocab.json that the source model
+lacks (the target language's) get a score below any segmentation of the source model's own, so encoding never picks
+them. The result is checked to give the folder's ids on the check sentences, or refused.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def marian_tokenizer_json(tokenizer, sentences: list[str], error: type[Exception
     return built
 
 
-def tokenizer_settings(tokenizer) -> dict:
+def converted_tokenizer_config(tokenizer) -> dict:
     """tokenizer_config.json for the converted tokenizer: its special tokens, length and languages."""
     return {
         "eos_token": tokenizer.eos_token,

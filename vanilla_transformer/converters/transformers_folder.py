@@ -1,6 +1,7 @@
-"""What Marian (marian.py) and FSMT (fsmt.py) folders share, both transformers models: the config fields that name an
-architecture other than the paper's, the sizes and fields of a config, the weights under fairseq's names, the model
-loaded as the reference, and the decoding settings a converted folder keeps.
+"""What the converters of Marian (marian.py) and FSMT (fsmt.py) folders share, both formats being transformers models.
+
+The config fields that name an architecture other than the paper's, the sizes and fields of a config, the weights
+under fairseq's names, the model loaded as the reference, and the decoding settings a converted folder keeps.
 """
 
 import pickle

@@ -1,11 +1,12 @@
-"""Reading a source's files, none of them trusted: each with a size limit, sizes checked before any model is built, and
-a Hub repository downloaded with only the files a conversion reads.
+"""Reading a source's files, none of them trusted: each read with a size limit, and sizes checked before any model is
+built.
 
-Config files, dictionaries, codes and tokenizer files are read with size limits (`read_bytes`; config files with `loading.read_json_file`); a
-config's sizes are checked before anything is allocated (`check_sizes`); Hub and folder weights load through
-transformers (safetensors, or torch.load with weights_only=True; `loading.load_model_folder` refuses weights that do
-not cover the config), fairseq checkpoints as fairseq.py says (torch.load with weights_only=True and only
-`argparse.Namespace` allowed). Nothing is ever unpickled beyond that, and no remote code runs.
+A Hub repository is downloaded with only the files a conversion reads. Config files, dictionaries, codes and tokenizer
+files are read with size limits (`read_bytes`; config files with `loading.read_json_file`); a config's sizes are
+checked before anything is allocated (`check_sizes`); Hub and folder weights load through transformers (safetensors,
+or torch.load with weights_only=True; `loading.load_model_folder` refuses weights that do not cover the config),
+fairseq checkpoints as fairseq.py says (torch.load with weights_only=True and only `argparse.Namespace` allowed).
+Nothing is ever unpickled beyond that, and no remote code runs.
 """
 
 import inspect
@@ -16,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from vanilla_transformer.converters.core import TOKENIZER_FILES, ConversionError, Problems
+from vanilla_transformer.converters.core import SOURCE_TOKENIZER_FILES, ConversionError, Problems
 from vanilla_transformer.model.loading import MAX_CONFIG_BYTES, MAX_LAYERS, ModelFolderError, check_model_sizes
 
 MAX_TEXT_BYTES = 64 * 2**20  # a dictionary, BPE codes, vocabulary or SentencePiece model: OPUS-MT's are ~1 MB
@@ -32,7 +33,7 @@ SIZE_LIMITS = {
     "decoder_ffn_dim": 2**18,
     "max_position_embeddings": 2**20,
 }
-HUB_FILES = ("config.json", "generation_config.json", "README.md", *TOKENIZER_FILES)
+HUB_FILES = ("config.json", "generation_config.json", "README.md", *SOURCE_TOKENIZER_FILES)
 CACHED_WEIGHTS = (
     "*.safetensors",
     "model.safetensors.index.json",
@@ -158,7 +159,7 @@ def check_no_link_leaves(folder: Path, allowed_root: Path | None = None) -> None
                 )
 
 
-def tokenizer_settings(tokenizer, settings: dict) -> dict:
+def known_tokenizer_settings(tokenizer, settings: dict) -> dict:
     """Of a source's tokenizer_config.json `settings` (which transformers' tokenizers write back whole, whatever keys
     they hold), those a tokenizer of its class takes: its own parameters and the base class's. Anything else (a key
     planted in a downloaded file) is not carried into the converted folder."""

@@ -288,7 +288,7 @@ def prepare_corpus(
 
     start = time.time()
     folder.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(folder, log)
+    remove_stale_preparations(folder, log)
     staging = folder.parent / f".incomplete-{folder.name}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     (staging / "raw").mkdir(parents=True)
 
@@ -356,7 +356,7 @@ def out_of_space(folder: Path) -> Callable[[BaseException], DataError]:
     )
 
 
-def remove_stale_staging(folder: Path, log=print) -> None:
+def remove_stale_preparations(folder: Path, log=print) -> None:
     """Delete what preparations of `folder` killed on this machine left behind (`kill -9`, a power cut): their
     staging folders (named after host and process id; another live process's is left alone, as are other
     machines') and damaged corpora moved aside."""

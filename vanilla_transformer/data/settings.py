@@ -1,6 +1,10 @@
 """What a training corpus is and how it is read, tokenized, filtered and streamed: the data's settings, each default
-stated once (the training flags read them). This module imports neither torch nor transformers, so that
-`vanilla-transformer train --help` and `prepare --help` answer at once."""
+stated once (the training flags read them).
+
+A field that is a flag of `vanilla-transformer train` and `prepare` declares it in its metadata (its help, the check
+of its value, `flag` where the flag is spelled otherwise: commands/flags.py's `add_settings_flags`). This module
+imports neither torch nor transformers, so that `vanilla-transformer train --help` and `prepare --help` answer at
+once."""
 
 from dataclasses import dataclass, field
 
@@ -15,19 +19,28 @@ class Corpus:
     line-aligned files `{split}.{lang}[.gz]` (`data_dir`), TSV or JSONL files per split, or else the embedded
     synthetic task; and which side is which."""
 
-    source_lang: str = "en"
-    target_lang: str = "de"
-    dataset_name: str | None = None
-    dataset_config: str | None = None
-    data_dir: str | None = None
-    train_file: str | None = None
-    validation_file: str | None = None
-    test_file: str | None = None
-    train_split: str = "train"  # the splits' names in the dataset or the folder
-    validation_split: str = "validation"
-    test_split: str = "test"
-    synthetic_pairs: int = 30000
-    synthetic_seed: int = 42
+    source_lang: str = field(default="en", metadata={"help": "the source language"})
+    target_lang: str = field(default="de", metadata={"help": "the target language"})
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "a Hub dataset with a `translation` column, e.g. wmt14 (online)"}
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "e.g. de-en"})
+    data_dir: str | None = field(
+        default=None, metadata={"help": "folder of line-aligned files {split}.{lang}[.gz], e.g. Multi30k"}
+    )
+    train_file: str | None = field(
+        default=None, metadata={"help": "a .tsv or .jsonl file of pairs (with --validation_file/--test_file)"}
+    )
+    validation_file: str | None = field(default=None, metadata={"help": None})
+    test_file: str | None = field(default=None, metadata={"help": None})
+    # the splits' names in the dataset or the folder
+    train_split: str = field(default="train", metadata={"help": None})
+    validation_split: str = field(default="validation", metadata={"help": None})
+    test_split: str = field(default="test", metadata={"help": None})
+    synthetic_pairs: int = field(
+        default=30000, metadata={"help": "size of the embedded task", "check": ("at_least", 10)}
+    )
+    synthetic_seed: int = 42  # --data_seed, TokenizerSettings.seed's flag (a test holds the two defaults equal)
 
     @property
     def is_embedded_task(self) -> bool:
@@ -45,10 +58,28 @@ class TokenizerSettings:
     """A given tokenizer (`name_or_path`), or the shared BPE (5.1) to train: its size, and the seeded sample of
     training pairs it learns from."""
 
-    name_or_path: str | None = None
-    vocab_size: int = 8000
-    sample_pairs: int = 1_000_000
-    seed: int = 42
+    name_or_path: str | None = field(
+        default=None, metadata={"flag": "tokenizer_name_or_path", "help": "an existing tokenizer; default: train one"}
+    )
+    vocab_size: int = field(
+        default=8000, metadata={"help": "shared BPE vocabulary (paper: 37000)", "check": ("at_least", 260)}
+    )
+    sample_pairs: int = field(
+        default=1_000_000,
+        metadata={
+            "flag": "tokenizer_train_pairs",
+            "help": "train the BPE on a seeded random sample of this many training pairs (all of them if fewer)",
+            "check": "positive_int",
+        },
+    )
+    seed: int = field(
+        default=42,  # and Corpus.synthetic_seed
+        metadata={
+            "flag": "data_seed",
+            "help": "the tokenizer's sample and the embedded task (not training's seed)",
+            "check": "non_negative_int",
+        },
+    )
 
     def load_given(self):
         """The given tokenizer, or None when one is to be trained: every path loads a given one here."""
@@ -62,8 +93,21 @@ class LengthFilter:
     """Which training pairs are kept, in tokens (`</s>` included): no side longer than `max_sentence_tokens`, no
     longer side more than `max_length_ratio` times the shorter one (None: no limit)."""
 
-    max_sentence_tokens: int | None = 256
-    max_length_ratio: float | None = None
+    max_sentence_tokens: int | None = field(
+        default=256,
+        metadata={
+            "help": "drop training pairs with a sentence (source or target) longer than this",
+            "check": ("at_least", 2),
+        },
+    )
+    max_length_ratio: float | None = field(
+        default=None,
+        metadata={
+            "help": "drop training pairs whose longer side has more than this many times the tokens of the shorter "
+            "one (corpus cleaning; e.g. 3 for WMT; default: off)",
+            "check": ("number_in", 1),
+        },
+    )
 
     def keep(self, source_lengths: np.ndarray, target_lengths: np.ndarray, report: DataReport) -> np.ndarray:
         """Mask of the pairs to keep; counts the dropped pairs in `report`."""
@@ -104,14 +148,35 @@ class DataSettings:
     corpus: Corpus = field(default_factory=Corpus)
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
     filters: LengthFilter = field(default_factory=LengthFilter)
-    prepared_data: str | None = None
-    cache_dir: str | None = None
-    num_workers: int | None = None  # processes that tokenize
+    prepared_data: str | None = field(
+        default=None,
+        metadata={"help": "a folder made by `vanilla-transformer prepare` (replaces the data flags)"},
+    )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "flag": "data_cache_dir",
+            "help": "where prepared corpora are cached (default: $HF_HOME/vanilla_transformer/prepared)",
+        },
+    )
+    num_workers: int | None = field(
+        default=None,
+        metadata={
+            "flag": "preprocessing_num_workers",
+            "help": "processes that tokenize (default: 1)",
+            "check": "positive_int",
+        },
+    )
 
 
 @dataclass(frozen=True)
 class StreamSettings:
     """How the stream is shuffled and cut into batches (per process)."""
 
-    shuffle_buffer_size: int = 100_000  # pairs
-    pool_batches: int = 100  # batches' worth of tokens sorted and cut together
+    shuffle_buffer_size: int = field(
+        default=100_000, metadata={"help": "pairs in the shuffle buffer", "check": "positive_int"}
+    )
+    pool_batches: int = field(  # batches' worth of tokens
+        default=100,
+        metadata={"flag": "stream_pool_batches", "help": "batches sorted and cut together", "check": "positive_int"},
+    )

@@ -168,7 +168,7 @@ def pooled_token_batches(examples: Iterable[dict], max_tokens: int, pool_batches
             yield [pool[index] for index in batch]
 
 
-def training_data_fingerprint(settings: DataSettings) -> dict:
+def streamed_data_fingerprint(settings: DataSettings) -> dict:
     """What a run resumed from a checkpoint must stream to continue it (compared on resume): where the training pairs
     come from (file names and sizes, the Hub dataset, or the embedded task) and the filters. The pairs themselves are
     not read: a file edited to the same size goes unnoticed."""

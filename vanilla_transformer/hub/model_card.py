@@ -1,5 +1,7 @@
-"""The model card: the README.md of a model folder, rendered from the package's template (model_card.md) with
-the model's architecture, the run's data and recipe, and the measured scores (with the Hub's `model-index`)."""
+"""The model card: the README.md of a model folder, rendered from the package's template (model_card.md).
+
+It gives the model's architecture, the run's data and recipe, and the measured scores (with the Hub's
+`model-index`)."""
 
 import json
 from importlib import resources

@@ -19,7 +19,7 @@ it: the folder's custom_generate/generate.py (for a Hub user's generate()), the 
 
 `files_to_upload` is the model repository's part of a folder (an allow-list: a training run's checkpoints, logs and
 hypotheses, a `.env` stay local), as regular files inside the folder: a symbolic link under one of these names is
-never followed (it could send a file from anywhere, a token say). `check_model_folder` names what keeps a folder from
+never followed (it could send a file from anywhere, a token say). `hub_folder_problems` names what keeps a folder from
 working on the Hub, each file checked to be what its name says: JSON, safetensors (its header), Python, the card's YAML
 front matter.
 """
@@ -44,11 +44,11 @@ from vanilla_transformer.mechanics.files import (
 from vanilla_transformer.mechanics.names import (
     CUSTOM_GENERATE,
     REQUIRED_FILES,
-    TOKENIZER_FILES,
+    TOKENIZER_FILES_BY_CLASS,
     UPLOADED_FILES,
     UPLOADED_PATTERNS,
 )
-from vanilla_transformer.model.registration import register
+from vanilla_transformer.model.registration import register_model
 
 BEAM_ONLY = ("length_penalty", "early_stopping")
 # what `from_pretrained` records of the machine that loaded a tokenizer, and `save_pretrained` writes back
@@ -84,7 +84,7 @@ def save_model_folder(
     # the model classes that save_pretrained knows (AutoConfig, AutoModelForSeq2SeqLM) and the encoder-decoder without
     # its head.
     model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), "AutoModel": BASE_MODEL}
-    register()  # the pipeline's registration is what save_pretrained writes as `custom_pipelines`
+    register_model()  # the pipeline's registration is what save_pretrained writes as `custom_pipelines`
     translator = VanillaTransformerTranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
     translator.save_pretrained(output_dir)
     give_umask_modes(output_dir.glob("*.safetensors"))  # written 0600 by safetensors; 0644 as every other file
@@ -139,7 +139,7 @@ def paper_generation_config(config, **decoding) -> GenerationConfig:
     )
 
 
-def check_model_folder(folder: str | Path) -> list[str]:
+def hub_folder_problems(folder: str | Path) -> list[str]:
     """The problems that keep `folder` from working on the Hub (missing files or config entries, a symbolic link
     where an uploaded file goes, a file that is not what its name says); [] if none."""
     folder = Path(folder)
@@ -162,13 +162,13 @@ def check_model_folder(folder: str | Path) -> list[str]:
 
 
 def tokenizer_files(folder: Path) -> tuple[str, ...]:
-    """The files the tokenizer class that the folder's tokenizer_config.json names reads (TOKENIZER_FILES); the
-    project's own, tokenizer.json, for any other class."""
+    """The files the tokenizer class that the folder's tokenizer_config.json names reads (TOKENIZER_FILES_BY_CLASS);
+    the project's own, tokenizer.json, for any other class."""
     try:
         tokenizer_class = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))["tokenizer_class"]
     except (OSError, ValueError, KeyError, TypeError):
         tokenizer_class = None
-    return TOKENIZER_FILES.get(tokenizer_class, TOKENIZER_FILES["PreTrainedTokenizerFast"])
+    return TOKENIZER_FILES_BY_CLASS.get(tokenizer_class, TOKENIZER_FILES_BY_CLASS["PreTrainedTokenizerFast"])
 
 
 def _uploaded_links(folder: Path) -> list[str]:
@@ -203,7 +203,7 @@ def files_to_upload(folder: str | Path) -> list[str]:
     """The model repository's files in `folder`, by an allow-list (never "everything but"): the weights, the configs,
     the tokenizer, the Hub-facing code and the card. Logs, results, hypotheses, checkpoints, notes, secrets (`.env`)
     and subfolders (the demo's Space, `vanilla_transformer.serving.space`) stay local, whatever else the folder holds. Only
-    regular files inside the folder: a symbolic link is never followed (`check_model_folder` names it)."""
+    regular files inside the folder: a symbolic link is never followed (`hub_folder_problems` names it)."""
     folder = Path(folder)
     names = list(UPLOADED_FILES)
     names += sorted(path.name for pattern in UPLOADED_PATTERNS for path in folder.glob(pattern))

@@ -79,7 +79,7 @@ class RefreshError(VanillaTransformerError):
     """The folder is not a model folder of this project, or its refreshed code does not decode as it should."""
 
 
-def check_folder(folder: Path) -> dict:
+def check_refresh_target(folder: Path) -> dict:
     """config.json's content, once the folder is known to be a model folder of this project that we may write (the
     one output-folder rule, mechanics/outputs.py, for a folder replaced in place)."""
     if not folder.is_dir() and not folder.is_symlink():
@@ -127,7 +127,7 @@ def decode(model, tokenizer, use_cache: bool = True) -> list[list[int]]:
 def refresh(folder: str | Path) -> tuple[Path, list[str]]:
     """Refresh the folder (the module docstring); return the backup folder and what was changed besides the code."""
     folder = Path(folder)
-    config = check_folder(folder)
+    config = check_refresh_target(folder)
     try:
         check_folder_sizes(folder)  # what loading it would allocate, before anything is written
     except ModelFolderError as error:

@@ -1,13 +1,16 @@
-"""Upload a model folder to the Hub: exactly its model repository's files (`model_folder.files_to_upload`, an
-allow-list of regular files inside the folder, never a symbolic link), after `model_folder.check_model_folder` found
-nothing wrong; every failed Hub call explained in one paragraph (`hub_failure`)."""
+"""Upload a model folder to the Hub: exactly its model repository's files, once the folder's checks find nothing
+wrong.
+
+The files are `model_folder.files_to_upload`, an allow-list of regular files inside the folder, never a symbolic
+link; the checks are `model_folder.hub_folder_problems`. Every failed Hub call is explained in one paragraph
+(`hub_failure`)."""
 
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, HfApi
 
 from vanilla_transformer.hub.model_card import MODEL_ID_PLACEHOLDER
-from vanilla_transformer.hub.model_folder import check_model_folder, files_to_upload
+from vanilla_transformer.hub.model_folder import files_to_upload, hub_folder_problems
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import replace_file
 from vanilla_transformer.mechanics.names import COMMIT_MESSAGE
@@ -18,7 +21,7 @@ class HubUploadError(VanillaTransformerError, RuntimeError):
 
 
 class FolderNotReadyError(HubUploadError, ValueError):
-    """A folder refused before any upload (`check_model_folder`'s problems); nothing was uploaded or changed."""
+    """A folder refused before any upload (`hub_folder_problems`'s problems); nothing was uploaded or changed."""
 
 
 def push_folder_to_hub(
@@ -35,7 +38,7 @@ def push_folder_to_hub(
     naming them, before any Hub call. Offline, unreachable or refused: a HubUploadError that says so, with nothing
     changed locally."""
     folder = Path(folder)
-    problems = check_model_folder(folder)
+    problems = hub_folder_problems(folder)
     if problems:
         raise FolderNotReadyError(f"{folder} is not ready for the Hub:\n- " + "\n- ".join(problems))
     names = files_to_upload(folder)

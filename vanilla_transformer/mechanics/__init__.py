@@ -1,2 +1,4 @@
-"""File and process mechanics: files written inside a folder and never through a link, staged writes, a full disk,
-the folder lock, recorded checksums, a barrier between processes, the shared file names."""
+"""File and process mechanics: how files and folders are written safely, and how processes share them.
+
+Files written inside a folder and never through a link, staged writes, a full disk, the folder lock, recorded
+checksums, a barrier between processes, the shared file names."""

@@ -4,16 +4,17 @@ generate() allocates large tensors at every step (the logits over the vocabulary
 reordered key/value caches) and frees them a step later. glibc's malloc serves an allocation over its mmap threshold
 (128 KiB, rising with use to 32 MiB at most) with fresh pages from the kernel and unmaps them on free, so every step
 faults that memory in again. At the OPUS-MT size (58,101-token vocabulary) and beam 4, the logits of a batch past
-about 32 sentences are over 32 MiB: on 2 CPU threads, 64 sentences took 17.5 s where 32 took 5.4 (a third of it in
-`index_select` on fresh caches), so larger batches ran slower per token, not faster. `keep_freed_memory` asks glibc
-to serve allocations of any size from the heap and to keep what is freed there for the next step, as CTranslate2's
-own allocator does: 64 sentences then take 10.5 s (docs/BENCHMARKS.md).
+about 32 sentences are over 32 MiB, so larger batches run slower per token, not faster: on 2 CPU threads a batch of
+64 sentences takes 17.5 s where one of 32 takes 5.4 (a third of it in `index_select` on fresh caches).
+`keep_freed_memory` asks glibc to serve allocations of any size from the heap and to keep what is freed there for the
+next step, as CTranslate2's own allocator does: the batch of 64 then takes 10.5 s, and the translate command at
+--max_tokens 8000 runs 1.11-1.15x faster (docs/BENCHMARKS.md, "Translating a corpus").
 
 The cost is memory. Blocks freed at one step do not always fit the next step's sizes (a cache grows a position a
-step, and small allocations split large free blocks), so the peak grows somewhat (1.43 against 1.32-1.39 GB for the
-translate command at --max_tokens 8000 at that size), and the process's memory no longer shrinks after a peak. The
-translate command's model backend calls it for its own process; the library never changes a process it does not own.
-Elsewhere than glibc (macOS, musl), or where the user set malloc's settings, it does nothing.
+step, and small allocations split large free blocks), so the peak grows somewhat (up to 0.1 GB for the translate
+command at --max_tokens 8000 at that size, the same row), and the process's memory no longer shrinks after a peak.
+The translate command's model backend calls it for its own process; the library never changes a process it does not
+own. Elsewhere than glibc (macOS, musl), or where the user set malloc's settings, it does nothing.
 """
 
 import ctypes

@@ -17,7 +17,7 @@ RETIRED_CODE_FILES = ("fast_paths_vanilla_transformer.py",)
 WEIGHTS_NAME = "model.safetensors"
 # a tokenizer's vocabulary and rules, as the tokenizer class that a folder names writes them: `tokenizers`' file (the
 # project's own tokenizer), MarianTokenizer's (converted OPUS-MT models), FSMTTokenizer's (converted fairseq and FSMT)
-TOKENIZER_FILES = {
+TOKENIZER_FILES_BY_CLASS = {
     "PreTrainedTokenizerFast": ("tokenizer.json",),
     "MarianTokenizer": ("source.spm", "target.spm", "vocab.json"),
     "FSMTTokenizer": ("vocab-src.json", "vocab-tgt.json", "merges.txt"),
@@ -34,7 +34,7 @@ REQUIRED_FILES = (
 # what an upload sends: exactly these names where present, plus the weights' shards (UPLOADED_PATTERNS)
 UPLOADED_FILES = (
     *REQUIRED_FILES,
-    *dict.fromkeys(name for names in TOKENIZER_FILES.values() for name in names),
+    *dict.fromkeys(name for names in TOKENIZER_FILES_BY_CLASS.values() for name in names),
     "target_vocab.json",  # MarianTokenizer's, with separate vocabularies
     WEIGHTS_NAME,
     "model.safetensors.index.json",

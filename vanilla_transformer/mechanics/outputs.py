@@ -1,13 +1,14 @@
-"""The one rule for the folder a command writes its result into (`convert`, `export-ctranslate2`, `space`,
-`refresh-code`, `paper-figures`, `attention-maps`, `prepare`, `sweep`, and `train`'s --output_dir), so that no command
-loses a user's work (tests/test_output_rule.py finds the commands that write from their parsers):
+"""The one rule for the folder a command writes its result into, so that no command loses a user's work.
+
+It holds for `convert`, `export-ctranslate2`, `space`, `refresh-code`, `paper-figures`, `attention-maps`, `prepare`,
+`sweep`, and `train`'s --output_dir (tests/test_output_rule.py finds the commands that write from their parsers):
 
 1. the folder is none of the command's inputs, is inside none and holds none: replacing it can never take an input;
 2. it is written directly: a symbolic link or a file where the folder goes is refused;
 3. a new or empty folder is written; one that holds anything is refused, unless the user gave `--overwrite` and the
    folder holds a previous output of the same command, and nothing that command would write over but what it wrote
-   (the command's own `why_not_previous` says what else is there). A command that always replaces its folder in place (`refresh-code`) has no flag: the folder must be
-   one it may replace.
+   (the command's own `why_not_previous` says what else is there). A command that always replaces its folder in
+   place (`refresh-code`) has no flag: the folder must be one it may replace.
 
 Every refusal comes before anything is written and names the folder, what is wrong and what to do. A command that
 knows its previous output by a record of the files it wrote (`paper-figures`, `attention-maps`) writes through
@@ -48,9 +49,9 @@ def check_output_folder(
     """Apply the rule (the module docstring) to `folder`; raise `error` if it may not be written. `previous` names a
     previous output in words ("a previous conversion"); `inputs` are (what, path) pairs ("the source's folder",
     path); `flag` None: the command always replaces the folder (`overwrite` True); `ignore`: names of the command's
-    own bookkeeping (fnmatch patterns), which do not make a folder non-empty. True if the folder holds a previous output that will be
-    replaced, False if it is new or empty. Whether the folder is a previous output is asked first, so that a refusal
-    without `overwrite` says whether the flag would help."""
+    own bookkeeping (fnmatch patterns), which do not make a folder non-empty. True if the folder holds a previous
+    output that will be replaced, False if it is new or empty. Whether the folder is a previous output is asked first,
+    so that a refusal without `overwrite` says whether the flag would help."""
     if not str(folder).strip():  # Path("") is the current folder
         raise error("the output folder's name is empty: give the folder to write")
     path = Path(folder)

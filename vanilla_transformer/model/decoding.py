@@ -1,7 +1,8 @@
-"""`ModelBackend`: translation of batches of source token ids through a model's `generate()`, the one decoding
-under the translate command, the demo, `translate_sentences` (all through `serving/batches.translate_texts`, which
-batches texts by tokens and cuts what is too long) and the training's evaluation (which batches a prepared corpus
-itself, the same batches on every process).
+"""`ModelBackend`: translation of batches of source token ids through a model's `generate()`.
+
+It is the one decoding under the translate command, the demo, `translate_sentences` (all through
+`serving/batches.translate_texts`, which batches texts by tokens and cuts what is too long) and the training's
+evaluation (which batches a prepared corpus itself, the same batches on every process).
 """
 
 import copy
@@ -30,8 +31,10 @@ DECODING_ATTENTION = [
 # Batches decoded at once on a CPU by a backend given 2 threads or more, each by a worker of its share of the threads.
 # A decoder step is some 200 small operations: while one worker spends its Python, transformers' and torch's dispatch
 # time on them (about 11 ms a step at the OPUS-MT size, 72 rows), the other's products use the second core. On 2
-# cores, 2 workers of one thread gave 1.11-1.24x one worker of two threads, the same text (docs/BENCHMARKS.md). More
-# workers were not measured: each adds a batch's memory and another thread taking Python's lock.
+# cores, at the OPUS-MT size, 2 workers of one thread decode 1.14-1.18x as fast as one worker of two threads (1.17x on
+# the translate command; other model sizes 1.07-1.39x, a tiny model 0.96x), the same text (docs/BENCHMARKS.md,
+# "Translating a corpus"). A third worker gains nothing there, and each adds a batch's memory and another thread
+# taking Python's lock.
 CPU_WORKERS = 2
 
 

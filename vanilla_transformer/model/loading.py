@@ -1,5 +1,7 @@
-"""Loading a saved model folder: `load_model_folder`, the one way the library and its commands (translate, the demo,
-attention-maps, export-ctranslate2, --evaluate_only) build a model from a folder's weights.
+"""Loading a saved model folder: `load_model_folder`, the one way the library and its commands build a model from a
+folder's weights.
+
+Its callers include translate, the demo, attention-maps, export-ctranslate2 and --evaluate_only.
 
 transformers builds the model its config.json describes and fills it from the weights; a tensor the config asks for
 but the weights lack (a config with one layer more than was saved) is initialised at random, and one the weights hold
@@ -17,7 +19,7 @@ from configuration_vanilla_transformer import VanillaTransformerConfig
 from pipeline_vanilla_transformer import MAX_BEAMS, MAX_OUTPUT_TOKENS
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.names import WEIGHTS_NAME
-from vanilla_transformer.model.registration import register
+from vanilla_transformer.model.registration import register_model
 from vanilla_transformer.model.upgrade import has_fused_projections
 
 MAX_KEYS_NAMED = 5
@@ -39,7 +41,7 @@ def load_model_folder(folder: str | Path, model_class=None, **from_pretrained_kw
     """The model saved in `folder` (`model_class.from_pretrained`, AutoModelForSeq2SeqLM by default, with
     `from_pretrained_kwargs`), or ModelFolderError naming the keys its weights lack or hold beyond its config.json."""
     check_folder_sizes(Path(folder))
-    register()
+    register_model()
     if model_class is None:
         from transformers import AutoModelForSeq2SeqLM as model_class
     model, info = model_class.from_pretrained(folder, output_loading_info=True, **from_pretrained_kwargs)
@@ -214,7 +216,7 @@ def check_model_sizes(config_path: Path, config: dict) -> None:
 
 def check_weights_headers(folder: Path) -> None:
     """Refuse a .safetensors file whose header (JSON, read whole by any loader before a tensor) is over
-    MAX_WEIGHTS_HEADER_BYTES, from its first 8 bytes: an 87 MB header took 1.75 GB and 199 s to load."""
+    MAX_WEIGHTS_HEADER_BYTES, from its first 8 bytes: an 87 MB header takes 1.75 GB and 199 s to load."""
     for path in sorted(folder.glob("*.safetensors")):
         if not path.is_file():
             continue

@@ -1,11 +1,12 @@
 """oneDNN's linear kernel for the project's own inference (translate, the demo, attention maps, `--evaluate_only`).
 
 In float32 on CPU, `nn.Linear` multiplies with MKL's sgemm; oneDNN, in every CPU build of torch, computes the same
-products faster on some CPUs, most of all the few-row products of generation (on this project's AMD EPYC machines
-1.1-1.8x the tokens per second of the plain model: docs/BENCHMARKS.md). It is reached only through a private torch
-op, so it stays out of the model's file, which every Hub user runs: the library switches it on for the models its
-commands load (`use_onednn_linears`), where it pays, and the model itself stays plain `nn.Linear`s, as transformers
-and its tools (quantizers, peft) expect.
+products faster on some CPUs, most of all the few-row products of generation: on this project's AMD EPYC machines
+the commands' model gives 1.19-1.40x (small) and 1.73-2.01x (base) the tokens per second of MarianMTModel, which the
+plain model matches, and on another machine 0.73-0.87x (docs/BENCHMARKS.md, "Generation speed"). It is reached only
+through a private torch op, so it stays out of the model's file, which every Hub user runs: the library switches it
+on for the models its commands load (`use_onednn_linears`), where it pays, and the model itself stays plain
+`nn.Linear`s, as transformers and its tools (quantizers, peft) expect.
 
 `use_onednn_linears(model)` turns each plain `nn.Linear` of `model` into a `OneDNNLinear`, the same layer (the same
 parameters, hooks and state) whose class computes float32 inference on CPU through oneDNN and everything else (a
@@ -13,12 +14,12 @@ gradient, bf16, autocast, a GPU, torch.compile, a quantizer's tensor) as `nn.Lin
 fails, `F.linear` runs from then on. `plain_linears(model)` turns them back.
 
 Each such layer also keeps its weight in oneDNN's own blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, as
-torch's inductor does for frozen graphs), laid out on first use and again when the weight changes: one more copy of
-the linear weights in memory (at the OPUS-MT size about 280 MB), for products that are the same to the bit as with
-the plain weight (tried at 1-39, 63-65, 100-1000 rows; one row, the only count where the bits differ, keeps the plain
-weight) and, on the Intel Xeon of 2026-11-28 (family 6 model 207), 1.1-1.5x faster at the 16-120 rows of a beam-4
-step, since oneDNN no longer reorders the weight at every call (the whole translation: 1.14x in one measurement, 1.01x
-in the next, docs/BENCHMARKS.md; to be settled, and the copy dropped if the gain does not hold).
+torch's inductor does for frozen graphs), laid out on first use and again when the weight changes, so that oneDNN no
+longer reorders the weight at every call. The products are the same to the bit as with the plain weight (tried at
+1-39, 63-65, 100-1000 rows; one row, the only count where the bits differ, keeps the plain weight) and 1.1-1.6x
+faster at 16-128 rows, the rows of a beam-4 step (docs/BENCHMARKS.md, "Generation speed"). The cost is one more copy
+of the linear weights in memory (about 280 MB of weights at the OPUS-MT size, ~230 MB measured), kept for the gain
+on a whole translation at that size: 1.09x, every round agreeing (docs/BENCHMARKS.md, "Translating a corpus").
 """
 
 import torch

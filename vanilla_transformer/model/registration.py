@@ -1,5 +1,7 @@
-"""The model type `vanilla_transformer` made known to transformers in this process (`vanilla_transformer.register()`):
-its config, its two model classes under the Auto classes, and its "translation" pipeline."""
+"""The model type `vanilla_transformer` made known to transformers in this process (`vanilla_transformer.register()`).
+
+`register_model` registers its config, its two model classes under the Auto classes, and its "translation"
+pipeline, once a process."""
 
 import functools
 
@@ -12,7 +14,7 @@ from pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
 
 
 @functools.cache
-def register() -> None:
+def register_model() -> None:
     """Register once per process; a second call does nothing."""
     AutoConfig.register(VanillaTransformerConfig.model_type, VanillaTransformerConfig, exist_ok=True)
     AutoModel.register(VanillaTransformerConfig, VanillaTransformerModel, exist_ok=True)

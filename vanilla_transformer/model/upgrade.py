@@ -1,12 +1,13 @@
-"""Formats of earlier releases, upgraded in one place: the library reads old checkpoints through this module, and
-`vanilla-transformer refresh-code` rewrites an old model folder with it. The Hub-facing files know the current
-format only.
+"""Formats of earlier releases, upgraded in one place, so that the Hub-facing files know the current format only.
+
+The library reads old checkpoints through this module, and `vanilla-transformer refresh-code` rewrites an old model
+folder with it.
 
 What changed, and what this module converts:
-- Until the projections became separate layers, self-attention's W^Q, W^K, W^V were one layer `qkv_proj` (rows q, k, v) and encoder-decoder
-  attention's W^K, W^V one layer `kv_proj` (rows k, v): their weights and biases are split by rows into the separate
-  `q_proj`, `k_proj`, `v_proj` (`split_fused_projections`), and Adam's state, which followed the old parameter order,
-  the same way (`split_fused_optimizer_state`).
+- Until the projections became separate layers, self-attention's W^Q, W^K, W^V were one layer `qkv_proj` (rows q,
+  k, v) and encoder-decoder attention's W^K, W^V one layer `kv_proj` (rows k, v): their weights and biases are split
+  by rows into the separate `q_proj`, `k_proj`, `v_proj` (`split_fused_projections`), and Adam's state, which
+  followed the old parameter order, the same way (`split_fused_optimizer_state`).
 - config.json fields that were speed switches or training settings, not what the model is (OBSOLETE_CONFIG_FIELDS),
   are dropped; the fields added since (ADDED_CONFIG_FIELDS) get the values every earlier model had.
 """

@@ -1,5 +1,6 @@
-"""The paper's equations and figures drawn from the numbers `measurements.py` computes, one PNG an item, each with the
-paragraph of `index.md` that ties it to the paper's section and to the code that computed it.
+"""The paper's equations and figures drawn from the numbers `measurements.py` computes, one PNG an item.
+
+Each comes with the paragraph of `index.md` that ties it to the paper's section and to the code that computed it.
 
 Drawn with matplotlib's Figure (no pyplot, no display), as the attention maps are; the attention grids are theirs
 (`serving/attention_maps.py`). `--model` changes the model-dependent figures only (attention, beam search); the others
@@ -153,8 +154,11 @@ def learning_rate() -> tuple[object, Item]:
         linestyle=":",
         label=f"warmup_steps = {measurements.PAPER_WARMUP_STEPS}",
     )
-    ax.set(xlabel="training step", ylabel="learning rate", title="Equation 3: d_model^-0.5 · min(step^-0.5, "
-           "step · warmup^-1.5)")  # fmt: skip
+    ax.set(
+        xlabel="training step",
+        ylabel="learning rate",
+        title="Equation 3: d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)",
+    )
     ax.legend()
     base = values["base"]
     return figure, Item(
@@ -300,7 +304,7 @@ def attention_maps(
     return drawn
 
 
-def beam_search(
+def beam_search_table(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: str, note: str, steps: int = 5
 ) -> tuple[object, Item]:
     beams = measurements.beam_steps(model, tokenizer, source, steps)
@@ -370,7 +374,7 @@ def all_figures(
         lambda: [label_smoothing()],
         lambda: [complexity()],
         lambda: attention_maps(model, tokenizer, source, target, layer, note),
-        lambda: [beam_search(model, tokenizer, source, note)],
+        lambda: [beam_search_table(model, tokenizer, source, note)],
     ]
 
 

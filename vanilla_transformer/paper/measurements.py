@@ -1,6 +1,8 @@
-"""The numbers behind each figure of the paper, computed by the code that runs: the model file's position table,
-attention and masks, the training's schedule and loss, and transformers' beam search through the model's
-`generate()`. Nothing here restates an equation; each function runs the project's own code and measures it.
+"""The numbers behind each figure of the paper, computed by the code that runs.
+
+That code is the model file's position table, attention and masks, the training's schedule and loss, and
+transformers' beam search through the model's `generate()`. Nothing here restates an equation; each function runs
+the project's own code and measures it.
 """
 
 import statistics

@@ -1,6 +1,6 @@
 """Where `vanilla-transformer paper-figures` writes: a new or empty folder, or with --overwrite a previous output of
-the command and nothing else (the one rule, `mechanics/outputs.py`). `RECORD` lists every file it wrote with its size
-and sha256, so that only those, unchanged since, are ever replaced. The figures are drawn into a new folder beside it
+the command and nothing else (the one rule, `mechanics/outputs.py`). `PAPER_FIGURES_RECORD` lists every file it
+wrote with its size and sha256, so that only those, unchanged since, are ever replaced. The figures are drawn into a new folder beside it
 and moved into place when complete: a full disk, or a folder that may not be written, is one error that names the
 folder and what to do, and leaves it as it was (a previous output whole, for the same command to replace)."""
 
@@ -10,7 +10,7 @@ from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.outputs import check_output_folder, why_not_recorded, write_recorded_folder
 
 WRITTEN_BY = "vanilla-transformer paper-figures"
-RECORD = ".vanilla_transformer_paper_figures.json"
+PAPER_FIGURES_RECORD = ".vanilla_transformer_paper_figures.json"
 
 
 class PaperFiguresError(VanillaTransformerError, ValueError):
@@ -20,10 +20,10 @@ class PaperFiguresError(VanillaTransformerError, ValueError):
 def why_not_paper_figures(folder: Path) -> str | None:
     """None if `folder` holds a previous paper-figures output (its record, every listed file unchanged, nothing
     else); else why not."""
-    return why_not_recorded(folder, RECORD, WRITTEN_BY)
+    return why_not_recorded(folder, PAPER_FIGURES_RECORD, WRITTEN_BY)
 
 
-def check_folder(folder: Path, overwrite: bool, inputs=()) -> bool:
+def check_figures_folder(folder: Path, overwrite: bool, inputs=()) -> bool:
     """Check `folder` by the rule; True if it holds a previous output that `overwrite` replaces."""
     return check_output_folder(
         folder,
@@ -35,7 +35,7 @@ def check_folder(folder: Path, overwrite: bool, inputs=()) -> bool:
     )
 
 
-def check_sentences(model, tokenizer, source: str | None, target: str | None, dpi: int) -> None:
+def check_sentence_lengths(model, tokenizer, source: str | None, target: str | None, dpi: int) -> None:
     """Before anything is computed or written: a `source` or `target` longer than the model's positions (the
     demonstration model's without `model`), or whose attention pictures would pass attention-maps' limit, is
     refused by name."""
@@ -82,14 +82,14 @@ def write_paper_figures(
             raise PaperFiguresError(f"--layer {layer}: the model has {layers} layers (give 1 to {layers}, or -1)")
     from vanilla_transformer.paper.figures import write_figures
 
-    check_sentences(model, tokenizer, source, target, dpi)
-    replacing = check_folder(folder, overwrite, inputs)
+    check_sentence_lengths(model, tokenizer, source, target, dpi)
+    replacing = check_figures_folder(folder, overwrite, inputs)
     layer = layer - 1 if layer > 0 else layer
     names = write_recorded_folder(
         folder,
         lambda staging: write_figures(staging, model, tokenizer, source, target, layer, dpi),
         replacing=replacing,
-        record=RECORD,
+        record=PAPER_FIGURES_RECORD,
         written_by=WRITTEN_BY,
         error=PaperFiguresError,
         what="the figures",

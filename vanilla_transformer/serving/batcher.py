@@ -1,13 +1,13 @@
-"""The server's queue: the sentences of every request in one queue a model, translated in token-budget batches (as
-`translate` batches a chunk) by worker threads, each request's translations given back in its order.
+"""The server's queue of sentences, one a model, decoded by worker threads in token-budget batches across requests.
+
+Each request's translations come back in its order; a batch is cut as `translate` cuts a chunk.
 
 A batch is the oldest sentence waiting and, of those with the same decoding options, the closest to its length, while
 `n * longest * beams <= max_tokens` (`batches.token_batches`' budget, padding counted) and, where given,
-`n <= max_sentences`. A free worker forms one as soon
-as it is full or its oldest sentence has waited `max_wait` seconds, and at once when the last batch held one request:
-a batch waits for company only while requests arrive together, so a lone client is never held back, and a lone
-request on a server that has not decoded yet waits no longer than `max_wait`. The oldest is in every batch, which
-keeps every wait bounded. `across_requests=False` batches each request alone (what LibreTranslate and the FastAPI
+`n <= max_sentences`. A free worker forms one as soon as it is full or its oldest sentence has waited `max_wait`
+seconds, and at once when the last batch held one request: a batch waits for company only while requests arrive
+together, so a lone client is never held back, and a lone request on a server that has not decoded yet waits no
+longer than `max_wait`. The oldest is in every batch, which keeps every wait bounded. `across_requests=False` batches each request alone (what LibreTranslate and the FastAPI
 wrappers do; the benchmark's baseline).
 
 The queue is bounded in tokens: `submit` refuses (`QueueFull`) past `max_queue_tokens`, so memory stays bounded
@@ -229,7 +229,7 @@ class Batcher:
     def take(self, oldest: _Item) -> list[_Item]:
         """The batch, out of the queue: `oldest`, then the sentences that may share its batch, closest to its length
         first (arrival order among equals), while they fit. Lengths alike pad little, so more sentences fit the budget:
-        on 2,000 Multi30k sentences waiting together, batches taken in arrival order took 1.5x the time of batches of
+        on 2,000 Multi30k sentences waiting together, batches taken in arrival order take 1.5x the time of batches of
         like lengths (docs/BENCHMARKS.md, "Serving"). The oldest is in every batch, so every wait stays bounded."""
         options, size = oldest.options, len(oldest.ids)
         others = [item for item in self.queue if item is not oldest and self.shares(item, oldest)]

@@ -56,7 +56,7 @@ from vanilla_transformer.mechanics.integrity import files_problem, record_files
 from vanilla_transformer.mechanics.outputs import check_output_folder
 from vanilla_transformer.serving.batches import translate_groups
 from vanilla_transformer.serving.sentences import split_sentences
-from vanilla_transformer.serving.settings import CorpusSettings
+from vanilla_transformer.serving.settings import CorpusSettings, upgraded_record
 from vanilla_transformer.serving.sources import (
     OUTPUT_COLUMN,
     DatasetSource,
@@ -157,7 +157,7 @@ def translate_chunks(
             yield [text for unit in pieces for text, _ in unit]
 
     for translated in translate_groups(
-        backend, texts_of_each(), settings.batch_size, settings.max_tokens, settings.max_source_tokens
+        backend, texts_of_each(), settings.batch_size, settings.max_batch_tokens, settings.max_piece_tokens
     ):
         number, units, pieces = taken.popleft()
         translations, position = [], 0
@@ -376,9 +376,13 @@ def check_output(output: str, overwrite: bool, dataset: bool, inputs: list[tuple
     path = Path(output)
     if dataset and is_dataset_folder(path):
         check_output_folder(
-            output, overwrite=overwrite, why_not_previous=why_not_a_translation, previous="a dataset translated "
-            "by this command", inputs=inputs, error=CorpusError,
-        )  # fmt: skip
+            output,
+            overwrite=overwrite,
+            why_not_previous=why_not_a_translation,
+            previous="a dataset translated by this command",
+            inputs=inputs,
+            error=CorpusError,
+        )
     elif dataset and path.suffix not in DATASET_SUFFIXES:
         raise CorpusError(
             f"--output {output}: a dataset is written as {', '.join(DATASET_SUFFIXES)} (by the suffix), or as a "
@@ -511,7 +515,7 @@ def check_resumable(recorded: dict, now: dict, label: str) -> None:
             f"{str(was.get('sha256'))[:12]}; now {now_input['units']}, {now_input['sha256'][:12]}): give that input "
             "to continue, or start again with --overwrite"
         )
-    before, after = recorded.get("settings", {}), now["settings"]
+    before, after = upgraded_record(recorded.get("settings", {})), now["settings"]
     changed = [name for name in sorted(before.keys() | after.keys()) if before.get(name) != after.get(name)]
     if changed:
         described = "; ".join(f"{name} was {before.get(name)!r}, now {after.get(name)!r}" for name in changed)

@@ -1,6 +1,8 @@
-"""Translation through CTranslate2 (`vanilla-transformer translate --backend ctranslate2`): the folder's export, made
-once and cached beside the model folder, decoded with the model's own generation settings. Batches, cutting and the
-rest come from `translate.translate_texts`, as for the model itself.
+"""Translation through CTranslate2 (`vanilla-transformer translate --backend ctranslate2`), with the model's own
+generation settings.
+
+The model folder's export is made once and cached beside the folder. Batches, cutting and the rest come from
+`batches.translate_texts`, as for the model itself.
 
 The cache is `<model folder>.ctranslate2-<digest>` beside the folder, the digest that of the model's config and
 weights: a model trained or converted again gets a new export, never a stale one. An export given by its path
@@ -30,7 +32,7 @@ from vanilla_transformer.serving.settings import folder_max_new_tokens
 
 EMBEDDINGS = "decoder/embeddings/weight"  # the export's target embeddings (the shared matrix, one vocabulary)
 MODEL_EMBEDDINGS = ("model.decoder.embed_tokens.weight", "model.shared.weight")  # the folder's, by its safetensors
-DTYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")  # CTranslate2's type ids in model.bin
+MODEL_BIN_TYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")  # CTranslate2's type ids in model.bin
 
 
 def model_digest(model_dir: str | Path) -> str:
@@ -117,7 +119,7 @@ def read_variables(path: Path, names: set[str]) -> dict:
         for _ in range(number("I")):
             name = string()
             shape = tuple(number("I") for _ in range(number("B")))
-            dtype, size = DTYPES[number("B")], number("I")
+            dtype, size = MODEL_BIN_TYPES[number("B")], number("I")
             if name not in names:
                 file.seek(size, 1)
                 continue
@@ -147,7 +149,7 @@ def cached_export(model_dir: str | Path, digest: str | None = None) -> Path:
     return export
 
 
-def load_translator(export_dir, device: str, compute_type: str, threads: int, workers: int):
+def load_ctranslate2_translator(export_dir, device: str, compute_type: str, threads: int, workers: int):
     """The export's ctranslate2.Translator: `workers` workers (inter_threads) of `threads` threads, or of one each;
     ExportError naming the export and the fix when CTranslate2 cannot load it."""
     import ctranslate2
@@ -198,10 +200,9 @@ class CTranslate2Backend:
 
     In int8 on a CPU, `threads` threads are `threads` workers of one thread each (CTranslate2's inter_threads), each
     decoding a share of every batch: small products keep one thread busier than two share them. On 2 cores, at the
-    OPUS-MT size, beam 4: 1.2-1.4x the tokens/s of one worker of two threads (docs/BENCHMARKS.md). Other compute types
-    keep one worker of `threads` threads: in float32 the workers gained nothing, and with MKL_NUM_THREADS set they ran
-    at 0.7x (not in a process without torch: likely each worker's MKL products, MKL shared with torch, took that many
-    threads; not verified).
+    OPUS-MT size, beam 4, they give 1.22-1.33x the tokens/s of one worker of two threads (docs/BENCHMARKS.md,
+    "Translating a corpus"). Other compute types keep one worker of `threads` threads: in float32 the workers gain
+    nothing (the same row), and with MKL_NUM_THREADS set, in a process that has loaded torch, they run at 0.7x.
     `threads` 0 leaves CTranslate2's own default (one worker)."""
 
     def __init__(
@@ -221,7 +222,7 @@ class CTranslate2Backend:
         configured = folder_max_new_tokens(generation)
         self.max_new_tokens = max_new_tokens if max_new_tokens is not None else configured
         self.workers = threads if device == "cpu" and threads > 1 and compute_type.startswith("int8") else 1
-        self.translator = load_translator(export_dir, device, compute_type, threads, self.workers)
+        self.translator = load_ctranslate2_translator(export_dir, device, compute_type, threads, self.workers)
         self.source_tokens = self.target_ids = None  # one vocabulary: the tokenizer's own conversions
         if config.get("share_encoder_decoder_embeddings") is False:  # the two vocabularies, as the export wrote them
             self.source_tokens = vocabulary(model_dir, config["vocab_size"], "source")

@@ -17,7 +17,7 @@ same translation is an API endpoint, whose arguments are checked as the page's a
     from gradio_client import Client
     Client("http://127.0.0.1:7860/").predict("The house is small.", api_name="/translate")   # num_beams=, length_penalty=
 
-A public page must answer everyone: every request is bounded by `Limits` (beams, lines, tokens per line and per
+A public page must answer everyone: every request is bounded by `DemoLimits` (beams, lines, tokens per line and per
 request, output tokens, seconds, the attention picture's tokens, requests at once, requests waiting), whose defaults
 keep a request within seconds on a 2-core CPU and which a Space's owner changes with environment variables:
 
@@ -45,7 +45,8 @@ from vanilla_transformer.serving.translate import (
     translate_sentences,
 )
 
-KINDS = {title: kind for kind, (_, title, _, _) in ATTENTION_KINDS.items()}  # "Encoder self-attention" -> output name
+# "Encoder self-attention" -> output name
+KIND_BY_TITLE = {title: kind for kind, (_, title, _, _) in ATTENTION_KINDS.items()}
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "cs": "Czech", "ro": "Romanian"}
 MAX_LENGTH_PENALTY = 2.0  # the page's slider: 0 to 2
 MAX_CARD_BYTES = 2**20  # a model card larger than this is not read (a card is a few KB)
@@ -57,7 +58,7 @@ def env(name: str) -> dict:
 
 
 @dataclass(frozen=True)
-class Limits:
+class DemoLimits:
     """What one request may make the demo spend, so that a public page answers everyone within seconds on a 2-core
     CPU: a Space's free hardware. Each can be changed by the environment variable named in its field (a Space's
     settings): `VANILLA_DEMO_MAX_BEAMS=4 vanilla-transformer demo MODEL`.
@@ -84,7 +85,7 @@ class Limits:
         for spec in fields(self):
             value = getattr(self, spec.name)
             if not finite_number(value) or value <= 0 or (spec.type is int and value != int(value)):
-                raise ValueError(f"Limits.{spec.name} must be a positive {spec.type.__name__}, got {value!r}.")
+                raise ValueError(f"DemoLimits.{spec.name} must be a positive {spec.type.__name__}, got {value!r}.")
 
     @property
     def characters(self) -> int:
@@ -92,8 +93,8 @@ class Limits:
         return self.lines * self.line_tokens * 50
 
     @classmethod
-    def from_environment(cls, environ=None) -> "Limits":
-        """The defaults, with those given by environment variables; InputError names a bad one."""
+    def from_environment(cls, environ=None) -> "DemoLimits":
+        """The defaults, with those given by environment variables; DemoInputError names a bad one."""
         environ = os.environ if environ is None else environ
         values = {}
         for spec in fields(cls):
@@ -106,11 +107,11 @@ class Limits:
                 cls(**{spec.name: values[spec.name]})
             except ValueError:
                 kind = "a whole number >= 1" if spec.type is int else "a number of seconds > 0"
-                raise InputError(f"{name}={text!r}: the demo's limit must be {kind}.") from None
+                raise DemoInputError(f"{name}={text!r}: the demo's limit must be {kind}.") from None
         return cls(**values)
 
 
-class InputError(VanillaTransformerError, ValueError):
+class DemoInputError(VanillaTransformerError, ValueError):
     """Input the demo refuses (too long, too many lines, a setting out of range), with a message for the page."""
 
 
@@ -130,7 +131,7 @@ class Translator:
     name: str  # what the page shows: the card's model name, a Hub id or the folder's name; never a local path
     source_lang: str
     target_lang: str
-    limits: Limits = field(default_factory=Limits)
+    limits: DemoLimits = field(default_factory=DemoLimits)
     num_beams: int = PAPER_DECODING["num_beams"]  # the page's and the API's defaults: the model's
     length_penalty: float = PAPER_DECODING["length_penalty"]  # generation_config.json, within the limits
     notes: list[str] = field(default_factory=list)  # what the page says about its defaults (clamped ones)
@@ -188,7 +189,7 @@ def model_name(name: str, folder: Path) -> str:
     return " ".join(shown.split())[:MAX_NAME_CHARACTERS]
 
 
-def decoding_defaults(model: PreTrainedModel, limits: Limits) -> tuple[int, float, list[str]]:
+def decoding_defaults(model: PreTrainedModel, limits: DemoLimits) -> tuple[int, float, list[str]]:
     """The beam size and length penalty of the model's generation_config.json, clamped to the limits and the page's
     range, and a note for each that was clamped."""
     config, notes = model.generation_config, []
@@ -212,10 +213,10 @@ def decoding_defaults(model: PreTrainedModel, limits: Limits) -> tuple[int, floa
     return int(beams), float(penalty), notes
 
 
-def load_translator(name: str, limits: Limits | None = None) -> Translator:
+def load_translator(name: str, limits: DemoLimits | None = None) -> Translator:
     """The model and tokenizer of a folder or Hub id, with eager attention (it returns the weights to draw), and the
     decoding defaults within `limits` (the environment's, if not given); LoadError says why they cannot be loaded."""
-    limits = limits or Limits.from_environment()
+    limits = limits or DemoLimits.from_environment()
     folder = model_folder(name)
     shown = model_name(name, folder)
     try:
@@ -235,35 +236,37 @@ def load_translator(name: str, limits: Limits | None = None) -> Translator:
 
 
 def whole_input(value, what: str, high: int) -> int:
-    """`value` (from the page or an API call) as a whole number from 1 to `high`; InputError names it otherwise."""
+    """`value` (from the page or an API call) as a whole number from 1 to `high`; DemoInputError names it otherwise."""
     if not whole_number(value, high):
-        raise InputError(f"{what} must be a whole number from 1 to {high}, got {value!r}.")
+        raise DemoInputError(f"{what} must be a whole number from 1 to {high}, got {value!r}.")
     return int(value)
 
 
 def real_input(value, what: str, high: float) -> float:
-    """`value` as a number from 0 to `high`; InputError names it otherwise."""
+    """`value` as a number from 0 to `high`; DemoInputError names it otherwise."""
     if not finite_number(value) or not 0 <= value <= high:
-        raise InputError(f"{what} must be a number from 0 to {high:g}, got {value!r}.")
+        raise DemoInputError(f"{what} must be a number from 0 to {high:g}, got {value!r}.")
     return float(value)
 
 
-def check_text(text, limits: Limits) -> list[str]:
+def check_text(text, limits: DemoLimits) -> list[str]:
     """The lines of `text` (`split_lines`, as the translator reads a file), if it is text the demo takes."""
     if not isinstance(text, str):
-        raise InputError(f"The text must be a string, got {type(text).__name__}: {text!r:.40}.")
+        raise DemoInputError(f"The text must be a string, got {type(text).__name__}: {text!r:.40}.")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise InputError(
+        raise DemoInputError(
             f"The text is not valid Unicode: character {error.start + 1} is a lone surrogate "
             f"(U+{ord(text[error.start]):04X})."
         ) from None
     if len(text) > limits.characters:
-        raise InputError(f"The text has {len(text):,} characters; the demo reads at most {limits.characters:,}.")
+        raise DemoInputError(f"The text has {len(text):,} characters; the demo reads at most {limits.characters:,}.")
     lines = split_lines(text)
     if len(lines) > limits.lines:
-        raise InputError(f"The input has {len(lines)} lines; the demo translates at most {limits.lines} at a time.")
+        raise DemoInputError(
+            f"The input has {len(lines)} lines; the demo translates at most {limits.lines} at a time."
+        )
     return lines
 
 
@@ -274,12 +277,12 @@ def check_lengths(translator: Translator, lines: list[str]) -> list[int]:
     too_long = [number for number, length in enumerate(lengths, start=1) if length > translator.max_source_tokens]
     if too_long:
         reader = "the model reads" if translator.max_source_tokens < limits.line_tokens else "the demo translates"
-        raise InputError(
+        raise DemoInputError(
             f"Line {too_long[0]} is too long: {lengths[too_long[0] - 1]} tokens, and {reader} at most "
             f"{translator.max_source_tokens}. Split it into shorter sentences, one per line."
         )
     if sum(lengths) > limits.request_tokens:
-        raise InputError(
+        raise DemoInputError(
             f"The input has {sum(lengths)} tokens; the demo translates at most {limits.request_tokens} per request: "
             "send fewer lines at a time."
         )
@@ -305,7 +308,7 @@ def wanted_new_tokens(model, lengths: list[int]) -> int:
 
 def translate_text(translator: Translator, text, num_beams, length_penalty) -> tuple[str, str]:
     """Each line of `text` translated, all lines as one batch; line i of the result translates line i. Returns the
-    translation and a note ("" if none): the time budget ran out and lines may be cut. InputError refuses text and
+    translation and a note ("" if none): the time budget ran out and lines may be cut. DemoInputError refuses text and
     settings the page would not send or the limits do not allow, before anything is translated."""
     limits = translator.limits
     budget = TimeBudget(limits.seconds)
@@ -336,28 +339,28 @@ def translate_text(translator: Translator, text, num_beams, length_penalty) -> t
 
 def attention_image(translator: Translator, source: str, translation: str, kind_title, layer, head):
     """A PIL image of one layer's and head's attention weights of `kind_title` (a title in ATTENTION_KINDS) over the
-    tokens of `source` and its `translation`, drawn by the attention-map command's plot_attention_grid. InputError
+    tokens of `source` and its `translation`, drawn by the attention-map command's plot_attention_grid. DemoInputError
     refuses an unknown kind, layer or head, and a picture over the limits' `attention_tokens` a side, before any
     weight is computed."""
     from PIL import Image
 
-    if not isinstance(kind_title, str) or kind_title not in KINDS:
-        raise InputError(f"The attention must be one of {', '.join(KINDS)}; got {kind_title!r}.")
-    kind = KINDS[kind_title]
+    if not isinstance(kind_title, str) or kind_title not in KIND_BY_TITLE:
+        raise DemoInputError(f"The attention must be one of {', '.join(KIND_BY_TITLE)}; got {kind_title!r}.")
+    kind = KIND_BY_TITLE[kind_title]
     config, encoder = translator.model.config, kind == "encoder_attentions"
     layers = config.encoder_layers if encoder else config.decoder_layers
     heads = config.encoder_attention_heads if encoder else config.decoder_attention_heads
     try:
         layer, head = whole_input(layer, "The layer", layers), whole_input(head, "The head", heads)
-    except InputError:
-        raise InputError(
+    except DemoInputError:
+        raise DemoInputError(
             f"{kind_title} has {layers} layers of {heads} heads: pick a layer and head within them."
         ) from None
     source_tokens = len(translator.tokenizer(source)["input_ids"])
     target_tokens = len(translator.tokenizer(translation)["input_ids"]) + 1  # the decoder reads <s> first
     limit = translator.limits.attention_tokens
     if max(source_tokens, target_tokens) > limit:
-        raise InputError(
+        raise DemoInputError(
             f"The attention picture would be {target_tokens} x {source_tokens} tokens; the demo draws at most {limit} "
             "tokens a side. Put a shorter line first to see its attention."
         )
@@ -386,7 +389,7 @@ def respond(translator: Translator, text, num_beams, length_penalty, show, kind,
         return gr.skip(), gr.skip(), gr.skip()
     try:
         translated, note = translate_text(translator, text, num_beams, length_penalty)
-    except InputError as error:
+    except DemoInputError as error:
         return "", None, f"**{error}**"
     notes, image = [note] if note else [], None
     if show is True:
@@ -394,7 +397,7 @@ def respond(translator: Translator, text, num_beams, length_penalty, show, kind,
         source, translation = next(pair for pair in pairs if pair[0].strip())
         try:
             image = attention_image(translator, source, translation, kind, layer, head)
-        except InputError as error:
+        except DemoInputError as error:
             notes.append(str(error))
     return translated, image, "\n\n".join(f"**{note}**" for note in notes)
 
@@ -407,14 +410,14 @@ def failed_page(error: Exception, what: str = "The model could not be loaded."):
     return demo
 
 
-def build_demo(name: str, limits: Limits | None = None):
+def build_demo(name: str, limits: DemoLimits | None = None):
     """The Gradio page for the model `name`, queued with the limits' concurrency (the environment's limits if not
     given); if the model cannot be loaded or a limit is bad, a page that says why."""
     import gradio as gr
 
     try:
-        limits = limits or Limits.from_environment()
-    except InputError as error:
+        limits = limits or DemoLimits.from_environment()
+    except DemoInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return failed_page(error, "The demo's limits are not valid.")
     try:
@@ -448,7 +451,9 @@ def build_demo(name: str, limits: Limits | None = None):
         with gr.Accordion("Attention maps", open=False):
             show = gr.Checkbox(label="Draw the attention of the first line", elem_id="show_attention")
             with gr.Row():
-                kind = gr.Radio(list(KINDS), value=next(iter(KINDS)), label="Attention", elem_id="kind")
+                kind = gr.Radio(
+                    list(KIND_BY_TITLE), value=next(iter(KIND_BY_TITLE)), label="Attention", elem_id="kind"
+                )
                 layers = max(config.encoder_layers, config.decoder_layers)
                 heads = max(config.encoder_attention_heads, config.decoder_attention_heads)
                 layer = gr.Slider(1, layers, step=1, value=1, label="Layer", elem_id="layer")
@@ -478,7 +483,7 @@ def api_endpoint(translator: Translator):
             return ""
         try:
             translated, note = translate_text(translator, text, num_beams, length_penalty)
-        except InputError as error:
+        except DemoInputError as error:
             raise gr.Error(str(error), print_exception=False) from None
         if note:
             raise gr.Error(note, print_exception=False)
@@ -500,5 +505,5 @@ def space_model(card: Path) -> str | None:
 
 
 def serve(name: str) -> None:
-    """Build the page for the model `name` and serve it within the environment's `Limits`, until stopped."""
+    """Build the page for the model `name` and serve it within the environment's `DemoLimits`, until stopped."""
     build_demo(name).launch()

@@ -1,7 +1,9 @@
-"""Translation through an ONNX export (`vanilla-transformer translate --backend onnx --onnx_dir OUT`): the folder
-`export-onnx` wrote, run by ONNX Runtime with the model folder's own generation settings, giving the model backend's
-tokens (converters/onnx_decoding.py: generate()'s greedy and beam search over the export's sessions). Batches,
-cutting and the rest come from `batches.translate_texts`, as for the model itself.
+"""Translation through an ONNX export (`vanilla-transformer translate --backend onnx --onnx_dir OUT`), run by ONNX
+Runtime.
+
+The export is the folder `export-onnx` wrote, decoded with the model folder's own generation settings, giving the
+model backend's tokens (converters/onnx_decoding.py: generate()'s greedy and beam search over the export's
+sessions). Batches, cutting and the rest come from `batches.translate_texts`, as for the model itself.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from pipeline_vanilla_transformer import EXTRA_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS
-from vanilla_transformer.converters.export_onnx import QUANTIZATIONS, OnnxExportError
+from vanilla_transformer.converters.export_onnx import VARIANT_SUFFIXES, OnnxExportError
 from vanilla_transformer.converters.onnx_check import padded, rows
 from vanilla_transformer.converters.onnx_decoding import Decoding, OnnxModel, search
 from vanilla_transformer.converters.onnx_graphs import EXTRA_ROWS
@@ -30,7 +32,7 @@ class OnnxBackend:
 
         if not (Path(onnx_dir) / "onnx").is_dir():
             raise OnnxExportError(f"--onnx_dir {onnx_dir} is not an export of `vanilla-transformer export-onnx`")
-        suffix = QUANTIZATIONS[variant] if variant else ""
+        suffix = VARIANT_SUFFIXES[variant] if variant else ""
         if variant and not (Path(onnx_dir) / "onnx" / f"encoder_model{suffix}.onnx").is_file():
             raise OnnxExportError(
                 f"--onnx_dir {onnx_dir} has no {variant} variant (onnx/encoder_model{suffix}.onnx): export it with "

@@ -1,7 +1,9 @@
-"""A text as the pieces a translation model can take: its sentences (sentencex, rule-based, about 300 languages, no
-model to download), and a sentence longer than the model's positions cut at punctuation or spaces into pieces that
-fit. Each piece keeps the whitespace that followed it in the text, so that translations join back as the source was
-joined: a space between English sentences, none between Japanese ones.
+"""A text as the pieces a translation model can take: its sentences, and a sentence too long for the model cut to fit.
+
+Sentences are split with sentencex (rule-based, about 300 languages, no model to download), and a sentence longer
+than the model's positions is cut at punctuation or spaces into pieces that fit. Each piece keeps the whitespace that
+followed it in the text, so that translations join back as the source was joined: a space between English sentences,
+none between Japanese ones.
 
 Why sentencex: it needs no downloaded model (spaCy, stanza and NLTK's punkt do), it covers far more languages than
 pysbd's 22 (falling back from a language to its family, then to English rules), and its Rust core splits a megabyte in

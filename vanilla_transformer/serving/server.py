@@ -1,6 +1,8 @@
-"""The translation server's HTTP side (`vanilla-transformer serve`): a Starlette app over one `batcher.Batcher` a
-model and device, so that the sentences of concurrent requests share batches; a request goes to the model's least
-loaded device.
+"""The translation server's HTTP side (`vanilla-transformer serve`): a Starlette app whose concurrent requests share
+batches.
+
+It runs one `batcher.Batcher` a model and device, so that the sentences of concurrent requests share batches; a
+request goes to the model's least loaded device.
 
 - LibreTranslate's API: `POST /translate` (JSON or a form: `q` a string or a list, `source`, `target`, `format`
   `text` or `html`, `api_key`) answers `{"translatedText": ...}`; `GET|POST /languages`. Errors are
@@ -108,18 +110,27 @@ class ServerState:
         registry = self.registry
         self.requests = Counter("vt_requests", "requests answered", ["endpoint", "status"], registry=registry)
         self.latency = Histogram(
-            "vt_request_seconds", "request latency", ["endpoint"], registry=registry,
+            "vt_request_seconds",
+            "request latency",
+            ["endpoint"],
+            registry=registry,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-        )  # fmt: skip
+        )
         self.rejections = Counter("vt_rejections", "requests refused, by reason", ["reason"], registry=registry)
         self.batch_sentences = Histogram(
-            "vt_batch_sentences", "sentences a batch", ["model"], registry=registry,
+            "vt_batch_sentences",
+            "sentences a batch",
+            ["model"],
+            registry=registry,
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-        )  # fmt: skip
+        )
         self.batch_tokens = Histogram(
-            "vt_batch_tokens", "source tokens a batch, padding counted", ["model"], registry=registry,
+            "vt_batch_tokens",
+            "source tokens a batch, padding counted",
+            ["model"],
+            registry=registry,
             buckets=(16, 64, 256, 1000, 2000, 4000, 8000, 16000),
-        )  # fmt: skip
+        )
         self.target_tokens = Counter("vt_target_tokens", "target tokens generated", ["model"], registry=registry)
         self.queue_sentences = Gauge("vt_queue_sentences", "sentences waiting", ["model"], registry=registry)
         self.queue_tokens = Gauge("vt_queue_tokens", "source tokens waiting", ["model"], registry=registry)
@@ -206,7 +217,7 @@ def texts_field(fields: dict, name: str, limits: Limits) -> tuple[list[str], boo
     return texts, one
 
 
-def whole_field(fields: dict, name: str, high: int) -> int | None:
+def whole_request_field(fields: dict, name: str, high: int) -> int | None:
     value = fields.get(name)
     if value is None:
         return None
@@ -264,7 +275,9 @@ def model_for(state: ServerState, fields: dict) -> ServedModel:
 # --- translating ---------------------------------------------------------------------------------------------
 
 
-def prepare(model: ServedModel, texts: list[str], split: bool) -> tuple[list[list[tuple[str, str]]], Pieces]:
+def split_and_tokenize(
+    model: ServedModel, texts: list[str], split: bool
+) -> tuple[list[list[tuple[str, str]]], Pieces]:
     """Each text's sentences (or the text whole), and their pieces as the backend's token ids: `translate`'s."""
     if split:
         units = [split_sentences(text, model.source) if text.strip() else [] for text in texts]
@@ -289,7 +302,7 @@ async def translate(
 ) -> tuple[list[str], list[int]]:
     """The texts' translations through the model's queue, and each text's source tokens; 503 when the queue is full
     or the server drains, 504 past the timeout; a client gone takes its sentences out of the queue."""
-    units, pieces = await asyncio.to_thread(prepare, model, texts, split)
+    units, pieces = await asyncio.to_thread(split_and_tokenize, model, texts, split)
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 
@@ -406,8 +419,8 @@ async def native(request: Request, state: ServerState, fields: dict, log: dict) 
     model = model_for(state, fields)
     texts, _ = texts_field(fields, "texts", state.limits)
     options = Options(
-        whole_field(fields, "num_beams", state.limits.max_beams),
-        whole_field(fields, "max_new_tokens", state.limits.max_new_tokens),
+        whole_request_field(fields, "num_beams", state.limits.max_beams),
+        whole_request_field(fields, "max_new_tokens", state.limits.max_new_tokens),
     )
     split = flag_field(fields, "split_sentences", model.split_sentences)
     log |= {"model": model.pair, "texts": len(texts), "characters": sum(map(len, texts))}

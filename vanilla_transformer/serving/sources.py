@@ -27,7 +27,7 @@ from vanilla_transformer.mechanics.errors import VanillaTransformerError
 
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: about 250,000 tokens, 500 pieces at the paper's 512 positions
 # the most --max_line_bytes may allow: a line takes about 200 times its size in memory while it is tokenized and cut
-# into pieces (1 MiB about 200 MB, 4 MiB about 1 GB; a 30 MB line took 6.4 GB)
+# into pieces (1 MiB about 200 MB, 4 MiB about 1 GB; a 30 MB line takes 6.4 GB)
 LINE_BYTES_LIMIT = 4 << 20
 OUTPUT_COLUMN = "translation"  # the column a dataset's output adds
 NO_STDIN = "there is no input: stdin is closed. Pipe the sentences in (< source.txt) or give --input FILE."

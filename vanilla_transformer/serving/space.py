@@ -45,11 +45,25 @@ from vanilla_transformer.mechanics.outputs import check_output_folder
 # the library modules the demo imports, by their path in the Space (= their path in the installed package)
 LIBRARY_CODE = (  # what the demo imports, as paths inside the package
     "__init__.py",
-    "serving/__init__.py", "serving/demo.py", "serving/attention_maps.py", "serving/translate.py",
-    "serving/sentences.py", "serving/batches.py", "serving/settings.py", "model/__init__.py", "model/loading.py",
-    "model/upgrade.py", "model/onednn.py", "model/decoding.py", "model/beam_cache.py", "model/beam_search.py",
-    "model/registration.py", "mechanics/__init__.py", "mechanics/names.py", "mechanics/errors.py",
-)  # fmt: skip
+    "serving/__init__.py",
+    "serving/demo.py",
+    "serving/attention_maps.py",
+    "serving/translate.py",
+    "serving/sentences.py",
+    "serving/batches.py",
+    "serving/settings.py",
+    "model/__init__.py",
+    "model/loading.py",
+    "model/upgrade.py",
+    "model/onednn.py",
+    "model/decoding.py",
+    "model/beam_cache.py",
+    "model/beam_search.py",
+    "model/registration.py",
+    "mechanics/__init__.py",
+    "mechanics/names.py",
+    "mechanics/errors.py",
+)
 SPACE_CODE = ("app.py", *CODE_FILES, *(f"vanilla_transformer/{name}" for name in LIBRARY_CODE))
 SPACE_FILES = (*SPACE_CODE, "requirements.txt", "README.md")
 SPACE_RECORD = ".vanilla_transformer_space.json"  # what the export wrote: {"files": {name: sha256}}; never uploaded

@@ -1,7 +1,8 @@
-"""Translation with a saved model: loading a folder (checked before any model is built), and `translate_sentences`,
-`batches.translate_texts` with the model's backend (`model/decoding.py`'s `ModelBackend`, which decodes through the
-model's `generate()`). Decoding follows the model's generation_config.json, with section 6.1's maximum output length,
-input length + 50, where neither the call nor generation_config.json gives a length.
+"""Translation with a saved model: a folder loaded (checked before any model is built), and `translate_sentences`.
+
+`translate_sentences` is `batches.translate_texts` with the model's backend (`model/decoding.py`'s `ModelBackend`,
+which decodes through the model's `generate()`). Decoding follows the model's generation_config.json, with section
+6.1's maximum output length, input length + 50, where neither the call nor generation_config.json gives a length.
 
 A model folder may come from anyone: its config.json and generation_config.json are read as plain JSON first, and
 sizes that would allocate without bound are refused, naming the file, the field and the limit (a position table or
@@ -30,7 +31,7 @@ from vanilla_transformer.model.loading import (
     whole_field,
 )
 from vanilla_transformer.model.onednn import use_onednn_linears
-from vanilla_transformer.model.registration import register
+from vanilla_transformer.model.registration import register_model
 from vanilla_transformer.serving.batches import translate_texts
 from vanilla_transformer.serving.settings import BATCH_SIZE, DTYPE_NAMES
 
@@ -53,10 +54,10 @@ def translate_sentences(
 ) -> list[str]:
     """Translate `sentences` with a loaded model; one translation per sentence, in the input order (`translate_texts`
     with a ModelBackend): batches of `batch_size` sentences, or of `max_tokens` source tokens times the beams; a
-    sentence longer than the model's positions is cut into pieces that fit. Without `max_new_tokens`, a batch decodes to the
-    length the model's generation config gives, or where it gives none, its longest source (in tokens) + 50 new
-    tokens; `num_beams` and other generation arguments default to
-    the model's generation config, but for `num_return_sequences`, always 1."""
+    sentence longer than the model's positions is cut into pieces that fit. Without `max_new_tokens`, a batch decodes
+    to the length the model's generation config gives, or where it gives none, its longest source (in tokens) + 50
+    new tokens; `num_beams` and other generation arguments default to the model's generation config, but for
+    `num_return_sequences`, always 1."""
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
     backend = ModelBackend(model, tokenizer, num_beams, max_new_tokens, **generate_kwargs)
@@ -79,7 +80,7 @@ def load_model_and_tokenizer(
         check_folder_sizes(folder)  # before anything is built (load_model_folder checks again)
     except ModelFolderError as error:
         raise ModelLoadError(str(error)) from None
-    register()  # the folder's tokenizer may be found through its config's model type
+    register_model()  # the folder's tokenizer may be found through its config's model type
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=model_kwargs.get("trust_remote_code"))
         model = load_model_folder(folder, **model_kwargs).to(device).eval()  # refuses weights missing or unused

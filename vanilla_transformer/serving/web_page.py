@@ -42,7 +42,7 @@ RUNTIME_FILES = ("ort-wasm-simd-threaded.jsep.mjs", "ort-wasm-simd-threaded.jsep
 ASSET_FILES = (LIBRARY_FILE, *RUNTIME_FILES)
 ASSETS_FOLDER = "assets"
 PAGE_FILES = ("index.html", "page.mjs", "decoding.mjs")  # written into the exported folder
-CARD = "README.md"  # the folder as a static Space: its card
+CARD_FILE = "README.md"  # the folder as a static Space: its card
 SETTINGS_MARK = '"__PAGE_SETTINGS__"'  # where page.mjs's settings go, as a JSON object
 # transformers.js's names of the precisions and the suffix of their files (onnx/encoder_model{suffix}.onnx)
 PRECISIONS = {"fp32": "", "fp16": "_fp16", "q8": "_quantized"}
@@ -111,8 +111,8 @@ def write_page(out_dir: Path, assets: Path | None, model: str | None = None) -> 
             text = text.replace(SETTINGS_MARK, json.dumps(settings), 1)
         replace_file(out_dir / name, text)
         written.append(name)
-    replace_file(out_dir / CARD, space_card(model, precisions, assets is not None))
-    return [*written, CARD]
+    replace_file(out_dir / CARD_FILE, space_card(model, precisions, assets is not None))
+    return [*written, CARD_FILE]
 
 
 def space_card(model: str | None, precisions: list[str], local: bool) -> str:
@@ -137,18 +137,18 @@ def upload_page(folder: str | Path, space_id: str, token: str | None = None, pri
     since the export. A folder without the export's record or its card: WebPageError; one that fails the checks or
     changed since: SpaceError; both before any Hub call. Offline, unreachable or refused: SpaceError saying which;
     nothing local is changed."""
-    from vanilla_transformer.converters.export_onnx import RECORD, WRITTEN_BY
+    from vanilla_transformer.converters.export_onnx import ONNX_EXPORT_RECORD, WRITTEN_BY
     from vanilla_transformer.serving.space import SpaceError, check_space_upload, upload_space  # imports torch
 
     folder = Path(folder)
     try:
-        files = json.loads((folder / RECORD).read_text(encoding="utf-8"))["files"]
+        files = json.loads((folder / ONNX_EXPORT_RECORD).read_text(encoding="utf-8"))["files"]
         if not isinstance(files, dict):
             raise TypeError(f"its file list is a {type(files).__name__}")
         names = sorted(files)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise WebPageError(f"{folder} holds no readable record of a `{WRITTEN_BY}` output: {error}") from None
-    if CARD not in names:
+    if CARD_FILE not in names:
         raise WebPageError(f"{folder} has no Space's card: export it with --web")
     check_space_upload(folder, names)
     if problem := files_problem(folder, files):

@@ -1,6 +1,8 @@
-"""Evaluation under Accelerate: validation loss, translation of a split sharded over processes, BLEU and chrF
-(sacreBLEU through `evaluate`), during training (greedy, on the first validation sentences), after it (the paper's
-decoding, section 6.1: beam 4, length penalty 0.6, input + 50) and for a saved model (`--evaluate_only`)."""
+"""Evaluation under Accelerate: validation loss, translation of a split sharded over processes, BLEU and chrF.
+
+The scores are sacreBLEU's, through `evaluate`. It runs during training (greedy, on the first validation sentences),
+after it (the paper's decoding, section 6.1: beam 4, length penalty 0.6, input + 50) and for a saved model
+(`--evaluate_only`)."""
 
 import contextlib
 import json

@@ -1,5 +1,7 @@
-"""The training log: every --logging_steps, the mean loss per target token, the learning rate and tokens/s, into
-train_log.jsonl, accelerate's trackers and the progress bar (`TrainingLog`)."""
+"""The training log (`TrainingLog`): every --logging_steps, the mean loss per target token, the learning rate and
+tokens/s.
+
+They go into train_log.jsonl, accelerate's trackers and the progress bar."""
 
 import json
 import time

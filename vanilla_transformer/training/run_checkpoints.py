@@ -1,5 +1,7 @@
 """A run's checkpoints: saving, resuming and averaging them with Accelerate, on top of the checkpoint folders of
-checkpoints.py (their layout, listing, integrity, pruning and averaging).
+checkpoints.py.
+
+checkpoints.py gives the folders' layout, listing, integrity, pruning and averaging.
 
 In the order a run meets it (fairseq keeps these in `checkpoint_utils` the same way): `writes_checkpoints` (the
 main process, or each machine's first one where no filesystem is shared by every process:
@@ -93,7 +95,8 @@ def new_run_id() -> str:
 
 def run_identity(config, tokenizer_fingerprint: str, training_data: dict | None = None) -> dict:
     """What a checkpoint must share with the run that resumes it: the model (its config without training settings),
-    the tokenizer and the training data (its fingerprint: prepare.training_data_fingerprint, or streaming's)."""
+    the tokenizer and the training data (its fingerprint: prepare.training_data_fingerprint, or
+    streaming.streamed_data_fingerprint)."""
     model_config = {k: v for k, v in config.to_diff_dict().items() if k not in NOT_MODEL_IDENTITY}
     identity = {"model_config": model_config, "tokenizer": tokenizer_fingerprint}
     return identity if training_data is None else {**identity, "training_data": training_data}

@@ -1,5 +1,8 @@
-"""The run's set-up: its Accelerator (`make_accelerator`), refusing set-ups that would train differently from the
-recipe (`UnsupportedSetup`), and the model's config, sized to the tokenizer (`config_for_tokenizer`)."""
+"""The run's set-up: its Accelerator, refusing set-ups that would train differently from the recipe, and the model's
+config.
+
+`make_accelerator` makes the Accelerator, `UnsupportedSetup` is the refusal, and `config_for_tokenizer` sizes the
+model's config to the tokenizer."""
 
 import os
 

@@ -1,6 +1,8 @@
 """The stream of optimizer steps' batches: epochs of token-based batches from a data position, grouped into optimizer
-steps (`optimizer_step_batches`, `PreparedSteps`), collated ahead of the model in a background thread (`prefetch`),
-and the target tokens that normalise a step's loss (`count_target_tokens`, section 5.4)."""
+steps and collated ahead of the model.
+
+`optimizer_step_batches` and `PreparedSteps` group the batches into steps, `prefetch` collates them in a background
+thread, and `count_target_tokens` gives the target tokens that normalise a step's loss (section 5.4)."""
 
 import queue
 import threading

@@ -347,7 +347,7 @@ def data_paths(training_flags: tuple[str, ...]) -> list[tuple[str, str]]:
     return pairs
 
 
-def claim_output_dir(sweep: Sweep) -> Path:
+def claim_sweep_dir(sweep: Sweep) -> Path:
     """`sweep.output_dir` by the one rule (the module docstring), then its record: a new or empty folder becomes a
     sweep's, a previous sweep's is continued; anything else is an OutputFolderError naming it."""
     output_dir = Path(sweep.output_dir)
@@ -367,7 +367,7 @@ def claim_output_dir(sweep: Sweep) -> Path:
 
 def run_sweep(sweep: Sweep) -> None:
     """Train (or read) each row asked for, then write the table and the plots into `sweep.output_dir`."""
-    output_dir = claim_output_dir(sweep)
+    output_dir = claim_sweep_dir(sweep)
     variants = [row for row in table3_variants(sweep.scale) if row.group in sweep.rows or row.name in sweep.rows]
     lines = [run_variant(variant, sweep) for variant in variants]
     print((write_table(lines, output_dir)).read_text())
