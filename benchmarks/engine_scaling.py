@@ -35,9 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from common import WorkerProcess, describe_machine, machine  # noqa: E402
+from common import WorkerProcess, add_batch_arguments, build_folders, describe_machine, first_batches, machine  # noqa: E402
 from timing import timed  # noqa: E402
-from translate_corpus import add_batch_arguments, build_folders, first_batches  # noqa: E402
 
 ENGINES = ("backend", "ctranslate2")
 WAYS = ("1 thread", "1 thread, 2 tokens", "2 threads", "2 workers")

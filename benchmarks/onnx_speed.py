@@ -43,8 +43,7 @@ import sacrebleu
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from common import describe_machine, machine  # noqa: E402
-from translate_corpus import SUMMARY, environment, uptime  # noqa: E402
+from common import SUMMARY, describe_machine, environment, machine, uptime  # noqa: E402
 
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 TEST, VALIDATION = MULTI30K / "test_2016_flickr.en.gz", MULTI30K / "val.en.gz"

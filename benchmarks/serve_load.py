@@ -49,8 +49,17 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from common import describe_machine, machine  # noqa: E402
-from translate_corpus import SUMMARY, build_folders, environment, read_lines, tree_rss, uptime, write_lines  # noqa: E402
+from common import (  # noqa: E402
+    SUMMARY,
+    build_folders,
+    describe_machine,
+    environment,
+    machine,
+    read_lines,
+    tree_rss,
+    uptime,
+    write_lines,
+)
 
 SENTENCES = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en.gz"
 TARGET_TOKENS = re.compile(r"^vt_target_tokens_total\{[^}]*\} ([0-9.e+]+)$", re.MULTILINE)

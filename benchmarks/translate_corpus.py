@@ -49,13 +49,11 @@ Usage:
 """
 
 import argparse
-import gzip
 import itertools
 import json
 import math
 import os
 import re
-import shutil
 import socket
 import statistics
 import subprocess
@@ -68,46 +66,25 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from common import describe_machine, machine  # noqa: E402
+from common import (  # noqa: E402
+    CORPUS,
+    DEFAULT_BUDGET,
+    SUMMARY,
+    build_folders,
+    describe_machine,
+    environment,
+    machine,
+    read_lines,
+    tree_rss,
+    uptime,
+    write_lines,
+)
 from timing import Stopwatch  # noqa: E402
 
-from vanilla_transformer.serving.settings import DEFAULT_BATCH_TOKENS  # noqa: E402
-
-CORPUS = ROOT.parent / "shared" / "data" / "multi30k" / "train.en.gz"
 STEPS = ("batching", "ct2_backend", "marian", "ctranslate2", "processes", "kill", "memory")
-DEFAULT_BUDGET = DEFAULT_BATCH_TOKENS  # the command's default --max_batch_tokens
 MARIAN_BATCH = 32
 POLL_SECONDS = 0.1
-SUMMARY = re.compile(r"translated (\d+) lines \((\d+) sentences, (\d+) target tokens\) in ([\d.]+) s")
 RESUMED = re.compile(r"(\d+) of (\d+) chunks resumed")
-
-# converted_speed's `opus_mt_folder`, run in a process of its own rather than imported: pyproject's deptry
-# known_first_party lists common, timing and gpu_training but not converted_speed, so an import here would fail
-# tests/test_dependencies.py. The same process converts the folder.
-BUILD = """
-import json, sys
-from pathlib import Path
-sys.path[:0] = [sys.argv[1], sys.argv[2]]
-from converted_speed import SIZES, opus_mt_folder
-from vanilla_transformer.converters.convert import convert
-work = Path(sys.argv[3])
-convert(opus_mt_folder(work / "marian", SIZES[sys.argv[4]]), work / "converted")
-print(json.dumps(SIZES[sys.argv[4]]))
-"""
-
-
-def read_lines(path: str | Path, count: int | None = None) -> list[str]:
-    """The first `count` lines of a text file (gzip by its suffix), without their line breaks."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as file:
-        return [line.rstrip("\n") for line in itertools.islice(file, count)]
-
-
-def write_lines(path: Path, lines, count: int | None = None) -> Path:
-    with open(path, "w", encoding="utf-8") as file:
-        file.writelines(line + "\n" for line in itertools.islice(lines, count))
-    return path
-
 
 # --- the workers: MarianMTModel and CTranslate2's own API, each in a process of its own ---------------------------
 
@@ -173,21 +150,6 @@ def ctranslate2_worker(args: argparse.Namespace) -> None:
 # --- running and timing a process -------------------------------------------------------------------------------
 
 
-def tree_rss(process: psutil.Process) -> int:
-    """Bytes of RSS of a process and its children (shared pages counted in each)."""
-    total = 0
-    try:
-        members = [process, *process.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    for member in members:
-        try:
-            total += member.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def run_process(command: list[str], env: dict, log: Path, stop=None) -> dict:
     """Run `command` from the repository root (stdout and stderr into `log`): wall seconds, peak RSS of its process
     tree, exit code, whether `stop()` (asked every POLL_SECONDS) had it killed with SIGKILL, and its log."""
@@ -209,11 +171,6 @@ def run_process(command: list[str], env: dict, log: Path, stop=None) -> dict:
     if process.returncode != 0 and not killed:
         raise SystemExit(f"failed ({process.returncode}): {' '.join(command)}\n{text[-3000:]}")
     return {"seconds": seconds, "peak_rss_mb": peak / 2**20, "killed": killed, "log": text}
-
-
-def environment(threads: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1")
-    return env | {"TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def free_port() -> int:
@@ -311,31 +268,6 @@ class Bench:
             row["lines_per_second"] = len(self.lines) / row["seconds"]
             row["tokens_per_second"] = self.target_tokens / row["seconds"]
         return rows
-
-
-def build_folders(work: Path, size_name: str, new_tokens: int, threads: int) -> tuple[dict, dict]:
-    """The random MarianMTModel folder, its conversion, and the converted folder's fixed-length copy "ours"
-    (no end token, no forced </s>) with its CTranslate2 export made here (the command's cache beside it), so no
-    timed run makes it."""
-    work.mkdir(parents=True)
-    benchmarks = str(Path(__file__).resolve().parent)
-    command = [sys.executable, "-c", BUILD, benchmarks, str(ROOT), str(work), size_name]
-    built = subprocess.run(command, cwd=ROOT, env=environment(threads), capture_output=True, text=True)
-    if built.returncode != 0:
-        raise SystemExit(f"building the model folder failed:\n{built.stderr[-3000:]}")
-    size = json.loads(built.stdout.strip().splitlines()[-1])
-    folders = {"marian": work / "marian", "converted": work / "converted"}
-    folders["ours"] = folders["ours_ct2"] = work / "ours"  # both backends read eos_token_id
-    shutil.copytree(work / "converted", folders["ours"])
-    path = folders["ours"] / "generation_config.json"
-    generation = json.loads(path.read_text())
-    generation["eos_token_id"] = None  # no end token: with --max_new_tokens K, exactly K new tokens (both backends)
-    generation["forced_eos_token_id"] = None  # K ordinary tokens, as the other engines (no </s> forced last)
-    path.write_text(json.dumps(generation, indent=2) + "\n")
-    from vanilla_transformer.serving.ctranslate2_backend import cached_export
-
-    folders["export"] = cached_export(folders["ours_ct2"])
-    return size, folders
 
 
 # --- the steps --------------------------------------------------------------------------------------------------
@@ -554,30 +486,6 @@ def table(rows: list[dict]) -> str:
             f"{ratio(row, marian, 'engine_tokens_per_second')} | {row['peak_rss_mb']:,.0f} | {same} |"
         )
     return "\n".join(lines)
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
-def add_batch_arguments(parser: argparse.ArgumentParser, batches: int) -> None:
-    """The arguments of the in-process benchmarks' batches (backend_batches.py, engine_scaling.py): --lines, --batches
-    (default `batches`), --max_tokens, --num_beams and --new_tokens."""
-    parser.add_argument("--lines", type=int, default=256, help="lines of multi30k's train.en to batch")
-    parser.add_argument("--batches", type=int, default=batches, help="the first this many of the command's batches")
-    parser.add_argument("--max_tokens", type=int, default=DEFAULT_BUDGET, help="the command's --max_batch_tokens")
-    parser.add_argument("--num_beams", type=int, default=4)
-    parser.add_argument("--new_tokens", type=int, default=24, help="tokens generated per line by every engine")
-
-
-def first_batches(encode, args: argparse.Namespace) -> list[list[list[int]]]:
-    """The command's first --batches batches (`token_batches` at --max_tokens) of the first --lines lines of CORPUS,
-    as token ids from `encode` (texts -> token ids)."""
-    from vanilla_transformer.serving.batches import token_batches
-
-    ids = encode(read_lines(CORPUS, args.lines))
-    batches = token_batches([len(line) for line in ids], args.max_tokens, None, args.num_beams)[: args.batches]
-    return [[ids[index] for index in batch] for batch in batches]
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -24,8 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from common import describe_machine, machine  # noqa: E402
-from translate_corpus import read_lines, uptime  # noqa: E402
+from common import describe_machine, machine, read_lines, uptime  # noqa: E402
 
 SENTENCES = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en.gz"
 FLAGS = (

@@ -13,7 +13,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vanilla_transformer.commands.flags import beam_size, command_parser, field_default, output_tokens, positive_int
+from vanilla_transformer.commands.flags import (
+    add_trust_remote_code,
+    beam_size,
+    command_parser,
+    field_default,
+    output_tokens,
+    positive_int,
+)
 from vanilla_transformer.commands.runner import command
 from vanilla_transformer.mechanics.outputs import (
     OutputFolderError,
@@ -48,11 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a previous attention-maps output in --output_dir (only that)"
     )
-    parser.add_argument(
-        "--trust_remote_code",
-        action="store_true",
-        help="run the folder's own model code (Hub models); by default the installed vanilla-transformer code runs",
-    )
+    add_trust_remote_code(parser)
     args = parser.parse_args(argv)
     if not args.source.strip():
         parser.error("--source is empty: give a sentence")

@@ -36,6 +36,15 @@ def command_parser(prog: str, description: str | None, **kwargs) -> argparse.Arg
     return parser
 
 
+def add_trust_remote_code(parser) -> None:
+    """`--trust_remote_code`, of the commands that load a model folder: its own code rather than the installed one."""
+    parser.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="run the model folder's own code (Hub models); by default the installed vanilla-transformer code runs",
+    )
+
+
 def field_default(settings_class, name: str):
     """The default of the field `name` of a settings dataclass (the one statement of it), e.g. for a help text."""
     field = settings_field(settings_class, name)

@@ -16,7 +16,7 @@ model. An OUTPUT_DIR that holds anything is refused; --overwrite replaces a prev
 import sys
 from collections.abc import Sequence
 
-from vanilla_transformer.commands.flags import at_least, command_parser
+from vanilla_transformer.commands.flags import add_trust_remote_code, at_least, command_parser
 from vanilla_transformer.commands.runner import command
 
 MAX_DPI = 600  # a print's resolution; the largest figure is then about 100 MB to draw
@@ -38,11 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a previous paper-figures output in OUTPUT_DIR (only that)"
     )
-    parser.add_argument(
-        "--trust_remote_code",
-        action="store_true",
-        help="run the model folder's own code (Hub models); by default the installed vanilla-transformer code runs",
-    )
+    add_trust_remote_code(parser)
     args = parser.parse_args(argv)
     if args.layer == 0:
         parser.error("--layer counts from 1 (or -1 for the last)")

@@ -44,6 +44,28 @@ from modeling_vanilla_transformer import (
 )
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which every Marian LayerNorm uses
+# the fields of our config that MarianConfig has under the same name and meaning
+MARIAN_SAME_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "activation_function",
+    "dropout",
+    "attention_dropout",
+    "activation_dropout",
+    "max_position_embeddings",
+    "scale_embedding",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "decoder_start_token_id",
+    "forced_eos_token_id",
+)
 
 
 def marian_problem(config: VanillaTransformerConfig) -> str | None:
@@ -76,29 +98,8 @@ def marian_config(config: VanillaTransformerConfig) -> MarianConfig:
     problem = marian_problem(config)
     if problem:
         raise ValueError(f"This model cannot be converted to MarianMTModel: {problem}.")
-    return MarianConfig(
-        vocab_size=config.vocab_size,
-        d_model=config.d_model,
-        encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.encoder_attention_heads,
-        decoder_attention_heads=config.decoder_attention_heads,
-        encoder_ffn_dim=config.encoder_ffn_dim,
-        decoder_ffn_dim=config.decoder_ffn_dim,
-        activation_function=config.activation_function,
-        dropout=config.dropout,
-        attention_dropout=config.attention_dropout,
-        activation_dropout=config.activation_dropout,
-        max_position_embeddings=config.max_position_embeddings,
-        scale_embedding=config.scale_embedding,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
-        forced_eos_token_id=config.forced_eos_token_id,
-    )
+    same = {name: getattr(config, name) for name in MARIAN_SAME_FIELDS}
+    return MarianConfig(**same, share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
 
 
 def marian_feature_order(d_model: int, layout: str = "interleaved") -> torch.Tensor:

@@ -19,7 +19,7 @@ from vanilla_transformer.converters.transformers_folder import (
     hf_fields,
     load_reference,
     reference_weights,
-    source_decoding,
+    transformers_source,
 )
 from vanilla_transformer.converters.untrusted import read_bytes
 
@@ -39,7 +39,7 @@ def read_fsmt(folder: Path, config: dict) -> Source:
     reference, dtype = load_reference(folder, FSMTForConditionalGeneration)
     pad = reference.config.pad_token_id
     why = "FSMT's `tie_word_embeddings: false`, with embeddings or an output projection of their own"
-    layers, embedding, decoder_embedding = reference_weights(reference, "sin_cos", "fairseq", pad + 1, why, separate)
+    weights = reference_weights(reference, "sin_cos", "fairseq", pad + 1, why, separate)
     fields = hf_fields(
         reference.config,
         vocab_size=sizes["vocab_size"],
@@ -50,19 +50,8 @@ def read_fsmt(folder: Path, config: dict) -> Source:
         share_encoder_decoder_embeddings=not separate,
         decoder_vocab_size=sizes.get("decoder_vocab_size"),
     )
-    return Source(
-        "FSMT",
-        str(folder),
-        fields,
-        layers,
-        embedding,
-        tokenizer,
-        reference,
-        decoder_embedding=decoder_embedding,
-        decoding=source_decoding(reference),
-        languages=(tokenizer.src_lang, tokenizer.tgt_lang),
-        dtype=dtype,
-    )
+    languages = (tokenizer.src_lang, tokenizer.tgt_lang)
+    return transformers_source("FSMT", folder, fields, weights, tokenizer, reference, dtype, languages)
 
 
 def fsmt_vocabularies_differ(folder: Path) -> bool:

@@ -21,7 +21,7 @@ from vanilla_transformer.converters.transformers_folder import (
     hf_fields,
     load_reference,
     reference_weights,
-    source_decoding,
+    transformers_source,
 )
 from vanilla_transformer.converters.untrusted import read_bytes
 from vanilla_transformer.model.loading import read_json_file
@@ -40,7 +40,7 @@ def read_marian(folder: Path, config: dict) -> Source:
     tokenizer = MarianTokenizer.from_pretrained(folder)
     reference, dtype = load_reference(folder, MarianMTModel)
     why = "Marian's `tie_word_embeddings: false`: input embeddings and an lm_head of their own"
-    layers, embedding, decoder_embedding = reference_weights(reference, "sin_cos", "paper", 0, why, separate)
+    weights = reference_weights(reference, "sin_cos", "paper", 0, why, separate)
     bias = reference.final_logits_bias.detach()[0]
     fields = hf_fields(
         reference.config,
@@ -53,19 +53,9 @@ def read_marian(folder: Path, config: dict) -> Source:
         decoder_vocab_size=reference.config.decoder_vocab_size if separate else None,
     )
     languages = (tokenizer.init_kwargs.get("source_lang"), tokenizer.init_kwargs.get("target_lang"))
-    return Source(
-        "Marian (OPUS-MT)",
-        str(folder),
-        fields,
-        layers,
-        embedding,
-        tokenizer,
-        reference,
-        logits_bias=bias if bias.any() else None,
-        decoder_embedding=decoder_embedding,
-        decoding=source_decoding(reference),
-        languages=languages,
-        dtype=dtype,
+    logits_bias = bias if bias.any() else None
+    return transformers_source(
+        "Marian (OPUS-MT)", folder, fields, weights, tokenizer, reference, dtype, languages, logits_bias
     )
 
 

@@ -16,6 +16,7 @@ from configuration_vanilla_transformer import ACTIVATION_FUNCTIONS
 from vanilla_transformer.converters.core import (
     ConversionError,
     Problems,
+    Source,
     check_position_tables,
     one_embedding,
     refuse,
@@ -174,3 +175,33 @@ def source_decoding(reference: nn.Module) -> dict[str, Any]:
     decoding.setdefault("length_penalty", 1.0)
     decoding.setdefault("early_stopping", False)
     return decoding
+
+
+def transformers_source(
+    kind: str,
+    folder: Path,
+    fields: dict[str, Any],
+    weights: tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor | None],
+    tokenizer: Any,
+    reference: nn.Module,
+    dtype: torch.dtype,
+    languages: tuple[str | None, str | None],
+    logits_bias: torch.Tensor | None = None,
+) -> Source:
+    """A transformers folder read for conversion: our config's `fields`, the `weights` of `reference_weights`, its
+    tokenizer and reference model, and the decoding settings of its generation config (`source_decoding`)."""
+    layers, embedding, decoder_embedding = weights
+    return Source(
+        kind,
+        str(folder),
+        fields,
+        layers,
+        embedding,
+        tokenizer,
+        reference,
+        logits_bias=logits_bias,
+        decoder_embedding=decoder_embedding,
+        decoding=source_decoding(reference),
+        languages=languages,
+        dtype=dtype,
+    )

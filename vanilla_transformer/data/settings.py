@@ -13,33 +13,34 @@ import numpy as np
 from vanilla_transformer.data.readers import DataError, DataReport
 
 
+def setting(default, help: str | None, *, check=None, flag: str | None = None, choices=None):
+    """A settings field that declares its flag: its default, its `help` (None: none), and where given the `check` of
+    its value, the `flag` spelled otherwise than the field, and its `choices` (commands/flags.py reads them)."""
+    given = {"flag": flag, "check": check, "choices": choices}
+    return field(
+        default=default, metadata={"help": help} | {key: value for key, value in given.items() if value is not None}
+    )
+
+
 @dataclass(frozen=True)
 class Corpus:
     """Where the translation pairs come from, the first of these given: a Hub dataset (`dataset_name`), a folder of
     line-aligned files `{split}.{lang}[.gz]` (`data_dir`), TSV or JSONL files per split, or else the embedded
     synthetic task; and which side is which."""
 
-    source_lang: str = field(default="en", metadata={"help": "the source language"})
-    target_lang: str = field(default="de", metadata={"help": "the target language"})
-    dataset_name: str | None = field(
-        default=None, metadata={"help": "a Hub dataset with a `translation` column, e.g. wmt14 (online)"}
-    )
-    dataset_config: str | None = field(default=None, metadata={"help": "e.g. de-en"})
-    data_dir: str | None = field(
-        default=None, metadata={"help": "folder of line-aligned files {split}.{lang}[.gz], e.g. Multi30k"}
-    )
-    train_file: str | None = field(
-        default=None, metadata={"help": "a .tsv or .jsonl file of pairs (with --validation_file/--test_file)"}
-    )
-    validation_file: str | None = field(default=None, metadata={"help": None})
-    test_file: str | None = field(default=None, metadata={"help": None})
+    source_lang: str = setting("en", "the source language")
+    target_lang: str = setting("de", "the target language")
+    dataset_name: str | None = setting(None, "a Hub dataset with a `translation` column, e.g. wmt14 (online)")
+    dataset_config: str | None = setting(None, "e.g. de-en")
+    data_dir: str | None = setting(None, "folder of line-aligned files {split}.{lang}[.gz], e.g. Multi30k")
+    train_file: str | None = setting(None, "a .tsv or .jsonl file of pairs (with --validation_file/--test_file)")
+    validation_file: str | None = setting(None, None)
+    test_file: str | None = setting(None, None)
     # the splits' names in the dataset or the folder
-    train_split: str = field(default="train", metadata={"help": None})
-    validation_split: str = field(default="validation", metadata={"help": None})
-    test_split: str = field(default="test", metadata={"help": None})
-    synthetic_pairs: int = field(
-        default=30000, metadata={"help": "size of the embedded task", "check": ("at_least", 10)}
-    )
+    train_split: str = setting("train", None)
+    validation_split: str = setting("validation", None)
+    test_split: str = setting("test", None)
+    synthetic_pairs: int = setting(30000, "size of the embedded task", check=("at_least", 10))
     synthetic_seed: int = 42  # --data_seed, TokenizerSettings.seed's flag (a test holds the two defaults equal)
 
     @property
@@ -58,27 +59,21 @@ class TokenizerSettings:
     """A given tokenizer (`name_or_path`), or the shared BPE (5.1) to train: its size, and the seeded sample of
     training pairs it learns from."""
 
-    name_or_path: str | None = field(
-        default=None, metadata={"flag": "tokenizer_name_or_path", "help": "an existing tokenizer; default: train one"}
+    name_or_path: str | None = setting(
+        None, "an existing tokenizer; default: train one", flag="tokenizer_name_or_path"
     )
-    vocab_size: int = field(
-        default=8000, metadata={"help": "shared BPE vocabulary (paper: 37000)", "check": ("at_least", 260)}
+    vocab_size: int = setting(8000, "shared BPE vocabulary (paper: 37000)", check=("at_least", 260))
+    sample_pairs: int = setting(
+        1_000_000,
+        "train the BPE on a seeded random sample of this many training pairs (all of them if fewer)",
+        check="positive_int",
+        flag="tokenizer_train_pairs",
     )
-    sample_pairs: int = field(
-        default=1_000_000,
-        metadata={
-            "flag": "tokenizer_train_pairs",
-            "help": "train the BPE on a seeded random sample of this many training pairs (all of them if fewer)",
-            "check": "positive_int",
-        },
-    )
-    seed: int = field(
-        default=42,  # and Corpus.synthetic_seed
-        metadata={
-            "flag": "data_seed",
-            "help": "the tokenizer's sample and the embedded task (not training's seed)",
-            "check": "non_negative_int",
-        },
+    seed: int = setting(
+        42,  # and Corpus.synthetic_seed
+        "the tokenizer's sample and the embedded task (not training's seed)",
+        check="non_negative_int",
+        flag="data_seed",
     )
 
     def load_given(self):
@@ -93,20 +88,14 @@ class LengthFilter:
     """Which training pairs are kept, in tokens (`</s>` included): no side longer than `max_sentence_tokens`, no
     longer side more than `max_length_ratio` times the shorter one (None: no limit)."""
 
-    max_sentence_tokens: int | None = field(
-        default=256,
-        metadata={
-            "help": "drop training pairs with a sentence (source or target) longer than this",
-            "check": ("at_least", 2),
-        },
+    max_sentence_tokens: int | None = setting(
+        256, "drop training pairs with a sentence (source or target) longer than this", check=("at_least", 2)
     )
-    max_length_ratio: float | None = field(
-        default=None,
-        metadata={
-            "help": "drop training pairs whose longer side has more than this many times the tokens of the shorter "
-            "one (corpus cleaning; e.g. 3 for WMT; default: off)",
-            "check": ("number_in", 1),
-        },
+    max_length_ratio: float | None = setting(
+        None,
+        "drop training pairs whose longer side has more than this many times the tokens of the shorter "
+        "one (corpus cleaning; e.g. 3 for WMT; default: off)",
+        check=("number_in", 1),
     )
 
     def keep(self, source_lengths: np.ndarray, target_lengths: np.ndarray, report: DataReport) -> np.ndarray:
@@ -148,24 +137,16 @@ class DataSettings:
     corpus: Corpus = field(default_factory=Corpus)
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
     filters: LengthFilter = field(default_factory=LengthFilter)
-    prepared_data: str | None = field(
-        default=None,
-        metadata={"help": "a folder made by `vanilla-transformer prepare` (replaces the data flags)"},
+    prepared_data: str | None = setting(
+        None, "a folder made by `vanilla-transformer prepare` (replaces the data flags)"
     )
-    cache_dir: str | None = field(
-        default=None,
-        metadata={
-            "flag": "data_cache_dir",
-            "help": "where prepared corpora are cached (default: $HF_HOME/vanilla_transformer/prepared)",
-        },
+    cache_dir: str | None = setting(
+        None,
+        "where prepared corpora are cached (default: $HF_HOME/vanilla_transformer/prepared)",
+        flag="data_cache_dir",
     )
-    num_workers: int | None = field(
-        default=None,
-        metadata={
-            "flag": "preprocessing_num_workers",
-            "help": "processes that tokenize (default: 1)",
-            "check": "positive_int",
-        },
+    num_workers: int | None = setting(
+        None, "processes that tokenize (default: 1)", check="positive_int", flag="preprocessing_num_workers"
     )
 
 
@@ -173,10 +154,7 @@ class DataSettings:
 class StreamSettings:
     """How the stream is shuffled and cut into batches (per process)."""
 
-    shuffle_buffer_size: int = field(
-        default=100_000, metadata={"help": "pairs in the shuffle buffer", "check": "positive_int"}
-    )
-    pool_batches: int = field(  # batches' worth of tokens
-        default=100,
-        metadata={"flag": "stream_pool_batches", "help": "batches sorted and cut together", "check": "positive_int"},
+    shuffle_buffer_size: int = setting(100_000, "pairs in the shuffle buffer", check="positive_int")
+    pool_batches: int = setting(  # batches' worth of tokens
+        100, "batches sorted and cut together", check="positive_int", flag="stream_pool_batches"
     )

@@ -346,6 +346,23 @@ async def disconnected(request: Request) -> None:
         pass
 
 
+def translation_request(
+    state: ServerState, request: Request, fields: dict, name: str
+) -> tuple[ServedModel, list[str], bool]:
+    """What a translation endpoint checks first: the key, that the server is not draining, the model of the request,
+    and the texts of the field `name` (and whether it was one string)."""
+    check_key(state, request, fields)
+    refuse_while_draining(state)
+    model = model_for(state, fields)
+    texts, one = texts_field(fields, name, state.limits)
+    return model, texts, one
+
+
+def log_texts(log: dict, model: ServedModel, texts: list[str]) -> None:
+    """The access log line's account of a translation request: its model and how much it sent (no text)."""
+    log |= {"model": model.pair, "texts": len(texts), "characters": sum(map(len, texts))}
+
+
 # --- the endpoints -------------------------------------------------------------------------------------------
 
 
@@ -388,14 +405,11 @@ def endpoint(name: str, needs_body: bool = True):
 
 @endpoint("translate")
 async def libretranslate(request: Request, state: ServerState, fields: dict, log: dict) -> Response:
-    check_key(state, request, fields)
-    refuse_while_draining(state)
-    model = model_for(state, fields)
-    texts, one = texts_field(fields, "q", state.limits)
+    model, texts, one = translation_request(state, request, fields, "q")
     kind = fields.get("format", "text")
     if kind not in ("text", "html"):
         raise RequestError(400, f"format: text or html, got {kind!r}")
-    log |= {"model": model.pair, "texts": len(texts), "characters": sum(map(len, texts))}
+    log_texts(log, model, texts)
     if kind == "html":
         try:
             fragments = [html_texts(text) for text in texts]
@@ -414,16 +428,13 @@ async def libretranslate(request: Request, state: ServerState, fields: dict, log
 
 @endpoint("v1_translate")
 async def native(request: Request, state: ServerState, fields: dict, log: dict) -> Response:
-    check_key(state, request, fields)
-    refuse_while_draining(state)
-    model = model_for(state, fields)
-    texts, _ = texts_field(fields, "texts", state.limits)
+    model, texts, _ = translation_request(state, request, fields, "texts")
     options = Options(
         whole_request_field(fields, "num_beams", state.limits.max_beams),
         whole_request_field(fields, "max_new_tokens", state.limits.max_new_tokens),
     )
     split = flag_field(fields, "split_sentences", model.split_sentences)
-    log |= {"model": model.pair, "texts": len(texts), "characters": sum(map(len, texts))}
+    log_texts(log, model, texts)
     translations, tokens = await translate(state, request, model, texts, options, split)
     answers = [{"text": text, "source_tokens": count} for text, count in zip(translations, tokens, strict=True)]
     return JSONResponse({"model": model.pair, "translations": answers})

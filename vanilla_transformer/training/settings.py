@@ -8,7 +8,7 @@ module imports neither torch nor transformers, so that `vanilla-transformer trai
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vanilla_transformer.data.settings import DataSettings, StreamSettings
+from vanilla_transformer.data.settings import DataSettings, StreamSettings, setting
 from vanilla_transformer.mechanics.names import CHECKPOINTS_DIR
 
 STEPS = "positive_int"  # the check of a count of steps
@@ -18,35 +18,24 @@ STEPS = "positive_int"  # the check of a count of steps
 class OutputSettings:
     """A run's folder, and what the run may do with an earlier run's files there (`output_folder.py`)."""
 
-    output_dir: str = field(default="outputs/vanilla-transformer", metadata={"help": None})
-    overwrite: bool = field(
-        default=False,
-        metadata={
-            "help": "delete an earlier run's checkpoints, logs and model in --output_dir first (else such a folder "
-            "is refused, unless resumed)"
-        },
+    output_dir: str = setting("outputs/vanilla-transformer", None)
+    overwrite: bool = setting(
+        False,
+        "delete an earlier run's checkpoints, logs and model in --output_dir first (else such a folder "
+        "is refused, unless resumed)",
     )
-    resume_from: str | None = field(
-        default=None,
-        metadata={"flag": "resume_from_checkpoint", "help": "a checkpoint folder, or `latest`"},
-    )
+    resume_from: str | None = setting(None, "a checkpoint folder, or `latest`", flag="resume_from_checkpoint")
 
 
 @dataclass(frozen=True)
 class CheckpointSettings:
     output: OutputSettings  # the run's folder: the checkpoints go into its checkpoints/
-    save_steps: int = field(default=1000, metadata={"help": "checkpoint every N steps", "check": STEPS})
-    keep_last: int = field(
-        default=5,
-        metadata={
-            "flag": "save_total_limit",
-            "help": "keep the last K checkpoints (0: all)",
-            "check": "non_negative_int",
-        },
+    save_steps: int = setting(1000, "checkpoint every N steps", check=STEPS)
+    keep_last: int = setting(
+        5, "keep the last K checkpoints (0: all)", check="non_negative_int", flag="save_total_limit"
     )
-    average_last: int = field(
-        default=5,  # averaged into the final model
-        metadata={"help": "average the last K checkpoints (paper: 5/20)", "check": "positive_int"},
+    average_last: int = setting(  # averaged into the final model
+        5, "average the last K checkpoints (paper: 5/20)", check="positive_int"
     )
 
     @property
@@ -64,30 +53,18 @@ class CheckpointSettings:
 
 @dataclass(frozen=True)
 class EvaluationSettings:
-    batch_size: int = field(default=64, metadata={"flag": "eval_batch_size", "help": None, "check": "positive_int"})
-    max_eval_tokens: int = field(
-        default=1024,
-        metadata={
-            "help": "evaluation truncates longer sources and targets (counted), bounding its memory",
-            "check": ("at_least", 2),
-        },
+    batch_size: int = setting(64, None, check="positive_int", flag="eval_batch_size")
+    max_eval_tokens: int = setting(
+        1024, "evaluation truncates longer sources and targets (counted), bounding its memory", check=("at_least", 2)
     )
     # the final decoding: section 6.1's (pipeline_vanilla_transformer.PAPER_DECODING, held equal by
     # tests/test_commands.py); None (--evaluate_only without the flag) leaves it to the model's generation_config.json
-    num_beams: int | None = field(default=4, metadata={"help": "final decoding", "check": "positive_int"})
-    length_penalty: float | None = field(default=0.6, metadata={"help": "final decoding", "check": "any_number"})
-    max_sentences: int = field(
-        default=500,
-        metadata={
-            "flag": "eval_max_sentences",
-            "help": "validation sentences for BLEU in training",
-            "check": "positive_int",
-        },
+    num_beams: int | None = setting(4, "final decoding", check="positive_int")
+    length_penalty: float | None = setting(0.6, "final decoding", check="any_number")
+    max_sentences: int = setting(
+        500, "validation sentences for BLEU in training", check="positive_int", flag="eval_max_sentences"
     )
-    every_steps: int = field(
-        default=1000,
-        metadata={"flag": "eval_steps", "help": "validation loss and greedy BLEU every N steps", "check": STEPS},
-    )
+    every_steps: int = setting(1000, "validation loss and greedy BLEU every N steps", check=STEPS, flag="eval_steps")
 
     @property
     def final_decoding(self) -> dict:
@@ -107,60 +84,41 @@ class TrainingSettings:
     evaluation: EvaluationSettings
     preset: str
     model_overrides: dict  # config fields given by flags, over the preset's
-    attn_implementation: str = field(
-        default="sdpa",
-        metadata={
-            "help": "attention kernel while training; on CPUs with bf16, eager is faster (docs/BENCHMARKS.md)",
-            "choices": ("sdpa", "eager"),
-        },
+    attn_implementation: str = setting(
+        "sdpa",
+        "attention kernel while training; on CPUs with bf16, eager is faster (docs/BENCHMARKS.md)",
+        choices=("sdpa", "eager"),
     )
-    max_tokens: int = field(
-        default=4096, metadata={"help": "source and target tokens per batch per process", "check": ("at_least", 2)}
+    max_tokens: int = setting(4096, "source and target tokens per batch per process", check=("at_least", 2))
+    gradient_accumulation_steps: int = setting(1, None, check="positive_int")
+    warmup_steps: int = setting(4000, "warm-up steps of equation (3)", check=STEPS)
+    learning_rate_scale: float = setting(1.0, "factor on equation (3)", check="positive_float")
+    label_smoothing: float = setting(0.1, None, check="probability")
+    max_grad_norm: float = setting(0.0, "clip gradients; 0 = off (the paper)", check="non_negative_float")
+    seed: int = setting(42, "initialisation, dropout, batch order", check="non_negative_int")
+    max_steps: int | None = setting(None, "optimizer steps to train", check=STEPS)
+    max_epochs: int | None = setting(None, None, check="positive_int")
+    max_minutes: float | None = setting(None, "wall-clock budget of the training loop", check="positive_float")
+    mixed_precision: str | None = setting(
+        None, "default: accelerate's config; bf16 works on CPUs too", choices=("no", "fp16", "bf16")
     )
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": None, "check": "positive_int"})
-    warmup_steps: int = field(default=4000, metadata={"help": "warm-up steps of equation (3)", "check": STEPS})
-    learning_rate_scale: float = field(
-        default=1.0, metadata={"help": "factor on equation (3)", "check": "positive_float"}
+    ddp_timeout: int = setting(
+        1800,
+        "seconds a process waits at a collective, e.g. while the main process prepares the corpus "
+        "(torch's NCCL default is 600; prepare large corpora beforehand with vanilla-transformer prepare)",
+        check="positive_int",
     )
-    label_smoothing: float = field(default=0.1, metadata={"help": None, "check": "probability"})
-    max_grad_norm: float = field(
-        default=0.0, metadata={"help": "clip gradients; 0 = off (the paper)", "check": "non_negative_float"}
+    prefetch_batches: int = setting(
+        2, "optimizer steps collated ahead in a thread; 0 = inline", check="non_negative_int"
     )
-    seed: int = field(
-        default=42, metadata={"help": "initialisation, dropout, batch order", "check": "non_negative_int"}
-    )
-    max_steps: int | None = field(default=None, metadata={"help": "optimizer steps to train", "check": STEPS})
-    max_epochs: int | None = field(default=None, metadata={"help": None, "check": "positive_int"})
-    max_minutes: float | None = field(
-        default=None, metadata={"help": "wall-clock budget of the training loop", "check": "positive_float"}
-    )
-    mixed_precision: str | None = field(
-        default=None,
-        metadata={"help": "default: accelerate's config; bf16 works on CPUs too", "choices": ("no", "fp16", "bf16")},
-    )
-    ddp_timeout: int = field(
-        default=1800,
-        metadata={
-            "help": "seconds a process waits at a collective, e.g. while the main process prepares the corpus "
-            "(torch's NCCL default is 600; prepare large corpora beforehand with vanilla-transformer prepare)",
-            "check": "positive_int",
-        },
-    )
-    prefetch_batches: int = field(
-        default=2,
-        metadata={"help": "optimizer steps collated ahead in a thread; 0 = inline", "check": "non_negative_int"},
-    )
-    logging_steps: int = field(default=50, metadata={"help": None, "check": STEPS})
-    report_to: str = field(default="none", metadata={"help": "an accelerate tracker, e.g. tensorboard"})
-    push_to_hub: bool = field(default=False, metadata={"help": None})
-    hub_model_id: str | None = field(default=None, metadata={"help": None})
-    hub_private: bool = field(default=False, metadata={"help": None})
+    logging_steps: int = setting(50, None, check=STEPS)
+    report_to: str = setting("none", "an accelerate tracker, e.g. tensorboard")
+    push_to_hub: bool = setting(False, None)
+    hub_model_id: str | None = setting(None, None)
+    hub_private: bool = setting(False, None)
     model_to_evaluate: str | None = None  # --evaluate_only: the saved model folder to score, instead of training
-    trust_remote_code: bool = field(
-        default=False,
-        metadata={
-            "help": "--evaluate_only: run the model folder's own code (Hub models); default: the installed code"
-        },
+    trust_remote_code: bool = setting(
+        False, "--evaluate_only: run the model folder's own code (Hub models); default: the installed code"
     )
     hyperparameters: dict = field(default_factory=dict)  # the flags as given, for accelerate's trackers
 
