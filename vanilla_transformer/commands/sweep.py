@@ -9,9 +9,9 @@ markdown) and one plot per row group.
     vanilla-transformer sweep ... --scale base --steps 20000 \
         --launcher "accelerate launch --multi_gpu --num_processes 8"      # on GPUs, through Accelerate
 
-Each row is one run of the training script (`python -m train_accelerate`, or `LAUNCHER -m train_accelerate`), in its
-own folder under --output_dir/runs; every flag this command does not know goes to it. The rows and how a sweep
-resumes: vanilla_transformer/training/sweep.py.
+Each row is one run of `vanilla-transformer train` (`python -m vanilla_transformer train`, or `LAUNCHER -m
+vanilla_transformer train`), in its own folder under --output_dir/runs; every flag this command does not know goes to
+it. The rows and how a sweep resumes: vanilla_transformer/training/sweep.py.
 """
 
 import argparse

@@ -7,7 +7,7 @@ table (JSON, CSV, markdown) and one plot per row group.
     vanilla-transformer sweep ... --scale base --steps 20000 \\
         --launcher "accelerate launch --multi_gpu --num_processes 8"      # on GPUs, through Accelerate
 
-Each row is one run of `train_accelerate.py` (its own folder under --output_dir/runs; every flag this command does
+Each row is one run of `vanilla-transformer train` (its own folder under --output_dir/runs; every flag this command does
 not know goes to it), so the rows train, average and score exactly as the recipe does; dev BLEU and perplexity are
 the final model's on the validation split (beam 4, length penalty 0.6). Resumable: a finished row is read, not
 re-run; an interrupted one continues from its last checkpoint (its budget counts the time already spent), and one
