@@ -5,7 +5,7 @@ gain. Here every batch is timed --rounds times, by every row one after the other
 batch, so that a drift of the machine's speed falls on all rows alike), and each row's figure is the sum over the
 batches of each batch's best time: what a change to the backend gains, measured against CTranslate2 beside it.
 
-The batches are the command's: `token_batches` at --max_tokens (the command's default budget) over the first --lines
+The batches are the command's: `token_batches` at --max_batch_tokens (the command's default budget) over the first --lines
 lines of ../shared/data/multi30k/train.en.gz, tokenized by the folder's tokenizer. The model is
 benchmarks/translate_corpus.py's OPUS-MT-sized random model (`--tiny`: its tiny size) with its fixed length: every
 engine generates --new_tokens tokens a line at beam --num_beams. Rows:

@@ -265,19 +265,19 @@ def uptime() -> str:
 
 def add_batch_arguments(parser: argparse.ArgumentParser, batches: int) -> None:
     """The arguments of the in-process benchmarks' batches (backend_batches.py, engine_scaling.py): --lines, --batches
-    (default `batches`), --max_tokens, --num_beams and --new_tokens."""
+    (default `batches`), --max_batch_tokens, --num_beams and --new_tokens."""
     parser.add_argument("--lines", type=int, default=256, help="lines of multi30k's train.en to batch")
     parser.add_argument("--batches", type=int, default=batches, help="the first this many of the command's batches")
-    parser.add_argument("--max_tokens", type=int, default=DEFAULT_BUDGET, help="the command's --max_batch_tokens")
+    parser.add_argument("--max_batch_tokens", type=int, default=DEFAULT_BUDGET, help="as the command's")
     parser.add_argument("--num_beams", type=int, default=4)
     parser.add_argument("--new_tokens", type=int, default=24, help="tokens generated per line by every engine")
 
 
 def first_batches(encode, args: argparse.Namespace) -> list[list[list[int]]]:
-    """The command's first --batches batches (`token_batches` at --max_tokens) of the first --lines lines of CORPUS,
+    """The command's first --batches batches (`token_batches` at --max_batch_tokens) of the first --lines lines of CORPUS,
     as token ids from `encode` (texts -> token ids)."""
     from vanilla_transformer.serving.batches import token_batches
 
     ids = encode(read_lines(CORPUS, args.lines))
-    batches = token_batches([len(line) for line in ids], args.max_tokens, None, args.num_beams)[: args.batches]
+    batches = token_batches([len(line) for line in ids], args.max_batch_tokens, None, args.num_beams)[: args.batches]
     return [[ids[index] for index in batch] for batch in batches]

@@ -2,7 +2,7 @@
 between them is (per decoder step, or the encoder) and which of them gains more from the second core.
 
 Each engine runs in a process of its own (`common.WorkerProcess`: CTranslate2 in a PyTorch process changes speed),
-both idle while the other works, on the same batches: `token_batches` at --max_tokens over the first --lines lines of
+both idle while the other works, on the same batches: `token_batches` at --max_batch_tokens over the first --lines lines of
 ../shared/data/multi30k/train.en.gz, the first --batches of them, tokenized by the folder's tokenizer. The model is
 benchmarks/translate_corpus.py's OPUS-MT-sized random model with its fixed length (`--tiny`: its tiny size); every
 engine generates exactly --new_tokens tokens a line at beam --num_beams. Ways, each timed --rounds times alternating
@@ -183,7 +183,7 @@ def main() -> None:
         _, folders = build_folders(Path(work) / "model", "tiny" if args.tiny else "opus-mt", args.new_tokens, 2)
         shared = [
             a
-            for name in ("lines", "batches", "max_tokens", "num_beams", "new_tokens")
+            for name in ("lines", "batches", "max_batch_tokens", "num_beams", "new_tokens")
             for a in (f"--{name}", str(getattr(args, name)))
         ]
         shared += ["--model_dir", str(folders["ours"]), "--export", str(folders["export"])]

@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--lines", required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--count", type=int, default=2000)
-    parser.add_argument("--max_tokens", type=int, default=16384)
+    parser.add_argument("--max_batch_tokens", type=int, default=16384, help="source tokens x beams a batch")
     parser.add_argument("--num_beams", type=int, default=4)
     parser.add_argument("--max_new_tokens", type=int, default=24)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
@@ -63,16 +63,18 @@ def main() -> None:
     backend = decoding.ModelBackend(model, tokenizer, args.num_beams, args.max_new_tokens)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(f"# {name}; torch {torch.__version__}; {args.preset} (random weights), {args.dtype}, beam {args.num_beams}")
-    print(f"# {len(lines)} lines, --max_tokens {args.max_tokens}, at most {args.max_new_tokens} new tokens\n")
+    print(
+        f"# {len(lines)} lines, --max_batch_tokens {args.max_batch_tokens}, at most {args.max_new_tokens} new tokens\n"
+    )
     print("| attention | seconds | lines/s | target tokens/s |")
     print("|---|---:|---:|---:|")
     shipped = decoding.DECODING_ATTENTION
     for variant in args.variants:
         model.set_attn_implementation("eager" if variant == "eager" else "sdpa")
         decoding.DECODING_ATTENTION = kernels(variant)
-        translate_texts(backend, warm_up, max_tokens=args.max_tokens)
+        translate_texts(backend, warm_up, max_tokens=args.max_batch_tokens)
         started = time.perf_counter()
-        result = translate_texts(backend, lines, max_tokens=args.max_tokens)
+        result = translate_texts(backend, lines, max_tokens=args.max_batch_tokens)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
