@@ -1,33 +1,20 @@
 """The one output-folder rule (vanilla_transformer/mechanics/outputs.py) that every command writing a folder applies:
 never an input, never through a link, new or empty, or with --overwrite a previous output of the same command only.
-Which commands write is read from their parsers (the argument that names the output), and each is run on a folder
-holding a user's file."""
+Which commands write is read from their parsers (the argument that names the output), at collection; each one found is
+run on a folder holding a user's file (refused), and (slow) twice into its own output: the second run is refused
+unchanged, then with --overwrite replaces it (`sweep` continues its own folder instead, by its rule)."""
 
 import argparse
+from pathlib import Path
 
 import pytest
 
 from vanilla_transformer.commands.main import SUBCOMMANDS, subcommand_main
 from vanilla_transformer.mechanics.outputs import OutputFolderError, check_output_folder
 
-from .helpers import run_in_this_process
+from .helpers import FAST, TINY_RUN, corpus_lines, run_in_this_process
 
 OUTPUT_NAMES = ("output", "output_dir")  # the dest of an argument that names what a command writes
-
-# every command that writes a file or folder, and the argument that names it: a new command with an output is added
-# here (test_the_commands_that_write_are_the_declared_ones), and its folder is then checked by the rule (below)
-WRITERS = {
-    "train": "--output_dir",
-    "prepare": "--output_dir",
-    "translate": "--output",  # a file; checked by tests/test_translate_output.py, not here (its rule is in the works)
-    "attention-maps": "--output_dir",
-    "paper-figures": "output_dir",
-    "sweep": "--output_dir",
-    "export-ctranslate2": "output_dir",
-    "export-onnx": "output_dir",
-    "convert": "output_dir",
-    "space": "--output_dir",
-}
 IN_PLACE = {"refresh-code": "folders"}  # replaces files inside the folders it is given, by the rule without a flag
 
 
@@ -58,6 +45,19 @@ def output_argument(parser: argparse.ArgumentParser) -> str | None:
     found = [action for action in parser._actions if action.dest in OUTPUT_NAMES]
     assert len(found) <= 1, [action.dest for action in found]
     return next((action.option_strings[0] if action.option_strings else action.dest for action in found), None)
+
+
+def discovered() -> tuple[dict[str, str], set[str]]:
+    """Every subcommand that writes a file or folder, read from its parser: {name: the argument naming the output},
+    and the names of those whose parser has --overwrite. Run at collection, so that a new command is tested at once."""
+    with pytest.MonkeyPatch.context() as patched:
+        parsers = {name: command_parser(name, patched) for name in SUBCOMMANDS}
+    writers = {name: argument for name, parser in parsers.items() if (argument := output_argument(parser))}
+    flag = {name for name in writers if "overwrite" in {action.dest for action in parsers[name]._actions}}
+    return writers, flag
+
+
+WRITERS, HAS_OVERWRITE = discovered()
 
 
 def ours(folder):
@@ -129,39 +129,130 @@ def test_an_empty_name_is_refused_not_taken_for_the_current_folder():
         check("", overwrite=True)
 
 
-def test_the_commands_that_write_are_the_declared_ones(monkeypatch):
-    found = {name: output_argument(command_parser(name, monkeypatch)) for name in SUBCOMMANDS}
-    assert {name: argument for name, argument in found.items() if argument} == WRITERS
+def test_the_commands_that_write_are_found_and_each_has_its_cheapest_arguments(monkeypatch):
+    """A command whose parser names an output is tested below; one without an entry in `arguments` fails there."""
+    assert {"train", "prepare", "translate", "convert", "export-onnx"} <= set(WRITERS)  # the discovery still works
+    assert set(WRITERS) == set(CHEAPEST) - set(IN_PLACE), "add the cheapest arguments of a new writer to CHEAPEST"
     for name, dest in IN_PLACE.items():
         assert dest in {action.dest for action in command_parser(name, monkeypatch)._actions}
 
 
-def arguments(name: str, output: str, model: str) -> list[str]:
-    """The cheapest arguments with which `name` would write into `output` (with --overwrite where it has it)."""
-    return {
-        # train's --overwrite deletes only what runs of ours wrote and keeps a user's other files beside the new run
-        # (tests/test_output_folder.py): without it, a folder holding anything but a run to continue is refused
-        "train": ["--output_dir", output],
-        "prepare": ["--output_dir", output],
-        "attention-maps": [model, "--source", "a sentence", "--output_dir", output, "--overwrite"],
-        "paper-figures": [output, "--overwrite"],
-        "sweep": ["--rows", "base", "--steps", "1", "--output_dir", output],
-        "export-ctranslate2": [model, output, "--overwrite"],
-        "export-onnx": [model, output, "--overwrite"],
-        "convert": [model, output, "--overwrite"],
-        "space": ["your-name/vanilla-en-de", "--output_dir", output, "--overwrite"],
-        "refresh-code": [output],
-    }[name]
+# The cheapest arguments with which each command writes into OUTPUT (MODEL: a saved model folder, SOURCE: a folder
+# `convert` reads, DATA: a JSON Lines file of a `text` column), without --overwrite; `translate` names a folder (no
+# suffix), which it writes as a dataset's save_to_disk folder under the rule (serving/corpus.py, check_output).
+CHEAPEST = {
+    "train": ["--output_dir", "OUTPUT", *TINY_RUN, "--max_steps", "1", "--save_steps", "1000"],
+    "prepare": ["--data_dir", "CORPUS", "--output_dir", "OUTPUT", "--validation_split", "val", "--vocab_size", "300"],
+    "translate": ["MODEL", "--data_files", "DATA", "--column", "text", "--output", "OUTPUT", *FAST],
+    "attention-maps": ["MODEL", "--source", "a sentence", "--output_dir", "OUTPUT"],
+    "paper-figures": ["OUTPUT"],
+    "sweep": "--rows base --scale tiny --steps 1 --synthetic_pairs 400 --vocab_size 300 --output_dir OUTPUT".split(),
+    "export-ctranslate2": ["MODEL", "OUTPUT"],
+    "export-onnx": ["MODEL", "OUTPUT"],
+    "convert": ["SOURCE", "OUTPUT"],
+    "space": ["your-name/vanilla-en-de", "--output_dir", "OUTPUT"],
+    "refresh-code": ["OUTPUT"],
+}
 
 
-@pytest.mark.parametrize("name", sorted({*WRITERS, *IN_PLACE} - {"translate"}))
-def test_a_folder_holding_a_users_file_is_refused_by_every_command_in_one_error_line(name, folder, tmp_path):
+def arguments(name: str, **paths) -> list[str]:
+    """CHEAPEST[name] with its placeholders filled from `paths` (output=..., model=..., ...)."""
+    if name not in CHEAPEST:
+        pytest.fail(f"the command {name!r} writes a folder but has no cheapest arguments in CHEAPEST: add them")
+    return [str(paths[word.lower()]) if word.isupper() and word.lower() in paths else word for word in CHEAPEST[name]]
+
+
+@pytest.fixture
+def places(folder, tmp_path) -> dict:
+    """What the cheapest arguments read: the model folder, a dataset's file (the source `convert` and the corpus
+    `prepare` read are fixtures of their own, made only for them)."""
+    import datasets
+
+    (tmp_path / "data").mkdir()
+    data = tmp_path / "data" / "rows.jsonl"
+    datasets.Dataset.from_dict({"text": corpus_lines(6)}).to_json(str(data), lines=True)
+    return {"model": folder, "source": folder, "data": data, "corpus": tmp_path / "data"}
+
+
+def refusals(name: str, result) -> list[str]:
+    assert result.returncode != 0 and "Traceback" not in result.stderr, (name, result.stderr[-2000:])
+    return [line for line in result.stderr.splitlines() if line.startswith("error:")]
+
+
+def snapshot(output: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(output)): path.read_bytes() if path.is_file() else b"" for path in output.rglob("*")}
+
+
+@pytest.mark.parametrize("name", sorted({*WRITERS, *IN_PLACE}))
+def test_a_folder_holding_a_users_file_is_refused_by_every_command_in_one_error_line(name, places, tmp_path):
     output = tmp_path / "output"
     output.mkdir()
     (output / "thesis.txt").write_text("years of work")
-    result = run_in_this_process(subcommand_main(name), arguments(name, str(output), str(folder)))
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert len(errors) == 1 and str(output) in errors[0], result.stderr[-2000:]
+    # with --overwrite where the command has it, which never makes a user's folder an output; but train's --overwrite
+    # deletes only what runs of ours wrote and keeps a user's other files beside the new run
+    # (tests/test_output_folder.py): without it, a folder holding anything but a run to continue is refused
+    overwrite = ["--overwrite"] if name in HAS_OVERWRITE and name != "train" else []
+    result = run_in_this_process(subcommand_main(name), [*arguments(name, output=output, **places), *overwrite])
+    errors = refusals(name, result)
+    assert len(errors) == 1 and str(output) in errors[0], (name, result.stderr[-2000:])
     assert [path.name for path in output.iterdir()] == ["thesis.txt"]
     assert (output / "thesis.txt").read_text() == "years of work"
+
+
+@pytest.fixture
+def cheap(request, places, monkeypatch) -> dict:
+    """`places`, and what makes a command's real run cheap: the figures drawn blank, a real source for `convert` and a
+    real corpus for `prepare` (fixtures made only for the command that needs them)."""
+    name = request.node.callspec.params["name"]
+    if name == "export-ctranslate2":
+        pytest.importorskip("ctranslate2")
+    if name == "convert":
+        places = {**places, "source": request.getfixturevalue("marian_source")}
+    if name == "prepare":
+        places = {**places, "corpus": request.getfixturevalue("corpus_dir")}
+    if name == "paper-figures":
+        from matplotlib.figure import Figure
+
+        from vanilla_transformer.paper import figures
+
+        def blank(file):
+            return lambda *_: (Figure(figsize=(1, 1)), figures.Item(file, file, ""))
+
+        for figure in ("positions", "scaling", "complexity", "label_smoothing", "learning_rate", "masks"):
+            monkeypatch.setattr(figures, figure, blank(f"{figure}.png"))
+        monkeypatch.setattr(figures, "attention_maps", lambda *_: [])
+        monkeypatch.setattr(figures, "beam_search_table", blank("beam_search.png"))
+    return places
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_a_commands_own_previous_output_is_refused_unchanged_and_replaced_only_with_overwrite(name, cheap, tmp_path):
+    output = tmp_path / "output"
+    argv = arguments(name, output=output, **cheap)
+    first = run_in_this_process(subcommand_main(name), argv)
+    assert first.returncode == 0 and output.is_dir(), (name, first.stderr[-3000:])
+    before = snapshot(output)
+
+    again = run_in_this_process(subcommand_main(name), argv)
+    if name == "sweep":
+        # a sweep's own folder is continued in place, never replaced, with no flag (training/sweep.py,
+        # claim_sweep_dir): a finished row is read, not trained again; the table and plots are written anew
+        assert again.returncode == 0 and "finished earlier" in again.stdout, (name, again.stderr[-3000:])
+        assert {path: data for path, data in snapshot(output).items() if path.startswith("runs")} == {
+            path: data for path, data in before.items() if path.startswith("runs")
+        }
+        assert name not in HAS_OVERWRITE
+        return
+    # train: a finished run's folder is refused like any other command's output (a stopped run is continued instead,
+    # with --resume_from_checkpoint, tests/test_checkpoints.py); its --overwrite then deletes only what runs of ours
+    # wrote (tests/test_output_folder.py)
+    errors = refusals(name, again)
+    assert len(errors) == 1 and str(output) in errors[0], (name, again.stderr[-2000:])
+    if name in HAS_OVERWRITE:
+        assert "--overwrite" in errors[0], (name, errors)
+    assert snapshot(output) == before, name
+
+    if name in HAS_OVERWRITE:
+        replaced = run_in_this_process(subcommand_main(name), [*argv, "--overwrite"])
+        assert replaced.returncode == 0, (name, replaced.stderr[-3000:])
