@@ -275,6 +275,11 @@ class Bench:
 
 def first_rows(bench: Bench) -> list[dict]:
     """Steps batching, ct2_backend, marian and ctranslate2: the rows that run interleaved."""
+    return command_rows(bench) + engine_rows(bench)
+
+
+def command_rows(bench: Bench) -> list[dict]:
+    """Steps batching and ct2_backend: the translate command, by batching and by the CTranslate2 backend."""
     args, skip, rows = bench.args, set(bench.args.skip), []
     ours = "vanilla-transformer translate"
     if "batching" not in skip:
@@ -306,6 +311,12 @@ def first_rows(bench: Bench) -> list[dict]:
             )
     for row in rows:
         row["command"] = bench.command(row["flags"], row["name"], row.pop("folder", "ours"))
+    return rows
+
+
+def engine_rows(bench: Bench) -> list[dict]:
+    """Steps marian and ctranslate2: MarianMTModel's generate() and CTranslate2's own API, each in a worker."""
+    args, skip, rows = bench.args, set(bench.args.skip), []
     if "marian" not in skip:
         extra = ["--model_dir", str(bench.folders["marian"])]
         rows.append(
