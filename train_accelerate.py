@@ -3,7 +3,7 @@
 Run as `python train_accelerate.py`, `vanilla-transformer train` or `accelerate launch ... -m train_accelerate`;
 `--help` lists the flags. Reads top to bottom: settings (`vanilla_transformer.commands.arguments`), the output
 folder, data (prepared once and cached), model, optimizer, the loop, then the final model: averaged, saved,
-evaluated. Checkpoint mechanics are `vanilla_transformer.training.checkpoints` and `.run_checkpoints`, evaluation
+evaluated. Checkpoint mechanics are `vanilla_transformer.training.checkpoint_folders` and `.checkpointing`, evaluation
 `vanilla_transformer.training.evaluation`.
 """
 
@@ -34,17 +34,17 @@ from vanilla_transformer.data.streaming import StreamedSteps
 from vanilla_transformer.hub import model_card, model_folder, upload
 from vanilla_transformer.mechanics.files import on_full_disk
 from vanilla_transformer.mechanics.names import TRACKER_LOGS, TRAIN_LOG
-from vanilla_transformer.training import evaluation, run_checkpoints
+from vanilla_transformer.training import checkpointing, evaluation
+from vanilla_transformer.training.checkpointing import TrainerState
 from vanilla_transformer.training.log import TrainingLog
 from vanilla_transformer.training.loss import forward_inputs, label_smoothed_cross_entropy, output_head
 from vanilla_transformer.training.output_folder import (
     FINAL_ENTRIES,
     TRAINING_ENTRIES,
-    RunFolder,
+    ClaimedOutputDir,
     claim_for_training,
     write_final_records,
 )
-from vanilla_transformer.training.run_checkpoints import RunState
 from vanilla_transformer.training.run_setup import config_for_tokenizer, make_accelerator
 from vanilla_transformer.training.schedule import make_optimizer_and_schedule
 from vanilla_transformer.training.settings import TrainingSettings
@@ -149,11 +149,11 @@ class Run:
     optimizer: torch.optim.Optimizer
     schedule: torch.optim.lr_scheduler.LambdaLR
     default_attention: str  # what the saved model will use (sdpa)
-    identity: dict  # what a checkpoint must share with this run (run_checkpoints.run_identity)
-    continuation: dict  # what an exact continuation needs unchanged (run_checkpoints.continuation_settings)
+    identity: dict  # what a checkpoint must share with this run (checkpointing.run_identity)
+    continuation: dict  # what an exact continuation needs unchanged (checkpointing.continuation_settings)
     validation: datasets.Dataset | None  # the first validation pairs, for loss and greedy BLEU during training
     validation_loader: torch.utils.data.DataLoader | None
-    state: RunState
+    state: TrainerState
 
 
 def set_up_run(settings: TrainingSettings, accelerator) -> Run:
@@ -182,11 +182,11 @@ def set_up_run(settings: TrainingSettings, accelerator) -> Run:
         validation_loader = evaluation.sharded_loader(
             accelerator, tokenizer, validation, settings.evaluation, config, "validation"
         )
-    identity = run_checkpoints.run_identity(config, prepare.tokenizer_fingerprint(tokenizer), training_data)
-    continuation = run_checkpoints.continuation_settings(accelerator, settings.batches_and_schedule)
+    identity = checkpointing.run_identity(config, prepare.tokenizer_fingerprint(tokenizer), training_data)
+    continuation = checkpointing.continuation_settings(accelerator, settings.batches_and_schedule)
     state = None
     if settings.checkpoints.resume_from:
-        state = run_checkpoints.resume(accelerator, settings.checkpoints, model, schedule, identity, continuation)
+        state = checkpointing.resume(accelerator, settings.checkpoints, model, schedule, identity, continuation)
     return Run(
         tokenizer=tokenizer,
         splits=splits,
@@ -199,7 +199,7 @@ def set_up_run(settings: TrainingSettings, accelerator) -> Run:
         continuation=continuation,
         validation=validation,
         validation_loader=validation_loader,
-        state=state or RunState(run_checkpoints.new_run_id()),
+        state=state or TrainerState(checkpointing.new_run_id()),
     )
 
 
@@ -260,22 +260,22 @@ def train_loop(accelerator, settings: TrainingSettings, run: Run, stop_signals: 
                 accelerator, model, run.tokenizer, run.validation, run.validation_loader, state.step, progress
             )
         if state.step % settings.checkpoints.save_steps == 0:
-            run_checkpoints.save_checkpoint(
+            checkpointing.save_checkpoint(
                 accelerator, settings.checkpoints, state, schedule, run.identity, run.continuation
             )
             last_saved_step = state.step
     steps.close()
     progress.close()
     state.elapsed_seconds = time.time() - start_time
-    stop = reason == "signal"  # a stop checkpoint, to resume from: never pruned or averaged (checkpoints.py)
+    stop = reason == "signal"  # a stop checkpoint, to resume from: never pruned or averaged (checkpoint_folders.py)
     if state.step != last_saved_step or (state.at_stop_checkpoint and not stop):  # a regular one replaces a stop's
-        run_checkpoints.save_checkpoint(
+        checkpointing.save_checkpoint(
             accelerator, settings.checkpoints, state, schedule, run.identity, run.continuation, stop=stop
         )
     return reason
 
 
-def stop_reason(accelerator, settings: TrainingSettings, state: RunState, stop_signals: StopSignals, start_time):
+def stop_reason(accelerator, settings: TrainingSettings, state: TrainerState, stop_signals: StopSignals, start_time):
     """Why the run stops before its next step, the same on every process, or None to go on: its limits (steps,
     epochs), then one collective for what one process alone may see (a stop signal, the clock): a signal anywhere
     stops every process at the same step."""
@@ -300,7 +300,7 @@ def finish(
     run: Run,
     stop_reason: str,
     stop_signals: StopSignals,
-    folder: RunFolder | None = None,
+    folder: ClaimedOutputDir | None = None,
 ) -> None:
     """The final model: averaged checkpoints (6.1), saved as a Hub-ready folder, then scored as users run it (the
     paper's decoding, float32, the default attention). The folder is written before evaluating, so a crash or a
@@ -308,7 +308,7 @@ def finish(
     acted on once the folder is complete."""
     output_dir = settings.output.output_dir
     model = evaluation.bare_model(accelerator, run.model, run.default_attention)
-    averaged = run_checkpoints.load_averaged_weights(model, accelerator, settings.checkpoints, run.state.run_id)
+    averaged = checkpointing.load_averaged_weights(model, accelerator, settings.checkpoints, run.state.run_id)
     summary = {
         "steps": run.state.step,
         "processes": accelerator.num_processes,
@@ -366,7 +366,9 @@ def push(settings: TrainingSettings) -> str | None:
     return None
 
 
-def save_final_model(model, tokenizer, settings: TrainingSettings, summary: dict, folder: RunFolder | None) -> None:
+def save_final_model(
+    model, tokenizer, settings: TrainingSettings, summary: dict, folder: ClaimedOutputDir | None
+) -> None:
     """The Hub-ready model folder (weights, config, code, tokenizer, generation config); its card comes with the
     scores (`write_card_and_results`)."""
     if folder is not None:
@@ -374,7 +376,7 @@ def save_final_model(model, tokenizer, settings: TrainingSettings, summary: dict
     corpus = settings.data.corpus  # the card's other values come with the scores; the tokenizer's config needs these
     languages = {"source_lang": corpus.source_lang, "target_lang": corpus.target_lang}
     decoding = settings.evaluation.final_decoding  # as the scores are measured
-    with on_full_disk(run_checkpoints.disk_full(settings.checkpoints, "the final model folder")):
+    with on_full_disk(checkpointing.disk_full(settings.checkpoints, "the final model folder")):
         model_folder.save_model_folder(model, tokenizer, settings.output.output_dir, languages, decoding, card=False)
     if folder is not None:
         folder.record_model_shards()
@@ -386,7 +388,7 @@ def write_card_and_results(model, settings: TrainingSettings, summary: dict) -> 
     card = model_card.render_model_card(
         model, model_card.training_card_values(settings.data, summary, settings.card_recipe)
     )
-    with on_full_disk(run_checkpoints.disk_full(settings.checkpoints, "the model card and results.json")):
+    with on_full_disk(checkpointing.disk_full(settings.checkpoints, "the model card and results.json")):
         write_final_records(settings.output.output_dir, card, summary)
 
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vanilla_transformer.data.readers import read_parallel_text  # noqa: E402
 from vanilla_transformer.hub.model_folder import save_model_folder  # noqa: E402
 from vanilla_transformer.serving.translate import load_model_and_tokenizer, translate_sentences  # noqa: E402
-from vanilla_transformer.training.checkpoints import (  # noqa: E402
+from vanilla_transformer.training.checkpoint_folders import (  # noqa: E402
     average_checkpoints,
     checkpoint_step,
     list_checkpoints,

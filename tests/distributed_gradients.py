@@ -16,7 +16,7 @@ from modeling_vanilla_transformer import VanillaTransformerForConditionalGenerat
 from tests.helpers import TINY  # run as `python -m tests.distributed_gradients` from the repository's root
 from vanilla_transformer.data.batching import DataPosition, TranslationCollator
 from vanilla_transformer.mechanics.names import TRAIN_LOG
-from vanilla_transformer.training.run_checkpoints import RunState
+from vanilla_transformer.training.checkpointing import TrainerState
 from vanilla_transformer.training.run_setup import make_accelerator
 from vanilla_transformer.training.signals import StopSignals
 
@@ -56,7 +56,7 @@ def main(output_file: Path, processes: int) -> None:
         model=model,
         optimizer=optimizer,
         schedule=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
-        state=RunState("gradients"),
+        state=TrainerState("gradients"),
         steps=SimpleNamespace(from_position=lambda position: iter([(mine, DataPosition(0, 1))])),
         validation=None,
         identity={},

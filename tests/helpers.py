@@ -28,7 +28,7 @@ from configuration_vanilla_transformer import VanillaTransformerConfig
 from modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.data.tokenization import train_shared_tokenizer
 from vanilla_transformer.hub.model_folder import save_model_folder
-from vanilla_transformer.training import checkpoints
+from vanilla_transformer.training import checkpoint_folders
 
 TINY = dict(
     vocab_size=61,
@@ -151,7 +151,9 @@ def train_until_signalled(output_dir, *arguments, signals=(signal.SIGTERM,), aft
         time.sleep(0.1)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 0 and "[stop] a stop signal" in output, output[-3000:]
-    return checkpoints.checkpoint_step(checkpoints.latest_checkpoint(Path(output_dir) / "checkpoints")), output
+    return checkpoint_folders.checkpoint_step(
+        checkpoint_folders.latest_checkpoint(Path(output_dir) / "checkpoints")
+    ), output
 
 
 def logged_losses(output_dir) -> dict[int, float]:
@@ -268,12 +270,12 @@ def snapshot(folder: Path) -> dict[str, str]:
 def fake_checkpoint(root: Path, step: int, run_id: str | None, stop: bool = False) -> Path:
     """A finalized checkpoint folder of run `run_id` at `step`: weights and a trainer state, no optimizer; `stop`:
     saved because a signal stopped the run."""
-    staging = checkpoints.staging_dir(root, step)
+    staging = checkpoint_folders.staging_dir(root, step)
     staging.mkdir(parents=True)
-    save_file({"weight": torch.full((2,), float(step))}, str(staging / checkpoints.WEIGHTS_NAME))
+    save_file({"weight": torch.full((2,), float(step))}, str(staging / checkpoint_folders.WEIGHTS_NAME))
     state = {"run_id": run_id, "step": step, **({"stop": True} if stop else {})}
-    (staging / checkpoints.TRAINER_STATE).write_text(json.dumps(state))
-    return checkpoints.finalize_checkpoint(staging, checkpoints.checkpoint_dir(root, step))
+    (staging / checkpoint_folders.TRAINER_STATE).write_text(json.dumps(state))
+    return checkpoint_folders.finalize_checkpoint(staging, checkpoint_folders.checkpoint_dir(root, step))
 
 
 def prepared_folder(corpus_dir: Path, output: Path) -> Path:

@@ -1,5 +1,5 @@
-"""Checkpoints (vanilla_transformer/training/checkpoints.py): saved whole or not at all, found in step order, pruned, averaged
-(section 6.1); in a run, resumed only into the same model, checked before anything is loaded, never unpickled."""
+"""Checkpoints (training/checkpoint_folders.py, checkpointing.py): saved whole or not at all, found in step order,
+pruned, averaged (section 6.1); in a run, resumed only into the same model, checked before anything is loaded, never unpickled."""
 
 import errno
 import gzip
@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vanilla_transformer.training import checkpoints, run_checkpoints
-from vanilla_transformer.training.checkpoints import (
+from vanilla_transformer.training import checkpoint_folders, checkpointing
+from vanilla_transformer.training.checkpoint_folders import (
     WEIGHTS_NAME,
     average_checkpoints,
     checkpoint_dir,
@@ -189,16 +189,16 @@ def test_a_crafted_trainer_state_is_named_with_its_field_before_anything_is_load
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     checkpoint = run / "checkpoints" / "step_000004"
-    state = json.loads((checkpoint / checkpoints.TRAINER_STATE).read_text())
+    state = json.loads((checkpoint / checkpoint_folders.TRAINER_STATE).read_text())
     for field, value, says in (
         ("step", "../../evil", "field 'step' holds '../../evil', not a whole number"),
         ("elapsed_seconds", -1.0, "field 'elapsed_seconds' holds -1.0, not a finite number >= 0"),
         ("run_id", 7, "field 'run_id' holds 7, not a string or null"),
         ("epoch", None, "field 'epoch' holds None, not a whole number"),
     ):
-        (checkpoint / checkpoints.TRAINER_STATE).write_text(json.dumps({**state, field: value}))
-        checkpoints.write_checksums(checkpoint)  # crafted consistently: the checksums alone cannot tell
-        assert says in checkpoints.checkpoint_problem(checkpoint)
+        (checkpoint / checkpoint_folders.TRAINER_STATE).write_text(json.dumps({**state, field: value}))
+        checkpoint_folders.write_checksums(checkpoint)  # crafted consistently: the checksums alone cannot tell
+        assert says in checkpoint_folders.checkpoint_problem(checkpoint)
     result = train(
         run, "--max_steps", "6", "--save_steps", "2", "--resume_from_checkpoint", str(checkpoint), check=False
     )
@@ -244,14 +244,14 @@ def test_pruning_and_listing_touch_only_the_runs_own_checkpoints(tmp_path):
         fake_checkpoint(tmp_path, step, "other")
     for step in (4, 5, 6):
         fake_checkpoint(tmp_path, step, "mine")
-    assert [p.name for p in checkpoints.list_checkpoints(tmp_path, "mine")] == [
+    assert [p.name for p in checkpoint_folders.list_checkpoints(tmp_path, "mine")] == [
         "step_000004",
         "step_000005",
         "step_000006",
     ]
-    deleted = checkpoints.prune_checkpoints(tmp_path, 1, run_id="mine")
+    deleted = checkpoint_folders.prune_checkpoints(tmp_path, 1, run_id="mine")
     assert [p.name for p in deleted] == ["step_000004", "step_000005"]
-    assert len(checkpoints.list_checkpoints(tmp_path, "other")) == 3
+    assert len(checkpoint_folders.list_checkpoints(tmp_path, "other")) == 3
 
 
 @pytest.mark.slow
@@ -282,23 +282,23 @@ def test_checkpoints_hold_no_pickle_of_ours_and_a_crafted_pickle_is_never_execut
     train(output_dir, "--max_steps", "2", "--save_steps", "2")
     checkpoint = output_dir / "checkpoints" / "step_000002"
     assert not list(checkpoint.glob("custom_checkpoint_*"))  # the schedule is in trainer_state.json
-    assert checkpoints.trainer_state(checkpoint)["schedule"]["last_epoch"] == 2
-    assert checkpoints.checkpoint_problem(checkpoint) is None
+    assert checkpoint_folders.trainer_state(checkpoint)["schedule"]["last_epoch"] == 2
+    assert checkpoint_folders.checkpoint_problem(checkpoint) is None
 
     class Exploit:
         def __reduce__(self):
             return (os.system, (f"touch {tmp_path / 'pwned'}",))
 
-    weights = bytearray((checkpoint / checkpoints.WEIGHTS_NAME).read_bytes())
+    weights = bytearray((checkpoint / checkpoint_folders.WEIGHTS_NAME).read_bytes())
     weights[-1] ^= 1  # one flipped bit: same size
-    (checkpoint / checkpoints.WEIGHTS_NAME).write_bytes(weights)
-    assert "model.safetensors does not match the sha256" in checkpoints.checkpoint_problem(checkpoint)
+    (checkpoint / checkpoint_folders.WEIGHTS_NAME).write_bytes(weights)
+    assert "model.safetensors does not match the sha256" in checkpoint_folders.checkpoint_problem(checkpoint)
     weights[-1] ^= 1
-    (checkpoint / checkpoints.WEIGHTS_NAME).write_bytes(weights)
+    (checkpoint / checkpoint_folders.WEIGHTS_NAME).write_bytes(weights)
     (checkpoint / "random_states_0.pkl").write_bytes(pickle.dumps(Exploit()))
-    assert "random_states_0.pkl has" in checkpoints.checkpoint_problem(checkpoint)
-    (checkpoint / checkpoints.CHECKSUMS_NAME).unlink()  # as a checkpoint saved before checksums existed
-    assert "random_states_0.pkl cannot be read" in checkpoints.checkpoint_problem(checkpoint)
+    assert "random_states_0.pkl has" in checkpoint_folders.checkpoint_problem(checkpoint)
+    (checkpoint / checkpoint_folders.CHECKSUMS_NAME).unlink()  # as a checkpoint saved before checksums existed
+    assert "random_states_0.pkl cannot be read" in checkpoint_folders.checkpoint_problem(checkpoint)
     assert not (tmp_path / "pwned").exists()
 
 
@@ -324,8 +324,8 @@ def saving_accelerator(write) -> SimpleNamespace:
 
 
 def save_step(accelerator, settings: CheckpointSettings, step: int) -> None:
-    state = run_checkpoints.RunState("this-run", step)
-    run_checkpoints.save_checkpoint(accelerator, settings, state, SimpleNamespace(state_dict=dict), {}, {})
+    state = checkpointing.TrainerState("this-run", step)
+    checkpointing.save_checkpoint(accelerator, settings, state, SimpleNamespace(state_dict=dict), {}, {})
 
 
 FULL_DISK = {
@@ -345,7 +345,7 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_error_that_removes_the_inc
     def fill_the_disk(folder: Path) -> None:
         raise error
 
-    with pytest.raises(checkpoints.CheckpointError) as refused:
+    with pytest.raises(checkpoint_folders.CheckpointError) as refused:
         save_step(saving_accelerator(fill_the_disk), settings, 4)
     message = str(refused.value)
     assert message.startswith(f"no space left on device while writing the checkpoint of step 4 into {tmp_path}/run")
@@ -369,10 +369,8 @@ def test_another_error_while_saving_a_checkpoint_goes_through_as_it_is(tmp_path)
 def test_a_run_that_took_no_optimizer_step_is_refused_naming_max_minutes_instead_of_averaging_nothing(tmp_path):
     settings = CheckpointSettings(OutputSettings(str(tmp_path / "run")))
     fake_checkpoint(settings.root, 2, "an-earlier-run")  # of another run: never averaged into this one
-    with pytest.raises(checkpoints.CheckpointError, match="the run took no optimizer step.*--max_minutes"):
-        run_checkpoints.load_averaged_weights(
-            torch.nn.Linear(2, 2), SimpleNamespace(print=print), settings, "this-run"
-        )
+    with pytest.raises(checkpoint_folders.CheckpointError, match="the run took no optimizer step.*--max_minutes"):
+        checkpointing.load_averaged_weights(torch.nn.Linear(2, 2), SimpleNamespace(print=print), settings, "this-run")
 
 
 # --- stop checkpoints: saved at a signal, only to resume from -----------------------------------------------------
@@ -387,10 +385,13 @@ def test_a_stop_checkpoint_is_neither_pruned_nor_counted_and_goes_once_a_newer_c
     accelerator = saving_accelerator(weights_writer)
     for step in (2, 4):
         save_step(accelerator, settings, step)
-    state = run_checkpoints.RunState("this-run", 5)
-    run_checkpoints.save_checkpoint(accelerator, settings, state, SimpleNamespace(state_dict=dict), {}, {}, stop=True)
-    assert state.at_stop_checkpoint and checkpoints.is_stop_checkpoint(checkpoint_dir(settings.root, 5))
-    assert [path.name for path in checkpoints.regular_checkpoints(settings.root)] == ["step_000002", "step_000004"]
+    state = checkpointing.TrainerState("this-run", 5)
+    checkpointing.save_checkpoint(accelerator, settings, state, SimpleNamespace(state_dict=dict), {}, {}, stop=True)
+    assert state.at_stop_checkpoint and checkpoint_folders.is_stop_checkpoint(checkpoint_dir(settings.root, 5))
+    assert [path.name for path in checkpoint_folders.regular_checkpoints(settings.root)] == [
+        "step_000002",
+        "step_000004",
+    ]
     assert latest_checkpoint(settings.root) == checkpoint_dir(settings.root, 5)  # where the run continues from
     save_step(accelerator, settings, 6)
     assert [path.name for path in list_checkpoints(settings.root)] == ["step_000004", "step_000006"]
@@ -401,21 +402,21 @@ def test_a_stop_checkpoint_is_never_averaged(tmp_path, monkeypatch):
     fake_checkpoint(settings.root, 2, "this-run")
     fake_checkpoint(settings.root, 3, "this-run", stop=True)
     averaged = []
-    monkeypatch.setattr(run_checkpoints, "average_checkpoints", lambda paths, convert: averaged.extend(paths) or {})
+    monkeypatch.setattr(checkpointing, "average_checkpoints", lambda paths, convert: averaged.extend(paths) or {})
     model = torch.nn.Module()
     model.config, model.get_expanded_tied_weights_keys = None, lambda all_submodels: []
-    assert run_checkpoints.load_averaged_weights(model, SimpleNamespace(print=print), settings, "this-run") == 1
+    assert checkpointing.load_averaged_weights(model, SimpleNamespace(print=print), settings, "this-run") == 1
     assert averaged == [checkpoint_dir(settings.root, 2)]
 
 
 def test_a_stop_field_that_is_not_true_or_false_is_named(tmp_path):
     checkpoint = fake_checkpoint(tmp_path, 2, "this-run", stop=True)
-    state = json.loads((checkpoint / checkpoints.TRAINER_STATE).read_text())
+    state = json.loads((checkpoint / checkpoint_folders.TRAINER_STATE).read_text())
     state.update(epoch=0, batches_done_in_epoch=0, elapsed_seconds=1.0)
-    (checkpoint / checkpoints.TRAINER_STATE).write_text(json.dumps(state))
-    assert checkpoints.trainer_state_problem(checkpoint) is None
-    (checkpoint / checkpoints.TRAINER_STATE).write_text(json.dumps({**state, "stop": 1}))
-    assert checkpoints.trainer_state_problem(checkpoint).endswith("field 'stop' holds 1, not a true or false")
+    (checkpoint / checkpoint_folders.TRAINER_STATE).write_text(json.dumps(state))
+    assert checkpoint_folders.trainer_state_problem(checkpoint) is None
+    (checkpoint / checkpoint_folders.TRAINER_STATE).write_text(json.dumps({**state, "stop": 1}))
+    assert checkpoint_folders.trainer_state_problem(checkpoint).endswith("field 'stop' holds 1, not a true or false")
 
 
 def test_every_file_of_a_checkpoint_is_written_with_the_users_umask(tmp_path, umask):

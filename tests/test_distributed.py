@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-from vanilla_transformer.training import checkpoints, run_checkpoints
+from vanilla_transformer.training import checkpoint_folders, checkpointing
 from vanilla_transformer.training.evaluation import bare_model, sharded_generation_kwargs
 from vanilla_transformer.training.run_setup import UnsupportedSetup, check_distributed_setup, make_accelerator
 from vanilla_transformer.training.settings import CheckpointSettings, OutputSettings
@@ -73,10 +73,10 @@ def test_two_machines_without_a_shared_filesystem_stop_together_and_resume_from_
     assert "not shared between the machines" in outputs[1]
     held = [sorted(path.name for path in (tmp_path / f"node{rank}" / "checkpoints").iterdir()) for rank in (0, 1)]
     assert len(held[0]) == 1 and held[0] == held[1], held  # both stopped at the same step, each saved it
-    stopped = checkpoints.checkpoint_step(held[0][0])
+    stopped = checkpoint_folders.checkpoint_step(held[0][0])
     for rank in (0, 1):  # every machine holds the checkpoint, with its own processes' RNG states
         checkpoint = tmp_path / f"node{rank}" / "checkpoints" / held[0][0]
-        assert checkpoints.checkpoint_problem(checkpoint) is None
+        assert checkpoint_folders.checkpoint_problem(checkpoint) is None
         assert (checkpoint / f"random_states_{rank}.pkl").is_file()
 
     codes, outputs = two_machines(
@@ -86,7 +86,7 @@ def test_two_machines_without_a_shared_filesystem_stop_together_and_resume_from_
     for rank, output in enumerate(outputs):
         assert f"[resume] from {tmp_path / f'node{rank}' / 'checkpoints' / held[0][0]} at step {stopped}" in output
 
-    newest = checkpoints.checkpoint_dir(tmp_path / "node1" / "checkpoints", stopped + 2)
+    newest = checkpoint_folders.checkpoint_dir(tmp_path / "node1" / "checkpoints", stopped + 2)
     shutil.rmtree(newest)  # lost on one machine only: both resume from the newest step they share
     codes, outputs = two_machines(
         tmp_path, port + 2, "--max_steps", str(stopped + 4), "--save_steps", "1", "--resume_from_checkpoint", "latest"
@@ -181,18 +181,18 @@ def test_fsdp_full_state_checkpoints_are_averaged_into_a_plain_final_model(tmp_p
     states = []
     for step in (1, 2):
         state = {name: tensor + step for name, tensor in tiny_model.state_dict().items()}
-        staging = checkpoints.staging_dir(root, step)
+        staging = checkpoint_folders.staging_dir(root, step)
         staging.mkdir(parents=True)
-        torch.save(state, staging / checkpoints.FSDP_WEIGHTS_NAME)
-        (staging / checkpoints.TRAINER_STATE).write_text(json.dumps({"run_id": "run", "step": step}))
-        checkpoints.finalize_checkpoint(staging, checkpoints.checkpoint_dir(root, step))
+        torch.save(state, staging / checkpoint_folders.FSDP_WEIGHTS_NAME)
+        (staging / checkpoint_folders.TRAINER_STATE).write_text(json.dumps({"run_id": "run", "step": step}))
+        checkpoint_folders.finalize_checkpoint(staging, checkpoint_folders.checkpoint_dir(root, step))
         states.append(state)
     accelerator = fsdp_accelerator("FULL_STATE_DICT")
     accelerator.print = print
     final = bare_model(accelerator, tiny_model, "sdpa")
     assert final is not tiny_model and final.config.to_dict() == tiny_model.config.to_dict()
     settings = CheckpointSettings(OutputSettings(str(tmp_path / "run")), average_last=2)
-    assert run_checkpoints.load_averaged_weights(final, accelerator, settings, "run") == 2
+    assert checkpointing.load_averaged_weights(final, accelerator, settings, "run") == 2
     name = "model.encoder.layers.0.self_attn.out_proj.weight"
     torch.testing.assert_close(final.state_dict()[name], (states[0][name] + states[1][name]) / 2)
 

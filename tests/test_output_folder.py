@@ -15,7 +15,7 @@ import pytest
 from vanilla_transformer.mechanics import lock
 from vanilla_transformer.mechanics.lock import LOCK_NAME
 from vanilla_transformer.mechanics.names import CODE_FILES, TRAIN_LOG
-from vanilla_transformer.training import checkpoints, output_folder
+from vanilla_transformer.training import checkpoint_folders, output_folder
 from vanilla_transformer.training.output_folder import (
     RUN_RECORD,
     OutputDirError,
@@ -197,7 +197,7 @@ def test_overwrite_in_a_copy_of_the_project_deletes_none_of_its_files(tmp_path):
 def test_a_runs_record_lists_every_entry_it_wrote_and_its_lock_is_gone_at_the_end(finished_run):
     record = json.loads((finished_run / RUN_RECORD).read_text())
     assert sorted(record["entries"]) == contents(finished_run)
-    assert record["run_ids"] == [checkpoints.run_id_of(finished_run / "checkpoints" / "step_000004")]
+    assert record["run_ids"] == [checkpoint_folders.run_id_of(finished_run / "checkpoints" / "step_000004")]
     assert not (finished_run / LOCK_NAME).exists()
 
 

@@ -25,7 +25,7 @@ import train_accelerate
 import vanilla_transformer
 from vanilla_transformer.data.batching import DataPosition, TokenBatchSampler, TranslationCollator
 from vanilla_transformer.data.readers import DataError
-from vanilla_transformer.training import checkpoints, evaluation, run_checkpoints
+from vanilla_transformer.training import checkpoint_folders, checkpointing, evaluation
 from vanilla_transformer.training.evaluation import bare_model
 from vanilla_transformer.training.log import TrainingLog
 from vanilla_transformer.training.output_folder import final_model_problem
@@ -267,7 +267,7 @@ def test_a_checkpoint_state_written_before_the_training_refactor_resumes_exactly
     old = tmp_path / "old" / "step_000002"
     shutil.copytree(tmp_path / "first" / "checkpoints" / "step_000002", old)
     shutil.copy(fixture / "trainer_state.json", old / "trainer_state.json")
-    checkpoints.write_checksums(old)
+    checkpoint_folders.write_checksums(old)
     result = train(tmp_path / "run", *model, "--max_steps", "4", "--resume_from_checkpoint", str(old))
     assert f"from {old} at step 2" in result.stdout
     resumed = logged_losses(tmp_path / "run")
@@ -513,7 +513,7 @@ def test_a_full_disk_while_logging_is_one_error_naming_the_log_and_the_checkpoin
         CheckpointSettings(OutputSettings(str(run))),
     )
     log.add(torch.tensor(6.0), 3.0)
-    with pytest.raises(checkpoints.CheckpointError) as refused:
+    with pytest.raises(checkpoint_folders.CheckpointError) as refused:
         log.write(3, 1e-3, 0)
     message = str(refused.value)
     assert message.startswith(f"no space left on device while writing the training log train_log.jsonl into {run}.")
@@ -552,7 +552,7 @@ def stop_reason_of(
     """train_accelerate.stop_reason for a run of `flags` standing at `step` of `epoch`, this process's view (with
     several processes, the others vote as this one)."""
     settings = train_accelerate.parse_training_arguments(["--data_dir", "corpus", *flags])
-    state = run_checkpoints.RunState("run", step=step, position=DataPosition(epoch, 0))
+    state = checkpointing.TrainerState("run", step=step, position=DataPosition(epoch, 0))
     accelerator = SimpleNamespace(device="cpu", num_processes=processes, reduce=lambda tensor: tensor * processes)
     signals = SimpleNamespace(requested=signal)
     return train_accelerate.stop_reason(accelerator, settings, state, signals, time.time() - 60 * minutes_spent)
@@ -577,7 +577,7 @@ def test_the_run_stops_before_the_step_that_would_pass_a_limit_or_at_a_signal(fl
 
 def test_one_process_decides_to_stop_without_a_collective_so_without_waiting_for_the_device():
     settings = train_accelerate.parse_training_arguments(["--data_dir", "corpus", "--max_minutes", "1"])
-    state = run_checkpoints.RunState("run", step=3, position=DataPosition(0, 0))
+    state = checkpointing.TrainerState("run", step=3, position=DataPosition(0, 0))
 
     def collective(tensor):
         raise AssertionError("a collective, whose result the host must wait for")
@@ -638,4 +638,4 @@ def test_a_run_resumed_from_a_stop_checkpoint_and_ending_there_averages_it_as_a_
     ending_there = ("--max_steps", str(stopped_at), "--resume_from_checkpoint", "latest")
     result = train(run, *SIGNALLED_RUN[2:], *ending_there)
     assert f"averages 1 checkpoint(s): ['step_{stopped_at:06d}']" in result.stdout
-    assert not checkpoints.is_stop_checkpoint(run / "checkpoints" / f"step_{stopped_at:06d}")
+    assert not checkpoint_folders.is_stop_checkpoint(run / "checkpoints" / f"step_{stopped_at:06d}")

@@ -14,7 +14,7 @@ from modeling_vanilla_transformer import VanillaTransformerForConditionalGenerat
 from vanilla_transformer.hub.model_folder import save_model_folder
 from vanilla_transformer.hub.refresh_code import refresh
 from vanilla_transformer.model import upgrade
-from vanilla_transformer.training import checkpoints, run_checkpoints
+from vanilla_transformer.training import checkpoint_folders, checkpointing
 from vanilla_transformer.training.settings import CheckpointSettings, OutputSettings
 
 from .fixtures.old_checkpoints import fused, make_old_folder
@@ -133,23 +133,25 @@ def test_averaging_and_checking_old_and_new_checkpoints_of_one_run(tmp_path, tin
     settings = CheckpointSettings(OutputSettings(str(tmp_path)), average_last=2)
     other = VanillaTransformerForConditionalGeneration(tiny_model.config)
     for step, weights in ((1, fused(tiny_model.state_dict())), (2, other.state_dict())):
-        folder = checkpoints.checkpoint_dir(settings.root, step)
+        folder = checkpoint_folders.checkpoint_dir(settings.root, step)
         folder.mkdir(parents=True)
         save_file(
             {k: v.contiguous() for k, v in weights.items() if "embed_tokens" not in k and "lm_head" not in k},
-            folder / checkpoints.WEIGHTS_NAME,
+            folder / checkpoint_folders.WEIGHTS_NAME,
         )
-    old_checkpoint = checkpoints.checkpoint_dir(settings.root, 1)
-    assert upgrade.has_fused_projections(checkpoints.weight_shapes(old_checkpoint))
-    assert not upgrade.has_fused_projections(checkpoints.weight_shapes(checkpoints.checkpoint_dir(settings.root, 2)))
-    identity = run_checkpoints.run_identity(tiny_model.config, "tokenizer")
-    run_checkpoints.check_checkpoint_matches(old_checkpoint, identity, tiny_model)  # by shapes: no model_config there
-    with pytest.raises(checkpoints.CheckpointError, match="another model"):
-        run_checkpoints.check_checkpoint_matches(old_checkpoint, identity, model_with_attention("sdpa", qk_head_dim=4))
+    old_checkpoint = checkpoint_folders.checkpoint_dir(settings.root, 1)
+    assert upgrade.has_fused_projections(checkpoint_folders.weight_shapes(old_checkpoint))
+    assert not upgrade.has_fused_projections(
+        checkpoint_folders.weight_shapes(checkpoint_folders.checkpoint_dir(settings.root, 2))
+    )
+    identity = checkpointing.run_identity(tiny_model.config, "tokenizer")
+    checkpointing.check_checkpoint_matches(old_checkpoint, identity, tiny_model)  # by shapes: no model_config there
+    with pytest.raises(checkpoint_folders.CheckpointError, match="another model"):
+        checkpointing.check_checkpoint_matches(old_checkpoint, identity, model_with_attention("sdpa", qk_head_dim=4))
 
     final = VanillaTransformerForConditionalGeneration(tiny_model.config)
     printed = []
-    assert run_checkpoints.load_averaged_weights(final, SimpleNamespace(print=printed.append), settings, None) == 2
+    assert checkpointing.load_averaged_weights(final, SimpleNamespace(print=printed.append), settings, None) == 2
     for name, tensor in final.state_dict().items():
         if not name.endswith("embed_positions.table"):
             expected = (tiny_model.state_dict()[name].double() + other.state_dict()[name].double()) / 2

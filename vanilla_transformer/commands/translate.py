@@ -58,7 +58,7 @@ from vanilla_transformer.mechanics.memory import keep_freed_memory
 from vanilla_transformer.serving.corpus import (
     DATASET_SUFFIXES,
     CorpusError,
-    CorpusRun,
+    CorpusTranslation,
     Process,
     check_output,
     same_file,
@@ -306,7 +306,7 @@ def translate_to_output(args: argparse.Namespace, source, settings: CorpusSettin
         export_digest = model_digest(export) if export is not None else None
         return output_settings(args, device, digest, export_digest), {"ctranslate2_dir": export}
 
-    run = CorpusRun(source, args.output, settings, process, args.overwrite)
+    run = CorpusTranslation(source, args.output, settings, process, args.overwrite)
     try:
         shared = run.begin(record)
         backend = make_backend(args, device, shared.get("ctranslate2_dir"), process.is_first)

@@ -525,7 +525,7 @@ def check_resumable(recorded: dict, now: dict, label: str) -> None:
         )
 
 
-class CorpusRun:
+class CorpusTranslation:
     """One process's part of translating `source` into `output` (see the module's docstring): `begin` (every
     process: the first prepares, the others receive its manifest), `translate` (this process's chunks), `finish`
     (the first: waits for every chunk, writes the output, returns the summary)."""
@@ -702,7 +702,7 @@ def translate_to_stream(
     return summary
 
 
-def write_dataset(source: DatasetSource, run: CorpusRun, output: str) -> None:
+def write_dataset(source: DatasetSource, run: CorpusTranslation, output: str) -> None:
     """The input dataset with a `translation` column, as Parquet, JSON Lines, CSV or a `save_to_disk` folder (by the
     output's suffix; the folder with its record, DATASET_RECORD), built row by row through an Arrow cache in the
     partial folder (bounded memory)."""

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from vanilla_transformer.mechanics.files import on_full_disk, replace_file
-from vanilla_transformer.training import run_checkpoints
+from vanilla_transformer.training import checkpointing
 from vanilla_transformer.training.settings import CheckpointSettings
 
 
@@ -64,7 +64,7 @@ class TrainingLog:
         self.accelerator.log({"train/" + k: v for k, v in record.items() if k != "step"}, step=step)
         if self.accelerator.is_main_process:
             with (
-                on_full_disk(run_checkpoints.disk_full(self.run, f"the training log {self.file.name}")),
+                on_full_disk(checkpointing.disk_full(self.run, f"the training log {self.file.name}")),
                 self.file.open("a") as log,
             ):
                 log.write(json.dumps(record) + "\n")

@@ -17,7 +17,7 @@ decides what the run may do with the folder (`claim_output_dir`):
 - anything else is refused, with what the folder holds and the three ways on.
 
 The record: `RUN_RECORD` in the folder lists the ids of the runs that trained there and every top-level entry they
-write, each added before it is written (`RunFolder.record`), so a run killed at any moment leaves nothing of its own
+write, each added before it is written (`ClaimedOutputDir.record`), so a run killed at any moment leaves nothing of its own
 unlisted; at the end, entries that were never written are dropped. `--overwrite` deletes only what it lists,
 and inside `checkpoints/` only the checkpoints of the listed runs (each records its run id in trainer_state.json).
 It never follows a symbolic link (a link is deleted as a link), and never deletes a `.py` file or a folder holding one.
@@ -55,7 +55,7 @@ from vanilla_transformer.mechanics.names import (
     WEIGHTS_NAME,
 )
 from vanilla_transformer.mechanics.outputs import check_output_folder
-from vanilla_transformer.training import checkpoints, run_checkpoints
+from vanilla_transformer.training import checkpoint_folders, checkpointing
 from vanilla_transformer.training.settings import OutputSettings
 
 RUN_RECORD = ".vanilla_transformer_run.json"  # what the runs in a folder wrote (never uploaded: not on the allow-list)
@@ -92,7 +92,7 @@ def describe(folder: Path) -> str:
     results.json, written last (`write_final_records`); a run stopped during its final save or evaluation (killed, or
     out of space) has its checkpoints and some or all of the model folder, but no results.json."""
     results = folder / RESULTS
-    latest = checkpoints.latest_checkpoint(folder / CHECKPOINTS_DIR)
+    latest = checkpoint_folders.latest_checkpoint(folder / CHECKPOINTS_DIR)
     saved = f"checkpoints up to {latest.name}" if latest is not None else "no checkpoint"
     if results.is_file() and not results.is_symlink():
         try:
@@ -181,7 +181,7 @@ def claim_output_dir(settings: OutputSettings) -> None:
         clear_run_files(folder)
         return
     refuse_links_where_the_run_writes(folder)
-    has_checkpoint = checkpoints.latest_checkpoint(folder / CHECKPOINTS_DIR) is not None
+    has_checkpoint = checkpoint_folders.latest_checkpoint(folder / CHECKPOINTS_DIR) is not None
     if resume_from_checkpoint == "latest" and has_checkpoint:
         return
     if resume_from_checkpoint and resume_from_checkpoint != "latest":
@@ -214,9 +214,9 @@ def check_resumes_the_folders_run(folder: Path, checkpoint: Path) -> None:
     another run, resuming would replace the folder's checkpoints, model and results with the other run's."""
     if not any((folder / name).exists() for name in RUN_FILES):
         return  # no run here to replace (other files are never touched)
-    newest = checkpoints.latest_checkpoint(folder / CHECKPOINTS_DIR)
+    newest = checkpoint_folders.latest_checkpoint(folder / CHECKPOINTS_DIR)
     if is_inside(checkpoint, folder / CHECKPOINTS_DIR):
-        if newest is None or checkpoints.run_id_of(checkpoint) == checkpoints.run_id_of(newest):
+        if newest is None or checkpoint_folders.run_id_of(checkpoint) == checkpoint_folders.run_id_of(newest):
             return
         whose = f"of another run than {newest.name}, the newest checkpoint in {folder / 'checkpoints'}"
     else:
@@ -328,7 +328,7 @@ def plan_overwrite(folder: Path, record: dict | None) -> Overwrite:
         name
         for name, why in plan.kept.items()
         if ("/" not in name and is_run_file(name) and not (name in ours and name in REWRITTEN_CODE))
-        or ("/" in name and checkpoints.checkpoint_step(name) is not None)  # checkpoints/step_N of another run
+        or ("/" in name and checkpoint_folders.checkpoint_step(name) is not None)  # checkpoints/step_N of another run
     ]
     return plan
 
@@ -347,9 +347,9 @@ def _plan_checkpoints(folder: Path, record: dict | None, plan: Overwrite) -> Non
             else:
                 plan.kept[name] = "a symbolic link, not a checkpoint of ours"
             continue
-        run_id = checkpoints.run_id_of(path) if path.is_dir() else None
+        run_id = checkpoint_folders.run_id_of(path) if path.is_dir() else None
         ours = run_id in record["run_ids"] if record is not None else isinstance(run_id, str)
-        if record is not None and path.name.startswith(checkpoints.STAGING_PREFIX) and path.is_dir():
+        if record is not None and path.name.startswith(checkpoint_folders.STAGING_PREFIX) and path.is_dir():
             ours = True  # an unfinished save of a recorded run (only ours are named so)
         if not ours:
             plan.kept[name] = "not a checkpoint of a run of ours"
@@ -418,7 +418,7 @@ def clear_run_files(folder: Path) -> list[str]:
 # --- the folder of a run: its lock and its record -----------------------------------------------------------------
 
 
-class RunFolder:
+class ClaimedOutputDir:
     """A run's output folder while the run holds its lock (`lock`): `record` lists what the run is about to write,
     `close` drops what it never wrote and gives the lock back. Without a lock (a process that does not write the
     folder), both do nothing."""
@@ -453,7 +453,7 @@ class RunFolder:
                 self.folder.rmdir()  # a run that wrote nothing leaves no folder it made
 
 
-def claim_run_folder(settings: OutputSettings) -> RunFolder:
+def claim_run_folder(settings: OutputSettings) -> ClaimedOutputDir:
     """Take --output_dir's lock (one run per folder), then `claim_output_dir`, then start the folder's record, before
     the run writes anything else there; returns the folder to record into and close at the end. OutputDirError when
     another run holds the folder (naming its pid and host) or the claim is refused (the lock is then given back)."""
@@ -469,7 +469,7 @@ def claim_run_folder(settings: OutputSettings) -> RunFolder:
         raise OutputDirError(f"--output_dir: {error}") from error
     if note:
         print(f"[output] {note}")
-    run_folder = RunFolder(folder, lock, created)
+    run_folder = ClaimedOutputDir(folder, lock, created)
     try:
         with on_full_disk(refused_for_full_disk(folder)):
             forget_unwritten(folder)
@@ -513,7 +513,7 @@ def output_dir_is_shared(accelerator, output_dir: str | Path) -> bool:
     return all(seen)
 
 
-def claim_for_training(accelerator, settings: OutputSettings) -> RunFolder:
+def claim_for_training(accelerator, settings: OutputSettings) -> ClaimedOutputDir:
     """The output folder is this run's (or refused), on every machine that writes one: with no filesystem shared
     by every process, each machine keeps its own copy of every checkpoint. Returns the folder, locked by the process
     that claimed it (one run per folder), to record what the run writes and to close at the end.
@@ -526,13 +526,13 @@ def claim_for_training(accelerator, settings: OutputSettings) -> RunFolder:
     accelerator.project_configuration.save_on_each_node = save_on_each_node
     if save_on_each_node:
         accelerator.print("[output] --output_dir is not shared between the machines: each keeps its own checkpoints")
-    claimed = [RunFolder(settings.output_dir)]  # unlocked: a process that does not write the folder
+    claimed = [ClaimedOutputDir(settings.output_dir)]  # unlocked: a process that does not write the folder
 
     def claim():
         claimed[0] = claim_run_folder(settings)
 
     try:
-        writes = run_checkpoints.writes_checkpoints(accelerator)
+        writes = checkpointing.writes_checkpoints(accelerator)
         run_while_others_wait(accelerator, claim, "checking --output_dir", writes)
     except BaseException:  # refused on another machine: this one's lock goes too
         claimed[0].close()

@@ -10,7 +10,7 @@ import torch
 
 from vanilla_transformer.mechanics.barrier import WAIT_LONGER, CoordinationError
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
-from vanilla_transformer.training import checkpoints
+from vanilla_transformer.training import checkpoint_folders
 
 
 class UnsupportedSetup(VanillaTransformerError):
@@ -47,7 +47,7 @@ def make_accelerator(**kwargs):
             "check the launch command and the accelerate config."
         )
     check_distributed_setup(accelerator)
-    accelerator.register_save_state_pre_hook(checkpoints.save_tied_weights_once)
+    accelerator.register_save_state_pre_hook(checkpoint_folders.save_tied_weights_once)
     return accelerator
 
 

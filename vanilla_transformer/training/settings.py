@@ -125,7 +125,7 @@ class TrainingSettings:
     @property
     def batches_and_schedule(self) -> dict:
         """What decides the batches, the learning rate and the loss of each step (part of
-        run_checkpoints.continuation_settings)."""
+        checkpointing.continuation_settings)."""
         names = ("max_tokens", "gradient_accumulation_steps", "seed", "learning_rate_scale", "warmup_steps")
         names += ("label_smoothing",)
         return {name: getattr(self, name) for name in names}

@@ -1,7 +1,6 @@
-"""A run's checkpoints: saving, resuming and averaging them with Accelerate, on top of the checkpoint folders of
-checkpoints.py.
+"""A run's checkpointing: saving, resuming and averaging with Accelerate, on top of checkpoint_folders.py.
 
-checkpoints.py gives the folders' layout, listing, integrity, pruning and averaging.
+checkpoint_folders.py gives the folders' layout, listing, integrity, pruning and averaging.
 
 In the order a run meets it (fairseq keeps these in `checkpoint_utils` the same way): `writes_checkpoints` (the
 main process, or each machine's first one where no filesystem is shared by every process:
@@ -33,7 +32,7 @@ from vanilla_transformer.model.upgrade import (
     splitting_fused_weights,
     upgrade_config,
 )
-from vanilla_transformer.training.checkpoints import (
+from vanilla_transformer.training.checkpoint_folders import (
     STAGING_PREFIX,
     TRAINER_STATE,
     WEIGHTS_NAMES,
@@ -66,7 +65,7 @@ NOT_MODEL_IDENTITY = {"transformers_version", "use_cache", *OBSOLETE_CONFIG_FIEL
 
 
 @dataclass
-class RunState:
+class TrainerState:
     """Where the run stands; saved in each checkpoint's trainer_state.json beside accelerate's state."""
 
     run_id: str | None  # the run that owns the checkpoints it prunes and averages (None: saved before ids existed)
@@ -112,7 +111,7 @@ def continuation_settings(accelerator, batches_and_schedule: dict) -> dict:
 def save_checkpoint(
     accelerator,
     settings: CheckpointSettings,
-    state: RunState,
+    state: TrainerState,
     schedule,
     identity: dict,
     continuation: dict,
@@ -318,7 +317,7 @@ def resume(accelerator, settings: CheckpointSettings, model, schedule, identity:
     accelerator.print(f"[resume] from {path} at step {saved['step']}")
     position = DataPosition(saved["epoch"], saved["batches_done_in_epoch"])
     stopped = saved.get("stop", False)
-    return RunState(saved.get("run_id"), saved["step"], position, saved["elapsed_seconds"], stopped)
+    return TrainerState(saved.get("run_id"), saved["step"], position, saved["elapsed_seconds"], stopped)
 
 
 def load_averaged_weights(model, accelerator, settings: CheckpointSettings, run_id) -> int:

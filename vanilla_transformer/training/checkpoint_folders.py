@@ -1,4 +1,4 @@
-"""Checkpoints: the folders `accelerator.save_state` writes, and a run's saving, resuming and averaging with them.
+"""Checkpoint folders on disk: their layout, listing, integrity, pruning and averaging.
 
 Layout: `<output_dir>/checkpoints/step_000123/` holds everything `save_state` wrote, including the model weights in
 `model.safetensors` (accelerate's name for the first prepared model), plus our `trainer_state.json` (step, data
@@ -7,7 +7,7 @@ position, schedule, run id, model config, tokenizer fingerprint: JSON, nothing o
 place when done, so an interrupted save never looks like a checkpoint. The weights are only ever read with
 safetensors, or FSDP's full-state file with `weights_only=True` (no code runs).
 
-A run's side (saving, resuming, averaging with Accelerate) is in run_checkpoints.py.
+A run's side (saving, resuming, averaging with Accelerate) is in checkpointing.py.
 
 Integrity: `checkpoint_problem` compares a folder against its `checksums.json`, so a truncated or damaged file is
 named before anything is loaded. Ownership: listing, pruning and averaging take `run_id` and only ever touch that
