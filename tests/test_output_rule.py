@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from vanilla_transformer.commands.main import SUBCOMMANDS, subcommand_main
-from vanilla_transformer.mechanics.outputs import OutputFolderError, check_output_folder
+from vanilla_transformer.mechanics.integrity import sha256_of
+from vanilla_transformer.mechanics.outputs import (
+    OutputFolderError,
+    check_output_folder,
+    why_not_recorded,
+    write_record,
+)
 
 from .helpers import FAST, TINY_RUN, corpus_lines, run_in_this_process
 
@@ -127,6 +133,54 @@ def test_a_command_that_always_replaces_names_what_the_folder_is_not_without_a_f
 def test_an_empty_name_is_refused_not_taken_for_the_current_folder():
     with pytest.raises(OutputFolderError, match="name is empty"):
         check("", overwrite=True)
+
+
+def test_a_record_names_what_its_command_wrote_and_anything_changed_or_added_makes_the_folder_not_its(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "sub" / "b.txt").write_text("b")
+    write_record(tmp_path, ".record.json", "vanilla-transformer x")
+    assert why_not_recorded(tmp_path, ".record.json", "vanilla-transformer x") is None
+    assert "is not a record of `vanilla-transformer y`" in why_not_recorded(
+        tmp_path, ".record.json", "vanilla-transformer y"
+    )
+    (tmp_path / "c.txt").write_text("c")
+    assert "it holds c.txt, which" in why_not_recorded(tmp_path, ".record.json", "vanilla-transformer x")
+    (tmp_path / "c.txt").unlink()
+    (tmp_path / "sub" / "b.txt").write_text("B")
+    assert "sub/b.txt does not match the sha256" in why_not_recorded(tmp_path, ".record.json", "vanilla-transformer x")
+
+
+def test_a_record_that_is_a_link_is_no_record(tmp_path):
+    folder, elsewhere = tmp_path / "folder", tmp_path / "elsewhere"
+    for place in (folder, elsewhere):
+        place.mkdir()
+        (place / "a.txt").write_text("a")
+    write_record(elsewhere, ".record.json", "vanilla-transformer x")
+    (folder / ".record.json").symlink_to(elsewhere / ".record.json")
+    assert "is a symbolic link" in why_not_recorded(folder, ".record.json", "vanilla-transformer x")
+
+
+@pytest.mark.parametrize(
+    "earlier",
+    [
+        {"written_by": "vanilla-transformer translate, chunks 1", "files": "sized"},  # a translated dataset's
+        {"written_by": "vanilla-transformer translate", "files": "sha256"},  # a Space export's: sha256 alone
+    ],
+)
+def test_an_earlier_releases_record_is_read_as_todays(tmp_path, earlier):
+    import json
+
+    (tmp_path / "a.txt").write_text("a")
+    entry = (
+        {"size": 1, "sha256": sha256_of(tmp_path / "a.txt")}
+        if earlier["files"] == "sized"
+        else sha256_of(tmp_path / "a.txt")
+    )
+    (tmp_path / ".record.json").write_text(json.dumps({**earlier, "files": {"a.txt": entry}}))
+    assert why_not_recorded(tmp_path, ".record.json", "vanilla-transformer translate") is None
+    (tmp_path / "a.txt").write_text("b")
+    assert "does not match the sha256" in why_not_recorded(tmp_path, ".record.json", "vanilla-transformer translate")
 
 
 def test_the_commands_that_write_are_found_and_each_has_its_cheapest_arguments(monkeypatch):

@@ -3,15 +3,12 @@ conversion there, never anything else. A conversion is marked as one: `CONVERSIO
 with its size and sha256, so that a folder of the same file names (a trained model's, a copy of another conversion's,
 one whose card was edited since) is never taken for a conversion that --overwrite may replace."""
 
-import json
 from fnmatch import fnmatch
 from pathlib import Path
 
 from vanilla_transformer.converters.core import SOURCE_TOKENIZER_FILES, ConversionError
-from vanilla_transformer.mechanics.integrity import files_problem, record_files
 from vanilla_transformer.mechanics.names import UPLOADED_FILES, UPLOADED_PATTERNS
-from vanilla_transformer.mechanics.outputs import check_output_folder
-from vanilla_transformer.model.loading import read_json_file
+from vanilla_transformer.mechanics.outputs import check_output_folder, why_not_recorded, write_record
 
 WRITTEN_BY = "vanilla-transformer convert"
 CONVERSION_RECORD = (
@@ -42,25 +39,12 @@ def why_not_a_conversion(folder: Path) -> str | None:
     else why not."""
     if others := foreign_entries(folder):
         return f"it holds {', '.join(others[:5])}" + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-    try:
-        record = read_json_file(folder / CONVERSION_RECORD, ConversionError, required=True)
-    except ConversionError:
-        return f"it has no readable record of a conversion ({CONVERSION_RECORD}): `vanilla-transformer convert` did not write it"
-    files = record.get("files")
-    if record.get("written_by") != WRITTEN_BY or (problem := files_problem(folder, files)):
-        return problem or f"its {CONVERSION_RECORD} is not a conversion's record"
-    written = {path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file()} - {
-        CONVERSION_RECORD
-    }
-    if unlisted := sorted(written - set(files)):
-        return f"it holds {', '.join(unlisted[:5])}, which the conversion did not write"
-    return None
+    return why_not_recorded(folder, CONVERSION_RECORD, WRITTEN_BY)
 
 
 def record_conversion(folder: Path) -> None:
     """Mark `folder`, just written by `convert`, as a conversion: its files with their sizes and sha256."""
-    record = {"written_by": WRITTEN_BY, "files": record_files(folder, excluded=(CONVERSION_RECORD,))}
-    (folder / CONVERSION_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_record(folder, CONVERSION_RECORD, WRITTEN_BY)
 
 
 def check_conversion_folder(source: str | Path, output_dir: str | Path, overwrite: bool) -> bool:

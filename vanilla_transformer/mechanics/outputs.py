@@ -10,10 +10,17 @@ It holds for `convert`, `export-ctranslate2`, `space`, `refresh-code`, `paper-fi
    (the command's own `why_not_previous` says what else is there). A command that always replaces its folder in
    place (`refresh-code`) has no flag: the folder must be one it may replace.
 
-Every refusal comes before anything is written and names the folder, what is wrong and what to do. A command that
-knows its previous output by a record of the files it wrote (`paper-figures`, `attention-maps`) writes through
-`write_recorded_folder`: beside the folder, the record last, then moved into place, so that a full disk or a folder
-that may not be written is one error naming it and what to do, and leaves it as it was.
+Every refusal comes before anything is written and names the folder, what is wrong and what to do.
+
+A command knows its previous output by one record of what it wrote (`write_record`: the command and each file's size
+and sha256), read by `why_not_recorded`; earlier releases' records are upgraded in `upgraded_record` alone. Those that
+write a whole folder (`convert`, `export-onnx`, `paper-figures`, `attention-maps`, `translate`'s dataset folder) write
+it beside the folder, the record last, then move it into place (`write_recorded_folder` does all three): a full disk
+or a folder that may not be written is one error naming it and what to do, and leaves it as it was. `space` writes in place (a Space's
+folder may be a git clone), listing each file before writing it. A folder that grows over many runs, whose files
+change, is known otherwise: `train`'s by the entries its runs created (training/output_folder.py), `sweep`'s by a
+mark and the names it writes. `export-ctranslate2`
+knows its output by CTranslate2's own layout, and `prepare` writes only into a new or empty folder.
 """
 
 import errno
@@ -24,8 +31,8 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
-from vanilla_transformer.mechanics.files import TargetChanged, on_full_disk, staged_folder
-from vanilla_transformer.mechanics.integrity import files_problem, record_files
+from vanilla_transformer.mechanics.files import TargetChanged, on_full_disk, replace_file, staged_folder
+from vanilla_transformer.mechanics.integrity import files_problem, is_name_inside, record_files
 
 OVERWRITE = "--overwrite"  # the one flag of every command that may replace its previous output
 NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # a read-only folder or disk, another user's folder
@@ -88,23 +95,62 @@ def check_output_folder(
     return True
 
 
-def write_record(folder: Path, record: str, written_by: str) -> None:
-    """`folder / record`: the command `written_by` and every other file under `folder` with its size and sha256.
-    Written last, so that a folder holds a record only once every file it lists is complete."""
-    files = record_files(folder, excluded=(record,))
-    (folder / record).write_text(json.dumps({"written_by": written_by, "files": files}, indent=1) + "\n", "utf-8")
+def write_record(folder: Path, record: str, written_by: str, files: dict | None = None) -> None:
+    """`folder / record`, the one record of what a command wrote: {"written_by": the command, "files": {relative path:
+    {"size", "sha256"}}}, by default every other file under `folder`. A command that writes in place lists a file as
+    None before writing it (`files`). Replaced, never written through a link; written last by a command that writes
+    its folder whole, so that a folder holds a record only once every file it lists is complete."""
+    files = record_files(folder, excluded=(record,)) if files is None else files
+    replace_file(folder / record, json.dumps({"written_by": written_by, "files": files}, indent=1) + "\n")
+
+
+class NotRecorded(Exception):
+    """Why a folder holds no record of a command's output; the message says it in words."""
+
+
+def recorded_files(folder: Path, record: str, written_by: str) -> dict:
+    """The files `folder / record` lists as written by `written_by` (`write_record`), earlier releases' records
+    upgraded; NotRecorded naming why there are none (no record, a link, damaged, another command's)."""
+    path = folder / record
+    if path.is_symlink():
+        raise NotRecorded(f"its {record} is a symbolic link, not a record that `{written_by}` writes")
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise NotRecorded(f"it has no readable record ({record}) of a `{written_by}` output") from None
+    content = upgraded_record(content, folder)
+    if not isinstance(content, dict) or content.get("written_by") != written_by:
+        raise NotRecorded(f"its {record} is not a record of `{written_by}`")
+    return content.get("files")
+
+
+# what earlier releases wrote as "written_by", for today's name
+EARLIER_WRITERS = {"vanilla-transformer translate, chunks 1": "vanilla-transformer translate"}
+
+
+def upgraded_record(content, folder: Path):
+    """An earlier release's record in today's format, the one place that knows them: a translated dataset's record
+    named its writer by the corpus format; a Space export's listed each file by its sha256 alone (its size is taken
+    from the folder, the sha256 still decides)."""
+    if not isinstance(content, dict) or not isinstance(content.get("files"), dict):
+        return content
+    writer = EARLIER_WRITERS.get(content.get("written_by"), content.get("written_by"))
+    files = {
+        name: {"size": (folder / name).stat().st_size if (folder / name).is_file() else -1, "sha256": entry}
+        if isinstance(entry, str) and isinstance(name, str) and is_name_inside(folder, name)
+        else entry
+        for name, entry in content["files"].items()
+    }
+    return {**content, "written_by": writer, "files": files}
 
 
 def why_not_recorded(folder: Path, record: str, written_by: str) -> str | None:
     """None if `folder` holds a previous output of the command `written_by`: its `record` (`write_record`), every
     file it lists unchanged since, and nothing else; else why not (for `check_output_folder`'s `why_not_previous`)."""
     try:
-        recorded = json.loads((folder / record).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return f"it has no readable record ({record}) of a `{written_by}` output"
-    files = recorded.get("files") if isinstance(recorded, dict) else None
-    if not isinstance(recorded, dict) or recorded.get("written_by") != written_by:
-        return f"its {record} is not a record of `{written_by}`"
+        files = recorded_files(folder, record, written_by)
+    except NotRecorded as why:
+        return str(why)
     if problem := files_problem(folder, files):
         return problem
     present = {path.relative_to(folder).as_posix() for path in folder.rglob("*") if not path.is_dir()} - {record}

@@ -52,8 +52,7 @@ from tqdm import tqdm
 
 from vanilla_transformer.mechanics.errors import VanillaTransformerError
 from vanilla_transformer.mechanics.files import move_into_place, on_full_disk, replace_file, staging_path
-from vanilla_transformer.mechanics.integrity import files_problem, record_files
-from vanilla_transformer.mechanics.outputs import check_output_folder
+from vanilla_transformer.mechanics.outputs import check_output_folder, why_not_recorded, write_record
 from vanilla_transformer.serving.batches import translate_groups
 from vanilla_transformer.serving.sentences import split_sentences
 from vanilla_transformer.serving.settings import CorpusSettings, upgraded_record
@@ -79,6 +78,7 @@ CHUNK_NAME = re.compile(r"chunk-([0-9]{8})\.jsonl")
 SPOOLING = ".input.new"
 BEFORE_MANIFEST = {LOCK, SPOOL, SPOOLING}  # what a run writes before its manifest: a folder of these is ours
 DATASET_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")  # a dataset's output files; no suffix: a folder
+WRITTEN_BY = "vanilla-transformer translate"
 DATASET_RECORD = ".vanilla_transformer_translation.json"  # in a dataset folder we wrote: its files, for --overwrite
 POLL_SECONDS = 2.0
 
@@ -433,19 +433,7 @@ def identity(path: Path) -> list[int] | None:
 
 def why_not_a_translation(folder: Path) -> str | None:
     """None if `folder` is a dataset folder this command wrote, every file as it wrote it and nothing else."""
-    record = folder / DATASET_RECORD
-    if record.is_symlink() or not record.is_file():
-        return f"it has no {DATASET_RECORD}: this command did not write it"
-    try:
-        files = json.loads(record.read_text(encoding="utf-8")).get("files")
-    except (OSError, ValueError, AttributeError):
-        return f"its {DATASET_RECORD} is damaged"
-    if problem := files_problem(folder, files):
-        return problem
-    written = set(files) | {DATASET_RECORD}
-    others = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if not path.is_dir())
-    others = [name for name in others if name not in written]
-    return f"it holds {', '.join(others[:5])}" if others else None
+    return why_not_recorded(folder, DATASET_RECORD, WRITTEN_BY)
 
 
 def same_file(input_path: str | None, output: str) -> bool:
@@ -722,8 +710,7 @@ def write_dataset(source: DatasetSource, run: CorpusTranslation, output: str) ->
     try:
         if is_dataset_folder(Path(output)):
             generated.save_to_disk(str(staging))
-            record = {"written_by": FORMAT, "files": record_files(staging)}
-            (staging / DATASET_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+            write_record(staging, DATASET_RECORD, WRITTEN_BY)
             if Path(output).is_dir() and (why := why_not_a_translation(Path(output))) and os.listdir(output):
                 raise CorpusError(f"--output {output} changed while the run wrote it ({why}): it was left as it is")
         elif suffix == ".parquet":

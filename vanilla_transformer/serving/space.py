@@ -18,7 +18,6 @@ card's `sdk: gradio` header. The same upload sends a static Space (`sdk: static`
 writes, serving/web_page.py) given the names of its files, with no app.py.
 """
 
-import json
 from collections.abc import Sequence
 from importlib import resources
 from importlib.metadata import PackageNotFoundError, version
@@ -38,9 +37,9 @@ from vanilla_transformer.mechanics.files import (
     link_on_the_way,
     replace_file,
 )
-from vanilla_transformer.mechanics.integrity import sha256_of
+from vanilla_transformer.mechanics.integrity import files_problem, sha256_of
 from vanilla_transformer.mechanics.names import CODE_FILES
-from vanilla_transformer.mechanics.outputs import check_output_folder
+from vanilla_transformer.mechanics.outputs import NotRecorded, check_output_folder, recorded_files, write_record
 
 # the library modules the demo imports, by their path in the Space (= their path in the installed package)
 LIBRARY_CODE = (  # what the demo imports, as paths inside the package
@@ -66,7 +65,8 @@ LIBRARY_CODE = (  # what the demo imports, as paths inside the package
 )
 SPACE_CODE = ("app.py", *CODE_FILES, *(f"vanilla_transformer/{name}" for name in LIBRARY_CODE))
 SPACE_FILES = (*SPACE_CODE, "requirements.txt", "README.md")
-SPACE_RECORD = ".vanilla_transformer_space.json"  # what the export wrote: {"files": {name: sha256}}; never uploaded
+WRITTEN_BY = "vanilla-transformer space"
+SPACE_RECORD = ".vanilla_transformer_space.json"  # what the export wrote (mechanics/outputs.py); never uploaded
 SPACE_APP = '''"""The Space's page: vanilla-transformer's demo (vanilla_transformer/serving/demo.py) for the model in README.md's `models:`
 (or the MODEL_ID variable of the Space's settings). Written by `vanilla-transformer space`."""
 
@@ -128,41 +128,33 @@ def write_space(
         "requirements.txt": ("\n".join(REQUIREMENTS) + "\n").encode("utf-8"),
         "README.md": card.encode("utf-8"),
     }
-    record = {name: None for name in contents}  # listed before written: a crash leaves none of ours unlisted
+    files = {name: None for name in contents}  # listed before written: a crash leaves none of ours unlisted
     output_dir.mkdir(parents=True, exist_ok=True)
-    _write_record(output_dir, record)
+    write_record(output_dir, SPACE_RECORD, WRITTEN_BY, files)
     for name, data in contents.items():
         (output_dir / name).parent.mkdir(parents=True, exist_ok=True)
         replace_file(output_dir / name, data)
-        record[name] = sha256_of(output_dir / name)
-    _write_record(output_dir, record)
+        files[name] = {"size": len(data), "sha256": sha256_of(output_dir / name)}
+    write_record(output_dir, SPACE_RECORD, WRITTEN_BY, files)
     return [output_dir / name for name in contents]  # = SPACE_FILES
 
 
-def _write_record(folder: Path, files: dict) -> None:
-    text = json.dumps({"written_by": "vanilla-transformer space", "files": files}, indent=1)
-    replace_file(folder / SPACE_RECORD, text + "\n")
-
-
 def read_space_record(folder: Path) -> dict:
-    """{name: sha256 or None (listed, being written)} of the files a previous export wrote into `folder`; {} without
-    a record. SpaceError when the record is a link or damaged."""
-    path = folder / SPACE_RECORD
-    if path.is_symlink():
-        raise SpaceError(f"{describe_link(path)}, not the record of a Space export: remove the link")
-    if not path.exists():
+    """{name: {"size", "sha256"}, or None (listed, being written)} of the files a previous export wrote into `folder`
+    (mechanics/outputs.py's record); {} without a record. SpaceError when the record is a link or damaged."""
+    if not (folder / SPACE_RECORD).exists() and not (folder / SPACE_RECORD).is_symlink():
         return {}
     try:
-        files = json.loads(path.read_text(encoding="utf-8"))["files"]
-        if not all(
-            name in SPACE_FILES and (digest is None or isinstance(digest, str)) for name, digest in files.items()
-        ):
-            raise ValueError("it lists files a Space export does not write")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        files = recorded_files(folder, SPACE_RECORD, WRITTEN_BY)
+        if not isinstance(files, dict) or not all(name in SPACE_FILES for name in files):
+            raise NotRecorded("it lists files a Space export does not write")
+        if damaged := files_problem(folder, {name: entry for name, entry in files.items() if entry}, only=()):
+            raise NotRecorded(damaged)
+    except NotRecorded as why:
         raise SpaceError(
-            f"{path} is damaged ({type(error).__name__}: {str(error)[:200]}): move the Space's files away yourself "
-            "or choose another --output_dir"
-        ) from error
+            f"{folder / SPACE_RECORD} is damaged ({why}): move the Space's files away yourself or choose another "
+            "--output_dir"
+        ) from None
     return files
 
 
@@ -202,7 +194,7 @@ def why_not_a_space(folder: Path) -> str | None:
             foreign.append(f"{name} (not written by vanilla-transformer space)")
         elif recorded[name] is None:  # listed before an export was stopped: nothing proves who wrote it
             foreign.append(f"{name} (listed by an export that did not finish, so maybe not ours: remove it yourself)")
-        elif not path.is_file() or sha256_of(path) != recorded[name]:
+        elif files_problem(folder, {name: recorded[name]}):
             foreign.append(f"{name} (changed since vanilla-transformer space wrote it)")
     if foreign:
         return f"it holds {', '.join(foreign)}"
