@@ -181,7 +181,10 @@ def test_overwrite_never_replaces_a_trained_models_folder_of_the_same_file_names
     (output / ".vanilla_transformer_conversion.json").unlink()
     before = {path: path.read_bytes() for path in output.rglob("*") if path.is_file()}
     assert main([str(fsmt_folder), str(output), "--overwrite"]) == 1
-    assert "no readable record (.vanilla_transformer_conversion.json) of a `vanilla-transformer convert`" in capsys.readouterr().err
+    assert (
+        "no readable record (.vanilla_transformer_conversion.json) of a `vanilla-transformer convert`"
+        in capsys.readouterr().err
+    )
     assert {path: path.read_bytes() for path in output.rglob("*") if path.is_file()} == before
 
 
