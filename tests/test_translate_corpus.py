@@ -108,10 +108,15 @@ def test_groups_are_each_batched_alone_and_given_back_in_order(backend_class):
     assert [result.target_tokens for result in given_back][1:3] == [0, 0]
 
 
+def test_batches_without_a_budget_are_refused_rather_than_given_a_hidden_default():
+    with pytest.raises(ValueError, match="give batch_size"):
+        translate_texts(WordBackend(), ["one"])
+
+
 def test_a_sentence_over_the_model_is_cut_at_punctuation_into_pieces_that_fit():
     backend = WordBackend(max_source_tokens=8)
     text = "one two three four five six , seven eight nine ten ; eleven twelve"
-    result = translate_texts(backend, [text, "short one"])
+    result = translate_texts(backend, [text, "short one"], batch_size=2)
     assert result.cut == 1
     assert all(len(ids) <= 8 for batch in backend.batches for ids in batch)
     # cut after "," (the clauses after it fit together), each piece reversed by the backend, joined by their space

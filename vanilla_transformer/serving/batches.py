@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from vanilla_transformer.serving.sentences import cut_to_fit
-from vanilla_transformer.serving.settings import BATCH_SIZE
 
 
 class TranslationBackend(Protocol):
@@ -82,7 +81,7 @@ def translate_texts(
     Empty or whitespace-only texts give "" without running the model. A text over `max_source_tokens` (default: the
     backend's, the model's positions) is cut at punctuation or spaces into pieces that fit (`sentences.cut_to_fit`),
     whose translations are joined; `Translated.cut` counts them. Batches: `token_batches` by `max_tokens` and
-    `batch_size` (at least one given; the default is BATCH_SIZE sentences)."""
+    `batch_size`, at least one given (ValueError otherwise): each caller states its own default."""
     [translated] = translate_groups(backend, [texts], batch_size, max_tokens, max_source_tokens)  # run to its end
     return translated
 
@@ -99,7 +98,7 @@ def translate_groups(
     batches at once starts the next group's first while the last of a group are decoded. A group is read, encoded and
     batched only when the backend asks for its first batch."""
     if batch_size is None and max_tokens is None:
-        batch_size = BATCH_SIZE
+        raise ValueError("give batch_size (sentences) or max_tokens (source tokens x beams) for the batches")
     waiting = deque()  # the groups read and not yet given back, in order
 
     def batches() -> Iterator[list[list[int]]]:

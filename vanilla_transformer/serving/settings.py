@@ -7,7 +7,7 @@ checks), so that `vanilla-transformer translate --help` answers at once and a Sp
 
 from dataclasses import dataclass, field
 
-BATCH_SIZE = 32  # sentences translated together, by default, by the library's callers (the demo, translate_sentences)
+BATCH_SIZE = 32  # sentences a batch, the default of `translate_sentences` (the library call)
 DEFAULT_BATCH_TOKENS = 4000  # source tokens x beams a batch, unless a sentence count alone is given
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the model's weights and computation (`translate.DTYPES`)
 BACKENDS = ("model", "ctranslate2", "onnx")
