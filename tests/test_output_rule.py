@@ -193,7 +193,7 @@ def test_the_commands_that_write_are_found_and_each_has_its_cheapest_arguments(m
 
 # The cheapest arguments with which each command writes into OUTPUT (MODEL: a saved model folder, SOURCE: a folder
 # `convert` reads, DATA: a JSON Lines file of a `text` column), without --overwrite; `translate` names a folder (no
-# suffix), which it writes as a dataset's save_to_disk folder under the rule (serving/corpus.py, check_output).
+# suffix), which it writes as a dataset's save_to_disk folder under the rule (serving/corpus_output.py, check_output).
 CHEAPEST = {
     "train": ["--output_dir", "OUTPUT", *TINY_RUN, "--max_steps", "1", "--save_steps", "1000"],
     "prepare": ["--data_dir", "CORPUS", "--output_dir", "OUTPUT", "--validation_split", "val", "--vocab_size", "300"],

@@ -419,7 +419,7 @@ def test_a_full_disk_keeps_the_finished_chunks_and_says_so(folder, tmp_path, cap
 
 
 def test_a_second_command_writing_the_same_output_is_refused_before_loading_a_model(tmp_path, capsys, monkeypatch):
-    from vanilla_transformer.serving.corpus import FORMAT, PartialFolder
+    from vanilla_transformer.serving.corpus_folder import FORMAT, PartialFolder
 
     output_file = tmp_path / "hypotheses.de"
     first = PartialFolder(output_file)

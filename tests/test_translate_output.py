@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vanilla_transformer.serving import corpus
+from vanilla_transformer.serving import corpus, corpus_folder
 
 from .helpers import FAST, OFFLINE, ROOT, corpus_lines, stopped_run, translate, write_lines
 
@@ -151,7 +151,7 @@ def test_overwrite_never_takes_over_an_output_that_another_run_is_writing(folder
     output = tmp_path / "out.de"
     stopped_run(folder, source, output, monkeypatch)
     chunks = sorted(path.name for path in Path(f"{output}.partial").iterdir())
-    running = corpus.PartialFolder(output)
+    running = corpus_folder.PartialFolder(output)
     running.lock()  # another run, live
     try:
         result = translate(folder, "--input", source, "--output", output, "--buffer_size", 10, "--overwrite", *FAST)
@@ -249,9 +249,9 @@ def test_a_partial_folder_holding_only_a_lock_is_ours(tmp_path):
     partial = tmp_path / "out.de.partial"
     partial.mkdir()
     (partial / "lock").write_bytes(b"")
-    assert corpus.PartialFolder(tmp_path / "out.de").is_ours()
+    assert corpus_folder.PartialFolder(tmp_path / "out.de").is_ours()
     (partial / "notes.txt").write_text("mine")
-    assert not corpus.PartialFolder(tmp_path / "out.de").is_ours()
+    assert not corpus_folder.PartialFolder(tmp_path / "out.de").is_ours()
 
 
 def test_a_file_put_at_output_after_a_run_stopped_is_replaced_only_with_overwrite(

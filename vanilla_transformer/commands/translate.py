@@ -55,16 +55,9 @@ from vanilla_transformer.commands.flags import (
 from vanilla_transformer.commands.runner import UsageError, command, need
 from vanilla_transformer.converters.ctranslate2_types import COMPUTE_TYPES
 from vanilla_transformer.mechanics.memory import keep_freed_memory
-from vanilla_transformer.serving.corpus import (
-    DATASET_SUFFIXES,
-    CorpusError,
-    CorpusTranslation,
-    Process,
-    check_output,
-    same_file,
-    say,
-    translate_to_stream,
-)
+from vanilla_transformer.serving.corpus import CorpusTranslation, Process, say, translate_to_stream
+from vanilla_transformer.serving.corpus_folder import CorpusError
+from vanilla_transformer.serving.corpus_output import DATASET_SUFFIXES, check_output, same_file
 from vanilla_transformer.serving.settings import (
     BackendSettings,
     CorpusSettings,

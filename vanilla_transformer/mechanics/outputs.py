@@ -13,7 +13,7 @@ It holds for `convert`, `export-ctranslate2`, `space`, `refresh-code`, `paper-fi
 Every refusal comes before anything is written and names the folder, what is wrong and what to do.
 
 A command knows its previous output by one record of what it wrote (`write_record`: the command and each file's size
-and sha256), read by `why_not_recorded`; earlier releases' records are upgraded in `upgraded_record` alone. Those that
+and sha256), read by `why_not_recorded`; earlier releases' records are upgraded in `upgraded_output_record` alone. Those that
 write a whole folder (`convert`, `export-onnx`, `paper-figures`, `attention-maps`, `translate`'s dataset folder) write
 it beside the folder, the record last, then move it into place (`write_recorded_folder` does all three): a full disk
 or a folder that may not be written is one error naming it and what to do, and leaves it as it was. `space` writes in place (a Space's
@@ -118,7 +118,7 @@ def recorded_files(folder: Path, record: str, written_by: str) -> dict:
         content = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise NotRecorded(f"it has no readable record ({record}) of a `{written_by}` output") from None
-    content = upgraded_record(content, folder)
+    content = upgraded_output_record(content, folder)
     if not isinstance(content, dict) or content.get("written_by") != written_by:
         raise NotRecorded(f"its {record} is not a record of `{written_by}`")
     return content.get("files")
@@ -128,7 +128,7 @@ def recorded_files(folder: Path, record: str, written_by: str) -> dict:
 EARLIER_WRITERS = {"vanilla-transformer translate, chunks 1": "vanilla-transformer translate"}
 
 
-def upgraded_record(content, folder: Path):
+def upgraded_output_record(content, folder: Path):
     """An earlier release's record in today's format, the one place that knows them: a translated dataset's record
     named its writer by the corpus format; a Space export's listed each file by its sha256 alone (its size is taken
     from the folder, the sha256 still decides)."""
