@@ -104,7 +104,7 @@ def write_record(folder: Path, record: str, written_by: str, files: dict | None 
     replace_file(folder / record, json.dumps({"written_by": written_by, "files": files}, indent=1) + "\n")
 
 
-class NotRecorded(Exception):
+class NotRecorded(VanillaTransformerError):
     """Why a folder holds no record of a command's output; the message says it in words."""
 
 
