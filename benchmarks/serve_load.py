@@ -9,7 +9,8 @@ within the window; target tokens/s is the server's own count (`vt_target_tokens_
 the latency percentiles cover every request sent within the window, those answered after it included (the window is
 followed by a wait for them). Where C exceeds what (b) answers in the window, its latencies are those of the first
 wave, not of a steady state. The load generator shares the machine's cores with the server: each row gives the cores
-that the client and the server kept busy over the window (CPU seconds / window seconds), which (c) has to itself.
+that the client and the server kept busy over the window (CPU seconds / window seconds), which (c) has to itself,
+and the mean sentences a batch (`vt_batch_sentences` on /metrics).
 
 Also measured, per model and backend:
 - `direct`: the backend called directly (`translate([ids])`, in a process of its own, loaded as the server loads it)
@@ -63,6 +64,8 @@ from common import (  # noqa: E402
 
 SENTENCES = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en.gz"
 TARGET_TOKENS = re.compile(r"^vt_target_tokens_total\{[^}]*\} ([0-9.e+]+)$", re.MULTILINE)
+BATCHES = re.compile(r"^vt_batch_sentences_count\{[^}]*\} ([0-9.e+]+)$", re.MULTILINE)
+BATCHED = re.compile(r"^vt_batch_sentences_sum\{[^}]*\} ([0-9.e+]+)$", re.MULTILINE)
 QUEUED = re.compile(r"^vt_queue_sentences\{[^}]*\} ([0-9.e+]+)$", re.MULTILINE)
 SERVING = re.compile(r"serving .* on http://127\.0\.0\.1:(\d+)")
 POLL_SECONDS = 0.1
@@ -129,6 +132,7 @@ async def closed_loop(url: str, sentences: list[str], concurrency: int, seconds:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         tokens_before = await metric(session, url, TARGET_TOKENS)
+        batches_before = [await metric(session, url, pattern) for pattern in (BATCHES, BATCHED)]
         start = time.monotonic()
         end = start + seconds
 
@@ -148,6 +152,8 @@ async def closed_loop(url: str, sentences: list[str], concurrency: int, seconds:
             return await metric(session, url, TARGET_TOKENS) - tokens_before
 
         *_, tokens = await asyncio.gather(*(client() for _ in range(concurrency)), window_tokens())
+        counts = zip((BATCHES, BATCHED), batches_before, strict=True)
+        batches, batched = [await metric(session, url, pattern) - before for pattern, before in counts]
     finished = time.monotonic() - start
     ordered = sorted(seconds_ for _, seconds_ in latencies)
     percentile = lambda share: ordered[min(len(ordered) - 1, int(share * len(ordered)))] * 1000  # noqa: E731
@@ -159,6 +165,7 @@ async def closed_loop(url: str, sentences: list[str], concurrency: int, seconds:
         "p50_ms": percentile(0.50),
         "p95_ms": percentile(0.95),
         "p99_ms": percentile(0.99),
+        "batch_sentences": batched / batches if batches else 0.0,  # the mean, window and wait together
         "by_sentence": sorted(latencies),
         "seconds": finished,
     }
@@ -310,8 +317,8 @@ def measure(args: argparse.Namespace, name: str, folder: Path, flags: list[str],
 def table(rows: list[dict]) -> str:
     lines = [
         "| model | backend | mode | C | requests/s | target tokens/s | p50 ms | p95 ms | p99 ms | errors | peak MB "
-        "| server / client cores |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| server / client cores | sentences a batch |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if row["mode"] in ("on", "off"):
@@ -319,12 +326,13 @@ def table(rows: list[dict]) -> str:
                 f"| {row['model']} | {row['backend']} | {'(a) batched' if row['mode'] == 'on' else '(b) one at a time'} "
                 f"| {row['concurrency']} | {row['requests_per_second']:.1f} | {row['target_tokens_per_second']:,.0f} "
                 f"| {row['p50_ms']:,.0f} | {row['p95_ms']:,.0f} | {row['p99_ms']:,.0f} | {row['errors']} "
-                f"| {row['peak_mb']:,.0f} | {row['server_cores']:.2f} / {row['client_cores']:.2f} |"
+                f"| {row['peak_mb']:,.0f} | {row['server_cores']:.2f} / {row['client_cores']:.2f} "
+                f"| {row['batch_sentences']:.1f} |"
             )
         elif row["mode"] == "offline":
             lines.append(
                 f"| {row['model']} | {row['backend']} | (c) translate | - | {row['lines_per_second']:.1f} "
-                f"| {row['target_tokens_per_second']:,.0f} | | | | | | |"
+                f"| {row['target_tokens_per_second']:,.0f} | | | | | | | |"
             )
     return "\n".join(lines)
 
