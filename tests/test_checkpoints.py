@@ -1,5 +1,6 @@
 """Checkpoints (training/checkpoint_folders.py, checkpointing.py): saved whole or not at all, found in step order,
-pruned, averaged (section 6.1); in a run, resumed only into the same model, checked before anything is loaded, never unpickled."""
+pruned, averaged (section 6.1); in a run, resumed only into the same model, checked before anything is loaded, never
+unpickled."""
 
 import errno
 import gzip

@@ -13,14 +13,14 @@ It holds for `convert`, `export-ctranslate2`, `space`, `refresh-code`, `paper-fi
 Every refusal comes before anything is written and names the folder, what is wrong and what to do.
 
 A command knows its previous output by one record of what it wrote (`write_record`: the command and each file's size
-and sha256), read by `why_not_recorded`; earlier releases' records are upgraded in `upgraded_output_record` alone. Those that
-write a whole folder (`convert`, `export-onnx`, `paper-figures`, `attention-maps`, `translate`'s dataset folder) write
-it beside the folder, the record last, then move it into place (`write_recorded_folder` does all three): a full disk
-or a folder that may not be written is one error naming it and what to do, and leaves it as it was. `space` writes in place (a Space's
-folder may be a git clone), listing each file before writing it. A folder that grows over many runs, whose files
-change, is known otherwise: `train`'s by the entries its runs created (training/output_folder.py), `sweep`'s by a
-mark and the names it writes. `export-ctranslate2`
-knows its output by CTranslate2's own layout, and `prepare` writes only into a new or empty folder.
+and sha256), read by `why_not_recorded`; earlier releases' records are upgraded in `upgraded_output_record` alone.
+Those that write a whole folder (`convert`, `export-onnx`, `paper-figures`, `attention-maps`, `translate`'s dataset
+folder) write it beside the folder, the record last, then move it into place (`write_recorded_folder` does all three):
+a full disk or a folder that may not be written is one error naming it and what to do, and leaves it as it was.
+`space` writes in place (a Space's folder may be a git clone), listing each file before writing it. A folder that
+grows over many runs, whose files change, is known otherwise: `train`'s by the entries its runs created
+(training/output_folder.py), `sweep`'s by a mark and the names it writes. `export-ctranslate2` knows its output by
+CTranslate2's own layout, and `prepare` writes only into a new or empty folder.
 """
 
 import errno

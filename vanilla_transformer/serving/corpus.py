@@ -15,7 +15,8 @@ When every chunk is there, the first process writes the output (a staged file or
 previous output, if `--overwrite` allowed one, stays whole until then; a stopped run resumed without `--overwrite`
 replaces only the file it recorded as there when it began, never one put there since) and removes the partial
 folder's files, which it knows by name (serving/corpus_output.py writes a dataset). The processes meet once, after
-the first has checked the input and the manifest; then each works on its own, and the first waits for the others' chunk files: a shared filesystem is all that several machines need.
+the first has checked the input and the manifest; then each works on its own, and the first waits for the others'
+chunk files: a shared filesystem is all that several machines need.
 """
 
 from __future__ import annotations
