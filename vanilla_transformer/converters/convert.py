@@ -69,8 +69,9 @@ from vanilla_transformer.converters.fairseq import read_fairseq
 from vanilla_transformer.converters.fsmt import read_fsmt
 from vanilla_transformer.converters.marian import read_marian
 from vanilla_transformer.converters.output_folder import (
+    CONVERSION_RECORD,
+    WRITTEN_BY,
     check_conversion_folder,
-    record_conversion,
     why_not_a_conversion,
 )
 from vanilla_transformer.converters.untrusted import (
@@ -81,6 +82,7 @@ from vanilla_transformer.converters.untrusted import (
 )
 from vanilla_transformer.hub.model_folder import save_model_folder
 from vanilla_transformer.mechanics.files import TargetChanged, on_full_disk, remove_stale, staged_folder
+from vanilla_transformer.mechanics.outputs import write_record
 from vanilla_transformer.model.loading import read_json_file
 
 WEIGHT_DTYPES = ("float32", "float16", "bfloat16")  # what a converted folder's weights may be stored as
@@ -169,7 +171,7 @@ def write_folder(model: nn.Module, source: Source, output_dir: Path, difference:
         generation = read_json_file(staging / "generation_config.json", ConversionError)
         card = conversion_card(model, source, difference, generation)
         (staging / "README.md").write_text(card, encoding="utf-8")
-        record_conversion(staging)  # last: what --overwrite may replace later
+        write_record(staging, CONVERSION_RECORD, WRITTEN_BY)  # last: what --overwrite may replace later
 
 
 @contextlib.contextmanager

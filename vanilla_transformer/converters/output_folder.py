@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vanilla_transformer.converters.core import SOURCE_TOKENIZER_FILES, ConversionError
 from vanilla_transformer.mechanics.names import UPLOADED_FILES, UPLOADED_PATTERNS
-from vanilla_transformer.mechanics.outputs import check_output_folder, why_not_recorded, write_record
+from vanilla_transformer.mechanics.outputs import check_output_folder, why_not_recorded
 
 WRITTEN_BY = "vanilla-transformer convert"
 CONVERSION_RECORD = (
@@ -40,11 +40,6 @@ def why_not_a_conversion(folder: Path) -> str | None:
     if others := foreign_entries(folder):
         return f"it holds {', '.join(others[:5])}" + (f" and {len(others) - 5} more" if len(others) > 5 else "")
     return why_not_recorded(folder, CONVERSION_RECORD, WRITTEN_BY)
-
-
-def record_conversion(folder: Path) -> None:
-    """Mark `folder`, just written by `convert`, as a conversion: its files with their sizes and sha256."""
-    write_record(folder, CONVERSION_RECORD, WRITTEN_BY)
 
 
 def check_conversion_folder(source: str | Path, output_dir: str | Path, overwrite: bool) -> bool:
