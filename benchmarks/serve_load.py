@@ -17,9 +17,9 @@ Also measured, per model and backend:
   on the first --direct sentences, each call right after the server's answer to the same sentence (`paired_latency`);
 - `offline` (c): the translate command on --sentences sentences with the same backend flags; its lines/s and tokens/s
   are the engine's own clock (the command's summary line), loading left out as the server's window leaves it out;
-- `queued` (once, on the first model and backend): --queued requests sent at once to a server that may queue them
-  all, its peak RSS against its idle RSS after 10 s of full batches (C=256: the memory that decoding full batches
-  takes, and keeps for reuse, is the idle server's; what more the queue takes is the figure).
+- `queued`: --queued requests sent at once to a server that may queue them all, its peak RSS against its idle RSS
+  after 10 s of full batches (C=256: the memory that decoding full batches takes, and keeps for reuse, is the idle
+  server's; what more the queue takes is the figure), and against its peak during those 10 s.
 
 The models: the OPUS-MT-sized converted model with random weights and a fixed output length (`--new_tokens`, as
 benchmarks/translate_corpus.py builds it), and a trained model folder (`--trained DIR`, for example the one
@@ -307,8 +307,11 @@ def measure(args: argparse.Namespace, name: str, folder: Path, flags: list[str],
         limit = ["--max_queue_tokens", str(10**9), "--timeout", "600"]
         server = Server(folder, [*flags, *args.server_flags, *limit], work / "queued.log", 2)
         try:
+            server.peak = 0
             asyncio.run(closed_loop(server.url, sentences, 256, 10))  # full batches: their memory is the idle's
-            rows.append({"model": name, "mode": "queued", **asyncio.run(flood(server, sentences, args.queued, 30))})
+            full_load = {"full_load_peak_mb": server.peak / 2**20}
+            flooded = asyncio.run(flood(server, sentences, args.queued, 30))
+            rows.append({"model": name, "mode": "queued", **flooded, **full_load})
         finally:
             server.stop()
     return rows
@@ -359,7 +362,7 @@ def targets(rows: list[dict]) -> list[str]:
                 said.append(
                     f"{model} {backend}: {row['requests']} requests queued (deepest queue "
                     f"{row['deepest_queue']:.0f}): peak {row['peak_mb']:.0f} MB, idle {row['idle_mb']:.0f} MB, "
-                    f"+{row['peak_mb'] - row['idle_mb']:.0f} MB"
+                    f"+{row['peak_mb'] - row['idle_mb']:.0f} MB (peak at C=256 {row['full_load_peak_mb']:.0f} MB)"
                 )
     return said
 
@@ -404,13 +407,12 @@ def main(argv=None) -> None:
             models.append((f"{size} random", folders["ours"], ["--max_new_tokens", str(args.new_tokens)]))
         if args.trained:
             models.append(("trained", Path(args.trained), []))
-        for number, (name, folder, flags) in enumerate(models):
+        for name, folder, flags in models:
             for backend in args.backends:
                 backend_flags = ["--backend", backend] + (
                     ["--compute_type", args.compute_type] if backend == "ctranslate2" else []
                 )
-                queued = number == 0 and backend == args.backends[0] and args.queued > 0
-                measured = measure(args, name, folder, flags + backend_flags, work, queued)
+                measured = measure(args, name, folder, flags + backend_flags, work, args.queued > 0)
                 label = backend + (f" {args.compute_type}" if backend == "ctranslate2" else "")
                 rows += [row | {"backend": label} for row in measured]
     print("after:", uptime())
