@@ -77,16 +77,21 @@ class Server:
     def __init__(self, folder: Path, flags: list[str], log: Path, threads: int):
         command = [sys.executable, "-m", "vanilla_transformer", "serve", str(folder), "--port", "0", *flags]
         self.log = open(log, "w")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            command, cwd=ROOT, env=environment(threads), stdout=self.log, stderr=subprocess.STDOUT
+        self.process = subprocess.Popen(  # a native crash dumps the Python stacks into the log
+            command,
+            cwd=ROOT,
+            env=environment(threads) | {"PYTHONFAULTHANDLER": "1"},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
+        self.log_path = log
         self.watched, self.peak, self.running = psutil.Process(self.process.pid), 0, True
         self.poller = threading.Thread(target=self.poll, daemon=True)
         self.poller.start()
-        deadline, log_path = time.monotonic() + 600, log
-        while not (found := SERVING.search(log_path.read_text(errors="replace"))):
+        deadline = time.monotonic() + 600
+        while not (found := SERVING.search(log.read_text(errors="replace"))):
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the server did not start: {' '.join(command)}\n{log_path.read_text()[-3000:]}")
+                raise SystemExit(f"the server did not start: {' '.join(command)}\n{log.read_text()[-3000:]}")
             time.sleep(POLL_SECONDS)
         self.url = f"http://127.0.0.1:{found.group(1)}"
 
@@ -104,13 +109,18 @@ class Server:
 
     def stop(self) -> None:
         self.running = False
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        died = self.process.poll()
+        if died is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
         self.log.close()
+        if died is not None:  # its log goes with the temporary folder: say how it ended
+            tail = self.log_path.read_text(errors="replace")[-4000:]
+            print(f"the server had exited (code {died}) before it was stopped; its log ends:\n{tail}", file=sys.stderr)
 
 
 async def metric(session: aiohttp.ClientSession, url: str, pattern: re.Pattern) -> float:
