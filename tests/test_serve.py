@@ -129,6 +129,19 @@ def test_the_queue_refuses_past_its_token_bound_and_a_cancelled_request_leaves_i
     batcher.submit([[4, 5, 6]], Options(), lambda job: None)
 
 
+def test_a_cancelled_requests_sentences_are_never_decoded():
+    backend = ReversingBackend()
+    batcher = batcher_of(backend, max_wait=600)
+    finished = []
+    first = batcher.submit([[4, 5]], Options(), finished.append)
+    gone = batcher.submit([[1, 2], [3]], Options(), finished.append)
+    last = batcher.submit([[6]], Options(), finished.append)
+    batcher.cancel(gone)
+    batcher.close()
+    assert batcher.join(timeout=30)
+    assert sorted(map(sorted, backend.batches)) == [[[4, 5], [6]]] and finished == [first, last]
+
+
 def test_closing_refuses_new_requests_and_finishes_those_accepted():
     backend = ReversingBackend()
     batcher = batcher_of(backend, max_wait=600)
@@ -139,6 +152,55 @@ def test_closing_refuses_new_requests_and_finishes_those_accepted():
         batcher.submit([[3]], Options(), finished.append)
     assert batcher.join(timeout=30)
     assert [job.translations for job in finished] == [["2 1"]]
+
+
+class BlockingBackend(ReversingBackend):
+    """A ReversingBackend whose batches wait for `release`."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+
+    def translate(self, batch):
+        self.release.wait(timeout=30)
+        return super().translate(batch)
+
+
+def a_batch_decoding_and_a_job_waiting(backend):
+    """A batcher decoding one job's batch on `backend` while a second job waits: the batcher and the two jobs."""
+    batcher = batcher_of(backend, max_wait=0)
+    finished = []
+    running = batcher.submit([[1, 2]], Options(), finished.append)
+    while batcher.depth:  # the worker has taken it
+        time.sleep(0.01)
+    waiting = batcher.submit([[3]], Options(), finished.append)
+    return batcher, running, waiting
+
+
+def test_abandoning_fails_the_jobs_still_waiting_and_lets_the_running_batch_finish():
+    backend = BlockingBackend()
+    batcher, running, waiting = a_batch_decoding_and_a_job_waiting(backend)
+    batcher.abandon()
+    assert isinstance(waiting.error, Stopped) and batcher.depth == 0 and batcher.queued_tokens == 0
+    backend.release.set()
+    assert batcher.join(timeout=30)
+    assert running.error is None and running.translations == ["2 1"]
+
+
+def test_a_batch_still_decoding_past_the_bound_when_the_server_stops_ends_the_process_with_1(monkeypatch):
+    from types import SimpleNamespace
+
+    from vanilla_transformer.commands import serve
+
+    backend = BlockingBackend()
+    batcher, _, _ = a_batch_decoding_and_a_job_waiting(backend)
+    exits = []
+    monkeypatch.setattr(serve.os, "_exit", exits.append)
+    serve.stop_batchers(SimpleNamespace(models=[SimpleNamespace(batchers=[batcher])]), 0.2)
+    backend.release.set()
+    assert exits == [1]
+    serve.stop_batchers(SimpleNamespace(models=[SimpleNamespace(batchers=[batcher])]), 30)
+    assert exits == [1]  # once the batch has ended, the batchers stop and nothing exits early
 
 
 def test_a_failed_batch_fails_its_requests_and_the_next_batches_are_decoded():
@@ -341,6 +403,30 @@ def test_sigterm_answers_every_accepted_request_refuses_new_ones_and_exits_0(fol
         server.stop()
     assert sorted(status for status, _, _ in answers) == [200] * 50
     assert ready[0] == 503 and late[0] == 503 and late[1].get("retry-after") == "1"
+
+
+@pytest.mark.slow
+def test_what_the_drain_cannot_finish_in_time_is_answered_503_and_the_process_still_exits_0(folder):
+    server = Served(folder, *FAST, "--batch_size", 1, "--drain_seconds", 0.2)  # one sentence a batch: a slow drain
+    try:
+        answers = []
+        threads = [
+            threading.Thread(target=lambda n=n: answers.append(server.request("/translate", {"q": f"a dog {n}"})))
+            for n in range(200)
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)
+        server.process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(timeout=60)
+        assert server.process.wait(timeout=60) == 0
+    finally:
+        server.stop()
+    refused = [headers for status, headers, _ in answers if status == 503]
+    assert len(answers) == 200 and {status for status, _, _ in answers} <= {200, 503}
+    assert refused and all(headers.get("retry-after") == "1" for headers in refused)
+    assert "Traceback" not in "".join(server.log)
 
 
 def test_keys_in_a_file_are_read_one_a_line_and_a_file_without_one_is_refused(tmp_path):

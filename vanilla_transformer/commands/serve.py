@@ -16,6 +16,7 @@ docs/SERVING.md.
 """
 
 import argparse
+import os
 import signal
 import socket
 import sys
@@ -198,11 +199,12 @@ def run(args: argparse.Namespace) -> None:
     for model in serve_models(args, devices, state.on_batch):
         state.add(model)
     config = uvicorn.Config(
-        create_app(state), log_level="warning", access_log=False, timeout_graceful_shutdown=int(args.drain_seconds)
+        create_app(state), log_level="warning", access_log=False, timeout_graceful_shutdown=args.drain_seconds
     )
     pairs, port = ", ".join(model.pair for model in state.models), listening.getsockname()[1]
     ready = f"serving {pairs} on http://{args.host}:{port} (SIGTERM drains, then exits)"
     DrainingServer(config, state, args.drain_seconds, ready).run(sockets=[listening])
+    stop_batchers(state, args.drain_seconds)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -223,11 +225,25 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return listening
 
 
+def stop_batchers(state, seconds: float) -> None:
+    """Once uvicorn has stopped: the batchers end the batches they are decoding (within `seconds`), so that no thread
+    is inside torch or CTranslate2 while the interpreter exits (that aborts the process, SIGABRT, instead of exit 0).
+    A batch still decoding then (a second signal stopped uvicorn at once) is left, and the process exits 1."""
+    batchers = [batcher for model in state.models for batcher in model.batchers]
+    deadline = time.monotonic() + seconds
+    for batcher in batchers:
+        batcher.abandon()
+    if not all(batcher.join(max(0.0, deadline - time.monotonic())) for batcher in batchers):
+        print("a batch was still being decoded: stopped without it", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
 class DrainingServer:
     """uvicorn's server with the drain first: on SIGTERM (or Ctrl-C), /ready and new translations answer 503 at
     once, the batchers finish what they accepted, and uvicorn stops when no request is in flight or after
-    `drain_seconds`; a second signal stops at once. `ready` is said once the server accepts (its signal handlers
-    set)."""
+    `drain_seconds`: what is still queued then is answered 503 (`Batcher.abandon`), and the requests in the batches
+    being decoded get their translations. A second signal stops at once. `ready` is said once the server accepts (its
+    signal handlers set)."""
 
     def __new__(cls, config, state, drain_seconds: float, ready: str):
         import uvicorn
@@ -248,10 +264,11 @@ class DrainingServer:
 
             def drain(self, sig, frame):
                 deadline = time.monotonic() + drain_seconds
-                while time.monotonic() < deadline and (
-                    state.in_flight or not all(batcher.idle() for model in state.models for batcher in model.batchers)
-                ):
+                batchers = [batcher for model in state.models for batcher in model.batchers]
+                while time.monotonic() < deadline and (state.in_flight or not all(b.idle() for b in batchers)):
                     time.sleep(0.05)
+                for batcher in batchers:
+                    batcher.abandon()
                 super().handle_exit(sig, frame)
 
         return Server(config)

@@ -12,7 +12,8 @@ wrappers do; the benchmark's baseline).
 
 The queue is bounded in tokens: `submit` refuses (`QueueFull`) past `max_queue_tokens`, so memory stays bounded
 however many requests arrive. A job cancelled (its client gone, its time up) takes its sentences not yet in a batch
-out of the queue. `close` refuses new jobs (`Stopped`), lets the workers finish what was accepted, and `join` waits.
+out of the queue. `close` refuses new jobs (`Stopped`), lets the workers finish what was accepted, and `join` waits;
+`abandon` also fails the jobs still waiting (`Stopped`), for a drain out of time.
 This module imports neither torch nor transformers: a backend (`batches.TranslationBackend`) decodes.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -51,6 +52,7 @@ class Job:
         self.translations: list[str | None] = [None] * count
         self.remaining, self.target_tokens, self.error, self.cancelled = count, 0, None, False
         self.on_done, self.lock = on_done, threading.Lock()
+        self.waiting: dict[int, _Item] = {}  # its sentences in the queue, by index (the batcher's, under its lock)
 
     def add(self, index: int, translation: str) -> None:
         with self.lock:
@@ -98,8 +100,9 @@ class Batcher:
         self.max_sentences = max_sentences
         self.across_requests = across_requests
         self.max_queue_tokens, self.on_batch = max_queue_tokens, on_batch
-        self.queue: deque[_Item] = deque()
-        self.queued_tokens, self.busy, self.closing = 0, 0, False
+        self.queue: deque[_Item] = deque()  # in arrival order; a cancelled job's sentences leave it lazily
+        self.queued_tokens, self.waiting, self.busy, self.closing = 0, 0, 0, False  # tokens, sentences waiting
+        self.lengths: dict[object, Counter[int]] = {}  # the lengths waiting, by what may share a batch (`share_key`)
         self.company = across_requests  # whether the last batch held several requests: then the next waits for more
         self.condition = threading.Condition()
 
@@ -120,11 +123,12 @@ class Batcher:
         with self.condition:
             if self.closing:
                 raise Stopped("the server is stopping: no new request is taken")
-            if self.queue and self.queued_tokens + tokens > self.max_queue_tokens:
+            if self.waiting and self.queued_tokens + tokens > self.max_queue_tokens:
                 raise QueueFull(f"the queue holds {self.queued_tokens:,} tokens, its bound {self.max_queue_tokens:,}")
             now = time.monotonic()
-            self.queue.extend(_Item(job, index, list(ids), options, now) for index, ids in enumerate(encoded))
-            self.queued_tokens += tokens
+            items = [_Item(job, index, list(ids), options, now) for index, ids in enumerate(encoded)]
+            self.queue.extend(items)
+            self.tally(items, 1)
             self.condition.notify_all()
         if not encoded:
             on_done(job)
@@ -134,20 +138,30 @@ class Batcher:
         """Take the job's sentences not yet in a batch out of the queue."""
         with self.condition:
             job.cancelled = True
-            kept = deque(item for item in self.queue if item.job is not job)
-            self.queued_tokens -= sum(len(item.ids) for item in self.queue if item.job is job)
-            self.queue = kept
+            self.tally(list(job.waiting.values()), -1)
 
     @property
     def depth(self) -> int:
         """The sentences waiting."""
-        return len(self.queue)
+        return self.waiting
 
     def close(self) -> None:
         """Take no new job; the workers finish the queue, then stop."""
         with self.condition:
             self.closing = True
             self.condition.notify_all()
+
+    def abandon(self) -> None:
+        """Close, and fail (`Stopped`) each job that still has sentences waiting: what a drain could not finish in
+        its time is refused, not cut off. The batches being decoded finish."""
+        with self.condition:
+            self.closing = True
+            jobs = list(dict.fromkeys(item.job for item in self.queue if not item.job.cancelled))
+            self.tally([item for job in jobs for item in job.waiting.values()], -1)
+            self.queue.clear()
+            self.condition.notify_all()
+        for job in jobs:
+            job.fail(Stopped("the server stopped before this request's turn"))
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the workers to stop (after `close`); whether they did within `timeout`."""
@@ -159,7 +173,7 @@ class Batcher:
     def idle(self) -> bool:
         """Nothing queued and nothing being decoded."""
         with self.condition:
-            return not self.queue and not self.busy
+            return not self.waiting and not self.busy
 
     def work(self) -> None:
         while (items := self.next_batch()) is not None:
@@ -187,6 +201,8 @@ class Batcher:
         request) and take it; None once closing and the queue is empty."""
         with self.condition:
             while True:
+                while self.queue and self.queue[0].job.cancelled:
+                    self.queue.popleft()
                 if self.queue:
                     oldest = self.queue[0]
                     wait = oldest.arrived + self.max_wait - time.monotonic()
@@ -209,36 +225,52 @@ class Batcher:
     def beams(self, options: Options) -> int:
         return options.num_beams or self.backend_for(Options()).beams
 
-    def shares(self, item: _Item, oldest: _Item) -> bool:
-        """Whether `item` may share the batch of `oldest`: the same options (and the same request, without
+    def share_key(self, item: _Item) -> object:
+        """What the sentences that may share a batch have in common: the options (and the request, without
         `across_requests`: one request at a time, as LibreTranslate serves)."""
-        return item.options == oldest.options and (self.across_requests or item.job is oldest.job)
+        return item.options if self.across_requests else (item.options, id(item.job))
+
+    def tally(self, items: list[_Item], sign: int) -> None:
+        """Count `items` into the queue's tallies (sign 1) or out of them (-1): tokens, sentences, and lengths by
+        `share_key`, so that `fills` reads them instead of the queue (a deep queue made each submit cost its depth)."""
+        for item in items:
+            key, length = self.share_key(item), len(item.ids)
+            lengths = self.lengths.setdefault(key, Counter())
+            lengths[length] += sign
+            if not lengths[length]:
+                del lengths[length]
+                if not lengths:
+                    del self.lengths[key]
+            if sign > 0:
+                item.job.waiting[item.index] = item
+            else:
+                item.job.waiting.pop(item.index, None)
+            self.queued_tokens += sign * length
+            self.waiting += sign
 
     def fills(self, oldest: _Item) -> bool:
-        """Whether the sentences waiting that may share `oldest`'s batch fill it: one more waiting, or one as long
-        as the longest, would not fit."""
-        count, longest, options = 0, 0, oldest.options
-        for item in self.queue:
-            if not self.shares(item, oldest):
-                continue
-            if count and not self.fits(count + 1, max(longest, len(item.ids)), options):
-                return True
-            count, longest = count + 1, max(longest, len(item.ids))
-        return count > 0 and not self.fits(count + 1, longest, options)  # not even one as long again
+        """Whether the sentences waiting that may share `oldest`'s batch fill it: with one more as long as their
+        longest, they would not fit (then the batch formed from them is full)."""
+        lengths = self.lengths[self.share_key(oldest)]
+        return not self.fits(sum(lengths.values()) + 1, max(lengths), oldest.options)
 
     def take(self, oldest: _Item) -> list[_Item]:
         """The batch, out of the queue: `oldest`, then the sentences that may share its batch, closest to its length
         first (arrival order among equals), while they fit. Lengths alike pad little, so more sentences fit the budget:
         on 2,000 Multi30k sentences waiting together, batches taken in arrival order take 1.5x the time of batches of
         like lengths (docs/BENCHMARKS.md, "Serving"). The oldest is in every batch, so every wait stays bounded."""
-        options, size = oldest.options, len(oldest.ids)
-        others = [item for item in self.queue if item is not oldest and self.shares(item, oldest)]
+        options, size, key = oldest.options, len(oldest.ids), self.share_key(oldest)
+        others = [
+            item
+            for item in self.queue
+            if item is not oldest and not item.job.cancelled and self.share_key(item) == key
+        ]
         taken, longest = [oldest], size
         for item in sorted(others, key=lambda item: abs(len(item.ids) - size)):
             if self.fits(len(taken) + 1, max(longest, len(item.ids)), options):
                 taken.append(item)
                 longest = max(longest, len(item.ids))
         chosen = {id(item) for item in taken}
-        self.queue = deque(item for item in self.queue if id(item) not in chosen)
-        self.queued_tokens -= sum(len(item.ids) for item in taken)
+        self.queue = deque(item for item in self.queue if id(item) not in chosen and not item.job.cancelled)
+        self.tally(taken, -1)
         return taken

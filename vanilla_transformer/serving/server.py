@@ -47,6 +47,7 @@ from vanilla_transformer.serving.sentences import split_sentences
 
 DRAINED_BODIES = 8  # a body refused for its size is read and dropped up to this many times the limit, then cut off
 CLOSE = {"Connection": "close"}
+RETRY = {"Retry-After": "1"}  # a 503's: the queue is full, or the server stops (another replica answers)
 
 
 @dataclass(frozen=True)
@@ -314,10 +315,10 @@ async def translate(
         job = batcher.submit(pieces.encoded, options, finished)
     except QueueFull as error:
         state.rejections.labels("queue_full").inc()
-        raise RequestError(503, f"the server is busy ({error}): try again", {"Retry-After": "1"}) from None
+        raise RequestError(503, f"the server is busy ({error}): try again", RETRY) from None
     except Stopped:
         state.rejections.labels("draining").inc()
-        raise RequestError(503, "the server is stopping: try another replica", {"Retry-After": "1"}) from None
+        raise RequestError(503, "the server is stopping: try another replica", RETRY) from None
     gone = asyncio.ensure_future(disconnected(request))
     try:
         await asyncio.wait({done, gone}, timeout=state.limits.timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -328,6 +329,9 @@ async def translate(
         reason = "client_gone" if gone.done() and not gone.cancelled() else "timeout"
         state.rejections.labels(reason).inc()
         raise RequestError(504, f"no translation within {state.limits.timeout:g} seconds: try again, or send less")
+    if isinstance(job.error, Stopped):  # the drain ran out of time before its turn
+        state.rejections.labels("draining").inc()
+        raise RequestError(503, "the server stopped before this request's turn: try another replica", RETRY)
     if job.error is not None:
         state.rejections.labels("error").inc()
         raise RequestError(500, f"the model failed on this request ({type(job.error).__name__})")
@@ -471,7 +475,7 @@ async def metrics(request: Request) -> Response:
 def refuse_while_draining(state: ServerState) -> None:
     if state.draining:
         state.rejections.labels("draining").inc()
-        raise RequestError(503, "the server is stopping: try another replica", {"Retry-After": "1"})
+        raise RequestError(503, "the server is stopping: try another replica", RETRY)
 
 
 def create_app(state: ServerState) -> Starlette:
