@@ -107,7 +107,15 @@ class Server:
         times = self.watched.cpu_times()
         return times.user + times.system
 
-    def stop(self) -> None:
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        self.stop(failed=kind is not None)
+
+    def stop(self, failed: bool = False) -> None:
+        """SIGTERM, and a wait for the drain. Its log goes with the temporary folder: where the server had exited
+        already, or a step failed against it, its exit code and the log's tail are printed."""
         self.running = False
         died = self.process.poll()
         if died is None:
@@ -118,9 +126,10 @@ class Server:
                 self.process.kill()
                 self.process.wait()
         self.log.close()
-        if died is not None:  # its log goes with the temporary folder: say how it ended
+        if died is not None or failed:
             tail = self.log_path.read_text(errors="replace")[-4000:]
-            print(f"the server had exited (code {died}) before it was stopped; its log ends:\n{tail}", file=sys.stderr)
+            how = f"had exited (code {died}) before it was stopped" if died is not None else "was running"
+            print(f"the server {how}; its log ends:\n{tail}", file=sys.stderr)
 
 
 async def metric(session: aiohttp.ClientSession, url: str, pattern: re.Pattern) -> float:
@@ -292,8 +301,7 @@ def measure(args: argparse.Namespace, name: str, folder: Path, flags: list[str],
     sentences, rows = read_lines(SENTENCES, args.sentences), []
     for mode in ("on", "off"):
         served = [*flags, *args.server_flags, "--batch_across_requests", mode, "--timeout", "600"]
-        server = Server(folder, served, work / "serve.log", 2)
-        try:
+        with Server(folder, served, work / "serve.log", 2) as server:
             asyncio.run(warm_up(server.url, sentences, 8))
             for concurrency in args.concurrency:
                 server.peak, server_cpu, client_cpu = 0, server.cpu_seconds(), time.process_time()
@@ -310,20 +318,15 @@ def measure(args: argparse.Namespace, name: str, folder: Path, flags: list[str],
                 rows.append(row)
             if mode == "on" and args.direct:
                 rows.append({"model": name, **asyncio.run(paired_latency(args, server.url, folder, flags))})
-        finally:
-            server.stop()
     rows.append({"model": name, "mode": "offline", **offline(args, folder, flags, work)})
     if queued:
         limit = ["--max_queue_tokens", str(10**9), "--timeout", "600"]
-        server = Server(folder, [*flags, *args.server_flags, *limit], work / "queued.log", 2)
-        try:
+        with Server(folder, [*flags, *args.server_flags, *limit], work / "queued.log", 2) as server:
             server.peak = 0
             asyncio.run(closed_loop(server.url, sentences, 256, 10))  # full batches: their memory is the idle's
             full_load = {"full_load_peak_mb": server.peak / 2**20}
             flooded = asyncio.run(flood(server, sentences, args.queued, 30))
             rows.append({"model": name, "mode": "queued", **flooded, **full_load})
-        finally:
-            server.stop()
     return rows
 
 
