@@ -32,6 +32,7 @@ Usage:
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import shlex
@@ -197,22 +198,30 @@ async def warm_up(url: str, sentences: list[str], count: int) -> None:
 
 
 async def flood(server: Server, sentences: list[str], count: int, settle: float) -> dict:
-    """`count` requests sent at once; the server's peak RSS while they wait, against its RSS before."""
+    """`count` requests sent at once; the server's peak RSS while they wait, against its RSS before. Connections
+    beyond the listening backlog that the kernel resets (the server keeps running) are counted, not fatal."""
     idle = server.rss()
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+        aiohttp.ClientSession(timeout=timeout) as polling,
+    ):
         tasks = [
             asyncio.ensure_future(request(session, server.url, sentences[n % len(sentences)])) for n in range(count)
         ]
         server.peak, deepest, deadline = 0, 0.0, time.monotonic() + settle
         while time.monotonic() < deadline:
             await asyncio.sleep(0.5)
-            deepest = max(deepest, await metric(session, server.url, QUEUED))
+            with contextlib.suppress(aiohttp.ClientError):
+                deepest = max(deepest, await metric(polling, server.url, QUEUED))
         peak = server.peak
+        reset = sum(task.done() and not task.cancelled() and task.exception() is not None for task in tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return {"requests": count, "deepest_queue": deepest, "idle_mb": idle / 2**20, "peak_mb": peak / 2**20}
+    sizes = {"idle_mb": idle / 2**20, "peak_mb": peak / 2**20}
+    return {"requests": count, "connections_reset": reset, "deepest_queue": deepest, **sizes}
 
 
 def direct_worker(args: argparse.Namespace) -> None:
@@ -373,7 +382,7 @@ def targets(rows: list[dict]) -> list[str]:
                 )
             if row["mode"] == "queued":
                 said.append(
-                    f"{model} {backend}: {row['requests']} requests queued (deepest queue "
+                    f"{model} {backend}: {row['requests']} requests queued ({row['connections_reset']} reset; deepest queue "
                     f"{row['deepest_queue']:.0f}): peak {row['peak_mb']:.0f} MB, idle {row['idle_mb']:.0f} MB, "
                     f"+{row['peak_mb'] - row['idle_mb']:.0f} MB (peak at C=256 {row['full_load_peak_mb']:.0f} MB)"
                 )
