@@ -196,10 +196,10 @@ def test_a_batch_still_decoding_past_the_bound_when_the_server_stops_ends_the_pr
     batcher, _, _ = a_batch_decoding_and_a_job_waiting(backend)
     exits = []
     monkeypatch.setattr(serve.os, "_exit", exits.append)
-    serve.stop_batchers(SimpleNamespace(models=[SimpleNamespace(batchers=[batcher])]), 0.2)
+    serve.stop_batchers(SimpleNamespace(batchers=[batcher]), 0.2)
     backend.release.set()
     assert exits == [1]
-    serve.stop_batchers(SimpleNamespace(models=[SimpleNamespace(batchers=[batcher])]), 30)
+    serve.stop_batchers(SimpleNamespace(batchers=[batcher]), 30)
     assert exits == [1]  # once the batch has ended, the batchers stop and nothing exits early
 
 
@@ -380,17 +380,23 @@ def test_a_client_that_goes_takes_its_sentences_out_of_the_queue(timing_out):
     assert timing_out.metric('vt_rejections_total{reason="client_gone"}') == gone + 1
 
 
+def requests_in_flight(server, count: int) -> tuple[list, list[threading.Thread]]:
+    """`count` translation requests sent at once, a thread each: the list their answers go into, and the threads."""
+    answers = []
+    threads = [
+        threading.Thread(target=lambda n=n: answers.append(server.request("/translate", {"q": f"a dog {n}"})))
+        for n in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    return answers, threads
+
+
 @pytest.mark.slow
 def test_sigterm_answers_every_accepted_request_refuses_new_ones_and_exits_0(folder):
     server = Served(folder, *FAST[:4], "--max_wait_ms", 300, "--devices", "cpu", "cpu")  # two queues to drain
     try:
-        answers = []
-        threads = [
-            threading.Thread(target=lambda n=n: answers.append(server.request("/translate", {"q": f"a dog {n}"})))
-            for n in range(50)
-        ]
-        for thread in threads:
-            thread.start()
+        answers, threads = requests_in_flight(server, 50)
         time.sleep(0.15)
         server.process.send_signal(signal.SIGTERM)
         time.sleep(0.02)
@@ -409,13 +415,7 @@ def test_sigterm_answers_every_accepted_request_refuses_new_ones_and_exits_0(fol
 def test_what_the_drain_cannot_finish_in_time_is_answered_503_and_the_process_still_exits_0(folder):
     server = Served(folder, *FAST, "--batch_size", 1, "--drain_seconds", 0.2)  # one sentence a batch: a slow drain
     try:
-        answers = []
-        threads = [
-            threading.Thread(target=lambda n=n: answers.append(server.request("/translate", {"q": f"a dog {n}"})))
-            for n in range(200)
-        ]
-        for thread in threads:
-            thread.start()
+        answers, threads = requests_in_flight(server, 200)
         time.sleep(0.3)
         server.process.send_signal(signal.SIGTERM)
         for thread in threads:

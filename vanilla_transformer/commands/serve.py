@@ -229,11 +229,10 @@ def stop_batchers(state, seconds: float) -> None:
     """Once uvicorn has stopped: the batchers end the batches they are decoding (within `seconds`), so that no thread
     is inside torch or CTranslate2 while the interpreter exits (that aborts the process, SIGABRT, instead of exit 0).
     A batch still decoding then (a second signal stopped uvicorn at once) is left, and the process exits 1."""
-    batchers = [batcher for model in state.models for batcher in model.batchers]
     deadline = time.monotonic() + seconds
-    for batcher in batchers:
+    for batcher in state.batchers:
         batcher.abandon()
-    if not all(batcher.join(max(0.0, deadline - time.monotonic())) for batcher in batchers):
+    if not all(batcher.join(max(0.0, deadline - time.monotonic())) for batcher in state.batchers):
         print("a batch was still being decoded: stopped without it", file=sys.stderr, flush=True)
         os._exit(1)
 
@@ -257,17 +256,17 @@ class DrainingServer:
                 if state.draining:
                     return super().handle_exit(sig, frame)
                 state.draining = True
-                for model in state.models:
-                    for batcher in model.batchers:
-                        batcher.close()
+                for batcher in state.batchers:
+                    batcher.close()
                 threading.Thread(target=self.drain, args=(sig, frame), daemon=True).start()
 
             def drain(self, sig, frame):
                 deadline = time.monotonic() + drain_seconds
-                batchers = [batcher for model in state.models for batcher in model.batchers]
-                while time.monotonic() < deadline and (state.in_flight or not all(b.idle() for b in batchers)):
+                while time.monotonic() < deadline and (
+                    state.in_flight or not all(batcher.idle() for batcher in state.batchers)
+                ):
                     time.sleep(0.05)
-                for batcher in batchers:
+                for batcher in state.batchers:
                     batcher.abandon()
                 super().handle_exit(sig, frame)
 

@@ -139,6 +139,11 @@ class ServerState:
         for model in models:
             self.add(model)
 
+    @property
+    def batchers(self) -> list[Batcher]:
+        """Every model's queues."""
+        return [batcher for model in self.models for batcher in model.batchers]
+
     def add(self, model: ServedModel) -> None:
         """Serve `model` (its queue's gauges included)."""
         self.models.append(model)
